@@ -1,0 +1,1 @@
+"""Real backends of the unified KVStore API, one module each (see ``ddpbench.api``)."""

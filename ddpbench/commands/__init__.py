@@ -1,0 +1,1 @@
+"""Subcommands of the ``ddpbench`` CLI (see :mod:`ddpbench.cli`)."""

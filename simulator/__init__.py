@@ -1,0 +1,1 @@
+"""Discrete-event (simpy) network simulator of data-parallel gradient communication."""

@@ -1,0 +1,97 @@
+"""Registry, options and argument checks of the unified API (single process, no MPI)."""
+
+import numpy as np
+import pytest
+
+import ddpbench
+from ddpbench.api import BackendOptions, Handle, KVStore
+
+
+class _Echo(KVStore):
+    """A local store for testing the base class: reduce over one worker is the identity."""
+
+    type = "test-echo"
+
+    class Options(BackendOptions):
+        knob: int = 3
+
+    @property
+    def rank(self):
+        return 0
+
+    @property
+    def num_workers(self):
+        return 1
+
+    def _broadcast(self, names, tensors, root_rank):
+        pass
+
+    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+        h = Handle(name)
+        np.multiply(tensor, prescale * postscale, out=output, casting="unsafe")
+        h.set_result(output)
+        return h
+
+    def close(self):
+        pass
+
+
+ddpbench.register()(_Echo)
+
+
+def test_unknown_backend_lists_available():
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'; available: \[.*'test-echo'"):
+        ddpbench.create("nope")
+
+
+def test_register_rejects_non_subclass_and_duplicates():
+    with pytest.raises(TypeError, match="KVStore subclasses"):
+        ddpbench.register("x")(object)
+
+    class Other(_Echo):
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):
+        ddpbench.register("test-echo")(Other)
+
+
+def test_options_are_validated_and_frozen():
+    kv = ddpbench.create("test-echo", knob=5)
+    assert kv.options.knob == 5
+    with pytest.raises(Exception):
+        kv.options.knob = 6
+    with pytest.raises(ValueError, match=r"unknown option 'nob'; valid options: \['knob'\]"):
+        ddpbench.create("test-echo", nob=1)
+    with pytest.raises(ValueError, match="option 'knob'"):
+        ddpbench.create("test-echo", knob="many")
+    # A fresh store gets the defaults: options never leak between calls.
+    assert ddpbench.create("test-echo").options.knob == 3
+
+
+def test_reduce_op_parse():
+    assert ddpbench.ReduceOp.parse("AVG") is ddpbench.ReduceOp.AVERAGE
+    assert ddpbench.ReduceOp.parse("prod") is ddpbench.ReduceOp.PRODUCT
+    with pytest.raises(ValueError, match="unknown reduce op 'median'"):
+        ddpbench.ReduceOp.parse("median")
+
+
+def test_names_and_lists():
+    kv = ddpbench.create("test-echo")
+    a, b = np.ones(3, np.float32), np.full(2, 2.0, np.float32)
+    out = kv.push_pull([1, 2], [a, b], prescale_factor=2.0)
+    assert [o.tolist() for o in out] == [[2, 2, 2], [4, 4]]
+    with pytest.raises(TypeError, match="mixing int and str names"):
+        kv.push_pull("x", a)
+    with pytest.raises(ValueError, match="2 names given with 1 tensors"):
+        kv.push_pull([3, 4], [a])
+    with pytest.raises(TypeError, match="NumPy or CuPy array"):
+        kv.push_pull(5, [1.0, 2.0])
+    with pytest.raises(ValueError, match="output for 6 is float32\\[2\\], expected float32\\[3\\]"):
+        kv.push_pull(6, a, output=b)
+
+
+def test_set_optimizer_not_supported_names_backend():
+    kv = ddpbench.create("test-echo")
+    assert not kv.is_capable("optimizer")
+    with pytest.raises(ddpbench.NotSupportedError, match="not supported by backend 'test-echo'"):
+        kv.set_optimizer(object())
