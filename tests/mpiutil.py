@@ -1,0 +1,62 @@
+"""Launch a Python script on N MPI ranks from a test, with a timeout; a hang is a failure.
+
+Usage in a test::
+
+    from mpiutil import run_mpi
+    out = run_mpi(3, HERE / "mpi_scripts" / "check_horovod.py", "--case", "fusion")
+
+The script should print what it checked and exit non-zero on a wrong result; any failing
+rank aborts the job (``mpiexec`` ends the others). On failure the exact command to re-run
+is part of the message.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def mpiexec() -> str:
+    """Return the mpiexec beside this interpreter (the mpich wheel's), else the one on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else "mpiexec"
+
+
+def run_mpi(
+    n: int,
+    script: str | os.PathLike[str],
+    *args: str,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    expect_fail: bool = False,
+) -> str:
+    """Run ``python script args`` on ``n`` ranks; return stdout+stderr.
+
+    Fails the test on a non-zero exit (or on a zero exit when ``expect_fail``) and on a
+    timeout, printing the command that reproduces it.
+    """
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-u", str(script), *map(str, args)]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.setdefault("PYTHONPATH", str(REPO))
+    rerun = " ".join(shlex.quote(c) for c in cmd)
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+            cwd=str(REPO), start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as err:
+        out = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        pytest.fail(f"hang: {n} ranks did not finish in {timeout} s\nre-run: {rerun}\n{out[-4000:]}")
+    out = proc.stdout + proc.stderr
+    if expect_fail and proc.returncode == 0:
+        pytest.fail(f"expected a failure, got exit 0\nre-run: {rerun}\n{out[-4000:]}")
+    if not expect_fail and proc.returncode != 0:
+        pytest.fail(f"exit {proc.returncode} on {n} ranks\nre-run: {rerun}\n{out[-6000:]}")
+    return out
