@@ -95,13 +95,14 @@ class Handle:
     raised from ``wait()`` in the caller's thread.
     """
 
-    __slots__ = ("_event", "_result", "_error", "name", "_callbacks")
+    __slots__ = ("_event", "_result", "_error", "name", "_callbacks", "_seen")
 
     def __init__(self, name: Any = None) -> None:
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Handle], None]] = []
+        self._seen = False
         self.name = name
 
     def done(self) -> bool:
@@ -117,9 +118,18 @@ class Handle:
         """
         if not self._event.wait(timeout):
             raise TimeoutError(f"operation on {self.name!r} did not finish in {timeout} s")
+        self._seen = True
         if self._error is not None:
             raise self._error
         return self._result
+
+    def join(self) -> BaseException | None:
+        """Wait for completion; return an error nobody has seen through ``wait()`` yet."""
+        self._event.wait()
+        if self._error is not None and not self._seen:
+            self._seen = True
+            return self._error
+        return None
 
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         """Call ``fn(handle)`` on completion (at once when already done)."""

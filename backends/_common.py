@@ -1,0 +1,104 @@
+"""Pieces every real backend shares: request metadata and cross-rank consistency checks."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ddpbench.api import Handle, ReduceOp
+from ddpbench.tensor_ops import BFLOAT16
+
+SUPPORTED_KINDS = "fiu"
+
+
+def check_dtype(name: Any, dtype: Any) -> None:
+    """Raise TypeError for a dtype no backend can reduce (bool, complex, object, ...)."""
+    dt = np.dtype(dtype)
+    if dt.kind not in SUPPORTED_KINDS and dt != BFLOAT16:
+        raise TypeError(
+            f"tensor {name!r} has dtype {dt}; supported: float16, bfloat16, float32, float64 "
+            f"and integers"
+        )
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What every rank must agree on for one collective call."""
+
+    kind: str  # "allreduce" | "broadcast"
+    name: Any
+    dtype: str
+    shape: tuple[int, ...]
+    op: str = ReduceOp.SUM.value
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1
+
+    def signature(self) -> int:
+        """A stable 63-bit fingerprint (the same on every rank, unlike ``hash``)."""
+        text = repr((self.kind, self.name, self.dtype, self.shape, self.op,
+                     self.prescale, self.postscale, self.root))
+        return zlib.crc32(text.encode()) | (zlib.adler32(text.encode()) << 31)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+_FIELDS = [
+    ("kind", "operation", lambda v: v),
+    ("name", "name", repr),
+    ("shape", "shape", lambda v: str(tuple(v))),
+    ("dtype", "dtype", lambda v: v),
+    ("op", "reduce op", lambda v: v),
+    ("root", "root rank", lambda v: v),
+]
+
+
+def mismatch_message(metas: list[Meta | None]) -> str | None:
+    """Return a message naming both sides of the first disagreement, or None if all agree.
+
+    ``metas[r]`` is what rank r submitted (None: nothing). The message reads like Horovod's
+    controller: "Mismatched prescale and/or postscale factors for 'g': rank 0 sent
+    (0.5, 1.0), rank 2 sent (1.0, 1.0)".
+    """
+    ref_rank = next((r for r, m in enumerate(metas) if m is not None), None)
+    if ref_rank is None:
+        return None
+    ref = metas[ref_rank]
+    assert ref is not None
+    for r, m in enumerate(metas):
+        if m is None:
+            return f"rank {ref_rank} submitted {ref.kind} of {ref.name!r}, rank {r} submitted nothing"
+        for field, label, fmt in _FIELDS:
+            a, b = getattr(ref, field), getattr(m, field)
+            if a != b:
+                return (
+                    f"Mismatched {label} for {ref.name!r}: rank {ref_rank} sent {fmt(a)}, "
+                    f"rank {r} sent {fmt(b)}"
+                )
+        if (ref.prescale, ref.postscale) != (m.prescale, m.postscale):
+            return (
+                f"Mismatched prescale and/or postscale factors for {ref.name!r}: "
+                f"rank {ref_rank} sent prescale {ref.prescale} postscale {ref.postscale}, "
+                f"rank {r} sent prescale {m.prescale} postscale {m.postscale}"
+            )
+    return None
+
+
+class MismatchError(ValueError):
+    """Ranks disagreed on a collective call; raised on every rank with the same text."""
+
+
+@dataclass
+class Request:
+    """One queued call: its metadata, the caller's arrays and the handle to complete."""
+
+    meta: Meta
+    tensor: Any
+    output: Any
+    handle: Handle
+    priority: int = 0

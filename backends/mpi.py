@@ -1,0 +1,189 @@
+"""The ``mpi`` backend: one native ``MPI_Allreduce`` / ``MPI_Bcast`` per tensor.
+
+This is the baseline every real number is compared to: no fusion, no scheduling, the MPI
+library's own algorithm. Half precision (float16, bfloat16), which MPI has no predefined
+reduction for, goes through a user-defined MPI op that adds in the tensor's dtype.
+
+Calls are collective and must be made in the same order on every rank. With ``check_consistency``
+(default) each call first compares a fingerprint of (name, shape, dtype, op, factors, root)
+across ranks — one tiny extra allreduce — so a disagreement raises the same error on every
+rank instead of hanging or corrupting memory; ``check_consistency=False`` is the bare baseline.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Any
+
+import numpy as np
+
+from backends._common import Meta, MismatchError, Request, check_dtype, mismatch_message
+from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp, register
+from ddpbench.comm import Protocol, engine, world
+from ddpbench.tensor_ops import HALF_DTYPES, byte_view, reduce_ufunc, scale_
+
+
+class _Options(BackendOptions):
+    check_consistency: bool = True
+
+
+@functools.lru_cache(maxsize=None)
+def _half_op(op: ReduceOp, dtype_name: str) -> tuple[Any, Any]:
+    """Return (MPI datatype, MPI op) reducing ``dtype_name`` halves with ``op`` in that dtype."""
+    from mpi4py import MPI
+
+    dtype = np.dtype(dtype_name) if dtype_name != "bfloat16" else HALF_DTYPES[-1]
+    ufunc = reduce_ufunc(op)
+
+    def combine(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
+        src = np.frombuffer(inbuf, dtype=dtype)
+        dst = np.frombuffer(inoutbuf, dtype=dtype)
+        ufunc(src, dst, out=dst)
+
+    mpitype = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
+    return mpitype, MPI.Op.Create(combine, commute=True)
+
+
+_MPI_OPS = {
+    ReduceOp.SUM: "SUM", ReduceOp.AVERAGE: "SUM", ReduceOp.MIN: "MIN",
+    ReduceOp.MAX: "MAX", ReduceOp.PRODUCT: "PROD",
+}
+
+
+def check_consistent(comm: Any, meta: Meta) -> None:
+    """Raise MismatchError on every rank unless all ranks of ``comm`` submitted ``meta``."""
+    from mpi4py import MPI
+
+    sig = meta.signature()
+    pair = np.array([sig, -sig], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, pair, op=MPI.MAX)
+    if pair[0] != -pair[1]:  # max(sig) != min(sig): someone differs; find out who and how
+        message = mismatch_message(comm.allgather(meta))
+        raise MismatchError(message or f"ranks disagree on the call for {meta.name!r}")
+
+
+class _MPIProtocol(Protocol):
+    """Executes requests FIFO on the engine thread, one blocking collective each."""
+
+    def __init__(self, comm: Any, validate: bool) -> None:
+        self.comm = comm
+        self.validate = validate
+        self.queue: collections.deque[Request] = collections.deque()
+
+    def accept(self, item: Request) -> None:
+        self.queue.append(item)
+
+    def busy(self) -> bool:
+        return bool(self.queue)
+
+    def progress(self) -> bool:
+        if not self.queue:
+            return False
+        req = self.queue.popleft()
+        try:
+            if self.validate:
+                check_consistent(self.comm, req.meta)
+            if req.meta.kind == "broadcast":
+                self.comm.Bcast(byte_view(req.tensor), root=req.meta.root)
+            else:
+                self._allreduce(req)
+        except Exception as err:
+            req.handle.set_error(err)
+        else:
+            req.handle.set_result(req.output)
+        return True
+
+    def _allreduce(self, req: Request) -> None:
+        from mpi4py import MPI
+
+        meta, buf = req.meta, req.output
+        if buf is not req.tensor:
+            buf[...] = req.tensor
+        op = ReduceOp(meta.op)
+        scale_(buf, meta.prescale)
+        if buf.dtype in HALF_DTYPES:
+            mpitype, mpiop = _half_op(op, buf.dtype.name)
+            self.comm.Allreduce(MPI.IN_PLACE, [byte_view(buf), buf.size, mpitype], op=mpiop)
+        else:
+            self.comm.Allreduce(MPI.IN_PLACE, buf.reshape(-1), op=getattr(MPI, _MPI_OPS[op]))
+        scale_(buf, meta.postscale)
+
+    def fail(self, error: BaseException) -> None:
+        while self.queue:
+            self.queue.popleft().handle.set_error(error)
+
+
+@register("mpi")
+class MPIStore(KVStore):
+    """Native MPI collectives, one per tensor, in call order.
+
+    Options:
+        check_consistency: compare each call's metadata across ranks first (default True).
+    """
+
+    Options = _Options
+    capabilities = frozenset({"broadcast", "push_pull"})
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._world = world()
+        if self._world.is_server:
+            raise RuntimeError(
+                "backend 'mpi' has no server role; launch without --servers"
+            )
+        self._engine = engine()
+        self._comm = self._engine.call(self._world.role_comm.Dup).wait()
+        self._proto = _MPIProtocol(self._comm, self.options.check_consistency)
+        self._engine.register(self._proto)
+        self._pending: list[Handle] = []
+        self._closed = False
+
+    @property
+    def rank(self) -> int:
+        return self._world.role_rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._world.num_workers
+
+    def _submit(self, meta: Meta, tensor: Any, output: Any) -> Handle:
+        if self._closed:
+            raise RuntimeError(f"backend {self.type!r} is closed")
+        check_dtype(meta.name, meta.dtype)
+        handle = Handle(meta.name)
+        self._pending = [h for h in self._pending if not h.done()]
+        self._pending.append(handle)
+        self._engine.submit(self._proto, Request(meta, tensor, output, handle))
+        return handle
+
+    def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
+        handles = [
+            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank), t, t)
+            for n, t in zip(names, tensors)
+        ]
+        for h in handles:
+            h.wait()
+
+    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+        if op is ReduceOp.AVERAGE:
+            postscale = postscale / self.num_workers
+        meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
+                    prescale, postscale)
+        return self._submit(meta, tensor, output)
+
+    def synchronize(self) -> None:
+        pending, self._pending = self._pending, []
+        errors = [e for e in (h.join() for h in pending) if e is not None]
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.synchronize()
+        finally:
+            self._engine.unregister(self._proto)
+            self._engine.call(self._comm.Free).wait()

@@ -1,0 +1,290 @@
+"""The process layer: this process's place in the MPI job, and its communication engine.
+
+One :class:`Engine` thread per process owns every MPI call of every backend (Horovod's
+design): the caller's thread only queues requests and waits on handles, so backward
+compute overlaps communication. Backends plug into the engine as :class:`Protocol`
+objects; the engine hands each protocol the items queued for it and polls its progress.
+
+Roles: ``ddpbench launch -n W --servers S`` starts W + S ranks; world ranks 0..W-1 are
+workers and W..W+S-1 servers (``DDPBENCH_NUM_WORKERS``/``DDPBENCH_NUM_SERVERS``). Under a
+plain ``mpiexec`` every rank is a worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ddpbench.api import Handle
+
+__all__ = ["Engine", "Protocol", "World", "engine", "init", "world"]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job.
+
+    Attributes:
+        comm: MPI.COMM_WORLD.
+        rank, size: world rank and size (workers and servers together).
+        num_workers, num_servers: the launch's split of ranks into roles.
+        role: ``"worker"`` or ``"server"``.
+        role_comm: a communicator of the ranks sharing this role (the workers' one is what
+            collective backends duplicate).
+        role_rank: rank within ``role_comm`` (a worker's rank among workers).
+        local_rank, local_size: rank and count on this host (picks the GPU).
+    """
+
+    comm: Any
+    rank: int
+    size: int
+    num_workers: int
+    num_servers: int
+    role: str
+    role_comm: Any
+    role_rank: int
+    local_rank: int
+    local_size: int
+
+    @property
+    def is_server(self) -> bool:
+        return self.role == "server"
+
+    def server_ranks(self) -> list[int]:
+        """World ranks of the server processes."""
+        return list(range(self.num_workers, self.num_workers + self.num_servers))
+
+
+_WORLD: World | None = None
+_WORLD_LOCK = threading.Lock()
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
+    if value < 0:
+        raise ValueError(f"environment variable {name}={value} must be >= 0")
+    return value
+
+
+def world() -> World:
+    """Return this process's :class:`World`, initialising MPI on first use."""
+    global _WORLD
+    with _WORLD_LOCK:
+        if _WORLD is None:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD
+            servers = _env_int("DDPBENCH_NUM_SERVERS", 0)
+            workers = _env_int("DDPBENCH_NUM_WORKERS", comm.size - servers)
+            if workers + servers != comm.size or workers < 1:
+                raise RuntimeError(
+                    f"the job has {comm.size} ranks but DDPBENCH_NUM_WORKERS={workers} and "
+                    f"DDPBENCH_NUM_SERVERS={servers}; start it with "
+                    f"'ddpbench launch -n WORKERS --servers SERVERS -- ...'"
+                )
+            role = "worker" if comm.rank < workers else "server"
+            role_comm = comm.Split(0 if role == "worker" else 1, comm.rank)
+            local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+            _WORLD = World(
+                comm=comm, rank=comm.rank, size=comm.size, num_workers=workers,
+                num_servers=servers, role=role, role_comm=role_comm,
+                role_rank=role_comm.rank, local_rank=local.rank, local_size=local.size,
+            )
+            local.Free()
+            _install_abort_hooks(comm)
+        return _WORLD
+
+
+def init() -> World:
+    """Initialise MPI and the engine; return the :class:`World`. Idempotent."""
+    w = world()
+    engine()
+    return w
+
+
+def _install_abort_hooks(comm: Any) -> None:
+    """End the whole job when any thread of this rank dies with an exception.
+
+    Without this, one rank's uncaught error leaves the others blocked in communication
+    until a timeout; with it, ``mpiexec`` ends every rank with this rank's message.
+    """
+
+    def abort(kind: str, exc_type: Any, exc: Any, tb: Any) -> None:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"[ddpbench rank {comm.rank}] {kind}:\n{text}")
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    previous = sys.excepthook
+
+    def excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
+        if issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            previous(exc_type, exc, tb)
+            return
+        abort("uncaught exception, ending the job", exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+    threading.excepthook = lambda a: abort(
+        f"uncaught exception in thread {a.thread.name if a.thread else '?'}",
+        a.exc_type, a.exc_value, a.exc_traceback,
+    )
+
+
+class Protocol:
+    """A backend's part of the engine loop. Every method runs on the engine thread.
+
+    ``accept`` takes an item the caller queued with :meth:`Engine.submit`; ``progress``
+    advances in-flight work and returns True when it did something; ``busy`` says whether
+    it waits on the network (the engine then keeps polling instead of sleeping).
+    ``fail`` completes every outstanding handle with ``error``.
+    """
+
+    def accept(self, item: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} takes no queued items")
+
+    def progress(self) -> bool:
+        return False
+
+    def busy(self) -> bool:
+        return False
+
+    def fail(self, error: BaseException) -> None:
+        """Complete every outstanding handle with ``error`` (default: nothing outstanding)."""
+
+
+class _Call:
+    __slots__ = ("fn", "handle")
+
+    def __init__(self, fn: Callable[[], Any], handle: Handle) -> None:
+        self.fn, self.handle = fn, handle
+
+
+class Engine:
+    """The single thread that runs every MPI call of this process.
+
+    Callers use :meth:`submit` (an item for a protocol) and :meth:`call` (a function to run
+    on the engine thread, for blocking collectives such as a communicator ``Dup``). While a
+    protocol is busy the engine polls, backing off from yielding to sleeping up to
+    ``max_poll_s``; when nothing is in flight it sleeps until work is queued.
+    """
+
+    def __init__(self, max_poll_s: float = 2e-4) -> None:
+        self._cond = threading.Condition()
+        self._queue: list[tuple[Protocol | None, Any]] = []
+        self._protocols: list[Protocol] = []
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._max_poll_s = max_poll_s
+        self._thread = threading.Thread(target=self._run, name="ddpbench-engine", daemon=True)
+        self._thread.start()
+
+    # -- caller side ------------------------------------------------------------------
+    def register(self, protocol: Protocol) -> None:
+        self.call(lambda: self._protocols.append(protocol)).wait()
+
+    def unregister(self, protocol: Protocol) -> None:
+        self.call(lambda: self._protocols.remove(protocol)).wait()
+
+    def submit(self, protocol: Protocol, item: Any) -> None:
+        """Queue ``item`` for ``protocol.accept`` on the engine thread."""
+        with self._cond:
+            self._check_alive()
+            self._queue.append((protocol, item))
+            self._cond.notify()
+
+    def call(self, fn: Callable[[], Any]) -> Handle:
+        """Run ``fn()`` on the engine thread; the handle's result is its return value."""
+        handle = Handle(getattr(fn, "__name__", "call"))
+        if threading.current_thread() is self._thread:
+            handle.set_result(fn())
+            return handle
+        with self._cond:
+            self._check_alive()
+            self._queue.append((None, _Call(fn, handle)))
+            self._cond.notify()
+        return handle
+
+    def stop(self) -> None:
+        """Finish queued work, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the communication engine has failed: {self._error}")
+        if self._stopping or not self._thread.is_alive():
+            raise RuntimeError("the communication engine is stopped (ddpbench shut down)")
+
+    # -- engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        idle_polls = 0
+        while True:
+            with self._cond:
+                busy = any(p.busy() for p in self._protocols)
+                if not self._queue:
+                    if self._stopping and not busy:
+                        return
+                    if not busy:
+                        self._cond.wait(timeout=0.5)
+                    elif idle_polls > 20:
+                        self._cond.wait(timeout=min(self._max_poll_s, 1e-6 * 2 ** (idle_polls - 20)))
+                items, self._queue = self._queue, []
+            try:
+                did = bool(items)
+                for protocol, item in items:
+                    if protocol is None:
+                        try:
+                            item.handle.set_result(item.fn())
+                        except Exception as err:
+                            item.handle.set_error(err)
+                    else:
+                        protocol.accept(item)
+                for p in list(self._protocols):
+                    did |= p.progress()
+            except BaseException as err:  # a broken protocol must not hang its callers
+                self._error = err
+                for p in self._protocols:
+                    p.fail(err)
+                raise
+            if did:
+                idle_polls = 0
+            else:
+                idle_polls += 1
+                if idle_polls <= 20:
+                    time.sleep(0)  # yield the GIL to the caller's thread
+
+
+_ENGINE: Engine | None = None
+
+
+def engine() -> Engine:
+    """Return this process's engine, starting it (and MPI) on first use."""
+    global _ENGINE
+    world()
+    with _WORLD_LOCK:
+        if _ENGINE is None:
+            _ENGINE = Engine()
+            atexit.register(_shutdown)
+        return _ENGINE
+
+
+def _shutdown() -> None:
+    # Runs before mpi4py's own atexit MPI_Finalize (registered earlier, run later).
+    if _ENGINE is not None and _ENGINE._error is None:
+        _ENGINE.stop()

@@ -1,0 +1,98 @@
+"""Array helpers shared by the real backends and the numerics emulator.
+
+The scaling rules here are the ones the ``horovod`` backend applies to its fused buffer and
+that :mod:`ddpbench.numerics` reproduces bit for bit; keep the two in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ddpbench.api import ReduceOp
+
+try:  # bfloat16 as a NumPy dtype; optional at import, required to use bf16
+    import ml_dtypes
+
+    BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a declared dependency
+    BFLOAT16 = None
+
+HALF_DTYPES = tuple(d for d in (np.dtype(np.float16), BFLOAT16) if d is not None)
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVERAGE: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+
+def reduce_ufunc(op: ReduceOp) -> np.ufunc:
+    """Return the element-wise NumPy function that combines two partial results of ``op``."""
+    return _UFUNCS[op]
+
+
+def array_module(a: Any) -> Any:
+    """Return ``cupy`` for a CuPy array and ``numpy`` otherwise."""
+    mod = type(a).__module__
+    if mod.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def is_half(dtype: Any) -> bool:
+    return np.dtype(dtype) in HALF_DTYPES
+
+
+def scale_(buf: Any, factor: float) -> None:
+    """Multiply ``buf`` by ``factor`` in place, as Horovod's ScaleBuffer does.
+
+    Half precision is scaled in float32 and rounded once back to half: multiplying in half
+    would round ``factor`` itself (1/3 is not a half) and flush small products early.
+    Integers are scaled in float64 and truncated toward zero (C assignment semantics).
+    A factor of exactly 1 is skipped: no pass over the buffer.
+    """
+    if factor == 1.0:
+        return
+    xp = array_module(buf)
+    dt = np.dtype(buf.dtype)
+    if dt in HALF_DTYPES:
+        buf[...] = (buf.astype(np.float32) * np.float32(factor)).astype(dt)
+    elif dt == np.float32:
+        xp.multiply(buf, np.float32(factor), out=buf)
+    elif dt.kind == "f":
+        xp.multiply(buf, dt.type(factor), out=buf)
+    elif dt.kind in "iu":
+        buf[...] = xp.trunc(buf.astype(np.float64) * factor).astype(dt)
+    else:
+        raise TypeError(f"cannot scale a {dt} tensor")
+
+
+def byte_view(a: Any) -> Any:
+    """Return a flat uint8 view of a C-contiguous array (the wire format of every backend)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def ring_chunks(n: int, p: int) -> list[tuple[int, int]]:
+    """Return (offset, count) of the p ring chunks of an n-element buffer.
+
+    Chunk i holds n // p elements plus one for i < n % p, as ``np.array_split`` cuts; with
+    n < p the trailing chunks are empty.
+    """
+    base, extra = divmod(n, p)
+    out, off = [], 0
+    for i in range(p):
+        cnt = base + (1 if i < extra else 0)
+        out.append((off, cnt))
+        off += cnt
+    return out
+
+
+def dtype_label(dtype: Any) -> str:
+    """Return the short name used in messages and reports (float16, bfloat16, int32, ...)."""
+    return np.dtype(dtype).name
