@@ -1,0 +1,417 @@
+"""The ``horovod`` backend: negotiated, fused ring allreduce over MPI point-to-point.
+
+How a ``push_pull`` travels (Horovod's controller design):
+
+1. The caller's thread queues the request; the engine thread sends its metadata (name,
+   shape, dtype, op, factors) to the coordinator, rank 0 of the workers.
+2. The coordinator keeps a table of which ranks have submitted which names. When every
+   rank has submitted a name it checks that all ranks agree (a disagreement becomes an
+   error response that raises the same message on every rank) and, at most once per
+   ``cycle_time``, plans the ready names into fused groups: tensors with equal dtype, op and
+   factors share one buffer up to ``fusion_threshold`` bytes. Because only the coordinator
+   plans, the fusion decision is the same on every rank even when tensors become ready in
+   different orders or at different times on different ranks.
+3. Every rank executes the coordinator's responses in the order sent: copy into the fusion
+   buffer, prescale, ring allreduce (reduce-scatter then allgather, any world size),
+   postscale, copy out.
+
+The ring's chunking and reduction order are fixed (see ``ddpbench.tensor_ops.ring_chunks``
+and ``_ring_allreduce``) so that :mod:`ddpbench.numerics` can reproduce results bit for bit.
+Knobs default to Horovod's and read ``HOROVOD_FUSION_THRESHOLD`` (bytes) and
+``HOROVOD_CYCLE_TIME`` (ms) when not given.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from backends._common import Meta, MismatchError, Request, check_dtype, mismatch_message
+from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp, register
+from ddpbench.comm import Protocol, engine, world
+from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
+
+TAG_REQUEST, TAG_RESPONSE, TAG_RING = 11, 12, 13
+
+
+def _env_number(name: str, default: float, kind: Callable[[str], Any] = float) -> Any:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+class _Options(BackendOptions):
+    fusion_threshold: int = Field(
+        default_factory=lambda: _env_number("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024, int),
+        ge=0, description="bytes; 0 disables fusion",
+    )
+    cycle_time: float = Field(
+        default_factory=lambda: _env_number("HOROVOD_CYCLE_TIME", 1.0),
+        ge=0, description="ms between planning rounds of the coordinator",
+    )
+    stall_timeout: float = Field(
+        default_factory=lambda: _env_number("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
+        gt=0, description="s before warning that some ranks have not submitted a tensor",
+    )
+
+
+class StallWarning(UserWarning):
+    """Some ranks submitted a tensor that others have not, for longer than stall_timeout."""
+
+
+def _ring_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp) -> None:
+    """Reduce the 1-D ``buf`` in place over ``comm`` with a ring: reduce-scatter, allgather.
+
+    Reduce-scatter step s: rank r sends chunk (r - s) mod p right and combines chunk
+    (r - s - 1) mod p from the left into its own, in the buffer's dtype. So chunk c is
+    accumulated as x_c, then + x_{c+1}, ..., + x_{c-1}, and is complete on rank c - 1.
+    """
+    from mpi4py import MPI
+
+    p, r = comm.size, comm.rank
+    if p == 1:
+        return
+    chunks = ring_chunks(buf.size, p)
+    right, left = (r + 1) % p, (r - 1) % p
+    ufunc = reduce_ufunc(op)
+    raw = buf.view(np.uint8)
+    size = buf.itemsize
+    tmp = np.empty(chunks[0][1], buf.dtype)
+    tmp_raw = tmp.view(np.uint8)
+
+    def part(c: int) -> tuple[int, int]:
+        off, cnt = chunks[c]
+        return off, cnt
+
+    for s in range(p - 1):
+        so, sc = part((r - s) % p)
+        ro, rc = part((r - s - 1) % p)
+        comm.Sendrecv(
+            [raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING,
+            [tmp_raw[:rc * size], MPI.BYTE], left, TAG_RING,
+        )
+        ufunc(tmp[:rc], buf[ro:ro + rc], out=buf[ro:ro + rc])
+    for s in range(p - 1):
+        so, sc = part((r + 1 - s) % p)
+        ro, rc = part((r - s) % p)
+        comm.Sendrecv(
+            [raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING,
+            [raw[ro * size:(ro + rc) * size], MPI.BYTE], left, TAG_RING,
+        )
+
+
+class _HorovodProtocol(Protocol):
+    """Negotiation, fusion planning (on the coordinator) and execution, on the engine thread."""
+
+    def __init__(self, ctrl: Any, data: Any, options: _Options) -> None:
+        self.ctrl, self.data = ctrl, data
+        self.rank, self.size = ctrl.rank, ctrl.size
+        self.is_coordinator = self.rank == 0
+        self.threshold = options.fusion_threshold
+        self.cycle_s = options.cycle_time / 1000.0
+        self.stall_s = options.stall_timeout
+        self.pending: dict[Any, Request] = {}
+        self.outbox: list[Meta] = []
+        self.sends: list[Any] = []
+        self.fusion = np.empty(0, np.uint8)
+        self.closed_handle: Handle | None = None
+        # coordinator state
+        self.table: dict[Any, dict[int, Meta]] = {}
+        self.first_seen: dict[Any, float] = {}
+        self.ready: list[Any] = []
+        self.closing: set[int] = set()
+        self.last_plan = 0.0
+        self.last_stall_check = time.monotonic()
+        self.warned: set[Any] = set()
+        # statistics, read by benchmarks and tests
+        self.stats = {"groups": 0, "fused_tensors": 0, "bytes_sent": 0}
+
+    # -- protocol ---------------------------------------------------------------------
+    def accept(self, item: Request | Handle) -> None:
+        if isinstance(item, Handle):  # close(): tell the coordinator this rank is done
+            self.closed_handle = item
+            self.outbox.append(Meta("shutdown", "", "", ()))
+            return
+        name = item.meta.name
+        if name in self.pending:
+            item.handle.set_error(ValueError(
+                f"a tensor named {name!r} is already being reduced on rank {self.rank}; "
+                f"names must be unique among operations in flight"
+            ))
+            return
+        self.pending[name] = item
+        self.outbox.append(item.meta)
+
+    def busy(self) -> bool:
+        # The coordinator must keep polling: other ranks' requests arrive unannounced.
+        return bool(self.is_coordinator or self.pending or self.outbox or self.sends
+                    or self.closed_handle)
+
+    def progress(self) -> bool:
+        from mpi4py import MPI
+
+        did = False
+        if self.outbox:
+            metas, self.outbox = self.outbox, []
+            if self.is_coordinator:
+                self._collect(self.rank, metas)
+            else:
+                self.sends.append(self.ctrl.isend(metas, 0, TAG_REQUEST))
+            did = True
+        if self.is_coordinator:
+            status = MPI.Status()
+            while self.ctrl.iprobe(MPI.ANY_SOURCE, TAG_REQUEST, status):
+                src = status.Get_source()
+                self._collect(src, self.ctrl.recv(source=src, tag=TAG_REQUEST))
+                did = True
+            now = time.monotonic()
+            if (self.ready or self._all_closing()) and now - self.last_plan >= self.cycle_s:
+                responses = self._plan()
+                self.last_plan = now
+                for dest in range(1, self.size):
+                    self.sends.append(self.ctrl.isend(responses, dest, TAG_RESPONSE))
+                self._execute(responses)
+                did = True
+            if now - self.last_stall_check > 1.0:
+                self._check_stalls(now)
+        else:
+            while self.ctrl.iprobe(0, TAG_RESPONSE):
+                self._execute(self.ctrl.recv(source=0, tag=TAG_RESPONSE))
+                did = True
+        if self.sends:
+            self.sends = [r for r in self.sends if not r.Test()]
+        return did
+
+    def fail(self, error: BaseException) -> None:
+        for req in self.pending.values():
+            req.handle.set_error(error)
+        self.pending.clear()
+        if self.closed_handle is not None:
+            self.closed_handle.set_error(error)
+
+    # -- coordinator --------------------------------------------------------------------
+    def _collect(self, src: int, metas: list[Meta]) -> None:
+        now = time.monotonic()
+        for m in metas:
+            if m.kind == "shutdown":
+                self.closing.add(src)
+                continue
+            entry = self.table.setdefault(m.name, {})
+            if not entry:
+                self.first_seen[m.name] = now
+            entry[src] = m
+            if len(entry) == self.size:
+                self.ready.append(m.name)
+
+    def _all_closing(self) -> bool:
+        return len(self.closing) == self.size and not self.table
+
+    def _plan(self) -> list[tuple]:
+        """Turn the ready names into responses: fused allreduce groups, broadcasts, errors."""
+        responses: list[list] = []
+        open_group: dict[tuple, int] = {}  # fusion key -> index of its latest group
+        for name in self.ready:
+            metas = self.table.pop(name)
+            self.first_seen.pop(name, None)
+            self.warned.discard(name)
+            message = mismatch_message([metas[r] for r in range(self.size)])
+            if message is not None:
+                responses.append(["error", [name], message])
+                continue
+            m = metas[0]
+            if m.kind == "broadcast":
+                responses.append(["broadcast", [name]])
+                continue
+            key = (m.dtype, m.op, m.prescale, m.postscale)
+            idx = open_group.get(key)
+            if idx is not None and responses[idx][2] + m.nbytes <= self.threshold:
+                responses[idx][1].append(name)
+                responses[idx][2] += m.nbytes
+                continue
+            responses.append(["allreduce", [name], m.nbytes])
+            if m.nbytes < self.threshold:
+                open_group[key] = len(responses) - 1
+        self.ready = []
+        if self._all_closing():
+            responses.append(["shutdown", []])
+        return [tuple(r[:2]) if r[0] != "error" else tuple(r) for r in responses]
+
+    def _check_stalls(self, now: float) -> None:
+        self.last_stall_check = now
+        for name, since in self.first_seen.items():
+            if now - since > self.stall_s and name not in self.warned:
+                self.warned.add(name)
+                have = sorted(self.table[name])
+                missing = [r for r in range(self.size) if r not in self.table[name]]
+                import warnings
+
+                warnings.warn(
+                    f"horovod: tensor {name!r} was submitted by ranks {have} but not by ranks "
+                    f"{missing} for {now - since:.0f} s (stall_timeout {self.stall_s:g} s); "
+                    f"those ranks may be stuck or may have skipped this tensor",
+                    StallWarning, stacklevel=1,
+                )
+                sys.stderr.flush()
+
+    # -- every rank ----------------------------------------------------------------------
+    def _execute(self, responses: list[tuple]) -> None:
+        for resp in responses:
+            kind, names = resp[0], resp[1]
+            if kind == "shutdown":
+                if self.closed_handle is not None:
+                    self.closed_handle.set_result(None)
+                    self.closed_handle = None
+                continue
+            reqs = [self.pending.pop(n) for n in names]
+            if kind == "error":
+                for req in reqs:
+                    req.handle.set_error(MismatchError(resp[2]))
+            elif kind == "broadcast":
+                req = reqs[0]
+                self.data.Bcast(byte_view(req.tensor), root=req.meta.root)
+                req.handle.set_result(req.tensor)
+            else:
+                try:
+                    self._allreduce(reqs)
+                except Exception as err:  # e.g. a dtype the ufunc cannot handle
+                    for req in reqs:
+                        req.handle.set_error(err)
+                else:
+                    for req in reqs:
+                        req.handle.set_result(req.output)
+
+    def _allreduce(self, reqs: list[Request]) -> None:
+        meta = reqs[0].meta
+        dtype = reqs[0].tensor.dtype
+        self.stats["groups"] += 1
+        self.stats["fused_tensors"] += len(reqs)
+        if len(reqs) == 1:
+            req = reqs[0]
+            if req.output is not req.tensor:
+                req.output[...] = req.tensor
+            buf = req.output.reshape(-1)
+        else:
+            total = sum(r.tensor.size for r in reqs)
+            if self.fusion.nbytes < total * dtype.itemsize:
+                self.fusion = np.empty(total * dtype.itemsize, np.uint8)
+            buf = self.fusion[: total * dtype.itemsize].view(dtype)
+            off = 0
+            for r in reqs:
+                buf[off:off + r.tensor.size] = r.tensor.reshape(-1)
+                off += r.tensor.size
+        # Scaling happens on the fused buffer, halves in float32 (tensor_ops.scale_).
+        scale_(buf, meta.prescale)
+        _ring_allreduce(self.data, buf, ReduceOp(meta.op))
+        scale_(buf, meta.postscale)
+        if self.size > 1:
+            # Rank r sends every chunk but (r+1) in the reduce-scatter, every chunk but
+            # (r+2) in the allgather.
+            chunks = ring_chunks(buf.size, self.size)
+            unsent = chunks[(self.rank + 1) % self.size][1] + chunks[(self.rank + 2) % self.size][1]
+            self.stats["bytes_sent"] += (2 * buf.size - unsent) * buf.itemsize
+        if len(reqs) > 1:
+            off = 0
+            for r in reqs:
+                r.output.reshape(-1)[...] = buf[off:off + r.tensor.size]
+                off += r.tensor.size
+
+
+@register("horovod")
+class HorovodStore(KVStore):
+    """Ring allreduce with tensor fusion and cross-rank negotiation, after Horovod.
+
+    Options:
+        fusion_threshold: bytes a fused buffer may hold (default 128 MiB; 0 = no fusion).
+        cycle_time: ms between the coordinator's planning rounds (default 1).
+        stall_timeout: s before warning that ranks have not submitted a tensor (60).
+
+    Example:
+        >>> kv = ddpbench.create("horovod", fusion_threshold=64 << 20)
+        >>> kv.push_pull("grad", g, op="average", prescale_factor=1 / 8, postscale_factor=8)
+    """
+
+    Options = _Options
+    capabilities = frozenset({"broadcast", "push_pull", "fusion"})
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._world = world()
+        if self._world.is_server:
+            raise RuntimeError("backend 'horovod' has no server role; launch without --servers")
+        self._engine = engine()
+        comm = self._world.role_comm
+        ctrl, data = self._engine.call(lambda: (comm.Dup(), comm.Dup())).wait()
+        self._proto = _HorovodProtocol(ctrl, data, self.options)
+        self._engine.register(self._proto)
+        self._pending: list[Handle] = []
+        self._closed = False
+
+    @property
+    def rank(self) -> int:
+        return self._world.role_rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._world.num_workers
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Fusion statistics of this rank: groups executed and tensors they carried."""
+        return dict(self._proto.stats)
+
+    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
+        if self._closed:
+            raise RuntimeError("backend 'horovod' is closed")
+        check_dtype(meta.name, meta.dtype)
+        handle = Handle(meta.name)
+        self._pending = [h for h in self._pending if not h.done()]
+        self._pending.append(handle)
+        self._engine.submit(self._proto, Request(meta, tensor, output, handle, priority))
+        return handle
+
+    def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
+        handles = [
+            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank), t, t)
+            for n, t in zip(names, tensors)
+        ]
+        for h in handles:
+            h.wait()
+
+    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+        if op is ReduceOp.AVERAGE:
+            # Horovod folds the division into the postscale, with the size read now.
+            postscale = postscale / self.num_workers
+            op = ReduceOp.SUM
+        meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
+                    prescale, postscale)
+        return self._submit(meta, tensor, output, priority)
+
+    def synchronize(self) -> None:
+        pending, self._pending = self._pending, []
+        errors = [e for e in (h.join() for h in pending) if e is not None]
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """Finish outstanding work, then leave together with every other rank. Collective."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.synchronize()
+        finally:
+            done = Handle("close")
+            self._engine.submit(self._proto, done)
+            done.wait()
+            self._engine.unregister(self._proto)
+            self._engine.call(lambda: (self._proto.ctrl.Free(), self._proto.data.Free())).wait()
