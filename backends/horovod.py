@@ -6,8 +6,9 @@ How a ``push_pull`` travels (Horovod's controller design):
    shape, dtype, op, factors) to the coordinator, rank 0 of the workers.
 2. The coordinator keeps a table of which ranks have submitted which names. When every
    rank has submitted a name it checks that all ranks agree (a disagreement becomes an
-   error response that raises the same message on every rank) and, at most once per
-   ``cycle_time``, plans the ready names into fused groups: tensors with equal dtype, op and
+   error response that raises the same message on every rank) and plans the ready names
+   into fused groups once submissions pause for ``cycle_time``/10, or at the latest
+   ``cycle_time`` after the first became ready (Horovod waits a full cycle every time): tensors with equal dtype, op and
    factors share one buffer up to ``fusion_threshold`` bytes. Because only the coordinator
    plans, the fusion decision is the same on every rank even when tensors become ready in
    different orders or at different times on different ranks.
@@ -130,7 +131,8 @@ class _HorovodProtocol(Protocol):
         self.first_seen: dict[Any, float] = {}
         self.ready: list[Any] = []
         self.closing: set[int] = set()
-        self.last_plan = 0.0
+        self.last_arrival = 0.0
+        self.first_ready = 0.0
         self.last_stall_check = time.monotonic()
         self.warned: set[Any] = set()
         # statistics, read by benchmarks and tests
@@ -175,9 +177,8 @@ class _HorovodProtocol(Protocol):
                 self._collect(src, self.ctrl.recv(source=src, tag=TAG_REQUEST))
                 did = True
             now = time.monotonic()
-            if (self.ready or self._all_closing()) and now - self.last_plan >= self.cycle_s:
+            if self._all_closing() or (self.ready and self._plan_due(now)):
                 responses = self._plan()
-                self.last_plan = now
                 for dest in range(1, self.size):
                     self.sends.append(self.ctrl.isend(responses, dest, TAG_RESPONSE))
                 self._execute(responses)
@@ -206,12 +207,25 @@ class _HorovodProtocol(Protocol):
             if m.kind == "shutdown":
                 self.closing.add(src)
                 continue
+            self.last_arrival = now
             entry = self.table.setdefault(m.name, {})
             if not entry:
                 self.first_seen[m.name] = now
             entry[src] = m
             if len(entry) == self.size:
+                if not self.ready:
+                    self.first_ready = now
                 self.ready.append(m.name)
+
+    def _plan_due(self, now: float) -> bool:
+        """Plan once submissions pause, or at the latest one cycle after the first ready.
+
+        Horovod plans every cycle_time, so even a lone small tensor waits up to a cycle.
+        Waiting only for a pause of cycle_time/10 keeps bursts (a backward pass) fused while
+        an isolated tensor goes at once; cycle_time still caps how long a ready tensor waits.
+        """
+        quiet = now - self.last_arrival >= self.cycle_s / 10
+        return quiet or now - self.first_ready >= self.cycle_s
 
     def _all_closing(self) -> bool:
         return len(self.closing) == self.size and not self.table

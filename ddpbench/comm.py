@@ -243,7 +243,7 @@ class Engine:
                     if not busy:
                         self._cond.wait(timeout=0.5)
                     elif idle_polls > 20:
-                        self._cond.wait(timeout=min(self._max_poll_s, 1e-6 * 2 ** (idle_polls - 20)))
+                        self._cond.wait(timeout=min(self._max_poll_s, 1e-6 * 2 ** min(idle_polls - 20, 16)))
                 items, self._queue = self._queue, []
             try:
                 did = bool(items)
