@@ -12,6 +12,7 @@ An experiment file is a mapping with an envelope read by the runner (``name``, `
     bandwidth_gbps: [1, 10, 25]
     latency_us: 5
     iterations: 3
+    size_scale: 1.0               # gradient sizes x this (a scaled-down profile)
     backends:                     # a list of names, or name -> knobs
       kvstore: {}
       p3: {slice_params: [10000, 40000]}   # a knob list is an axis of that backend only
@@ -63,7 +64,7 @@ PS_BACKENDS = frozenset({"kvstore", "p3", "byteps"})
 # Point-level axes shared by every backend, in the order they appear in tables.
 COMMON_AXES = (
     "workload", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
-    "warmup", "compute_scale",
+    "warmup", "compute_scale", "size_scale",
 )
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -273,7 +274,6 @@ def _as_axis(value: Any, name: str) -> Any:
 class RealOptions(_Frozen):
     """How real-mode points run (``ddpbench.realrun`` under ``ddpbench launch``)."""
 
-    size_scale: float = Field(1.0, gt=0, le=1, description="gradient sizes x this factor")
     compute: Literal["sleep", "spin"] = "sleep"
     timeout_s: float = Field(300.0, gt=0)
 
@@ -316,6 +316,7 @@ class ThroughputSpec(_Frozen):
     iterations: tuple[int, ...] = (3,)
     warmup: tuple[int, ...] = (1,)
     compute_scale: tuple[float, ...] = (1.0,)
+    size_scale: tuple[float, ...] = (1.0,)
     repetitions: int = Field(1, ge=1)
     backends: dict[str, dict[str, tuple[Any, ...]]]
     zip: tuple[tuple[str, ...], ...] = ()
@@ -324,7 +325,7 @@ class ThroughputSpec(_Frozen):
 
     @field_validator(
         "workloads", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
-        "warmup", "compute_scale", mode="before",
+        "warmup", "compute_scale", "size_scale", mode="before",
     )
     @classmethod
     def _axis(cls, value: Any, info: Any) -> Any:
@@ -352,6 +353,14 @@ class ThroughputSpec(_Frozen):
         for v in value:
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{info.field_name} must be a finite number > 0, got {v}")
+        return value
+
+    @field_validator("size_scale")
+    @classmethod
+    def _size_scale(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        for v in value:
+            if not 0 < v <= 1:
+                raise ValueError(f"size_scale must be in (0, 1] (gradient sizes x this), got {v}")
         return value
 
     @field_validator("latency_us")
@@ -403,7 +412,7 @@ class ThroughputSpec(_Frozen):
             "workload": self.workloads, "workers": self.workers, "servers": self.servers,
             "bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us,
             "iterations": self.iterations, "warmup": self.warmup,
-            "compute_scale": self.compute_scale,
+            "compute_scale": self.compute_scale, "size_scale": self.size_scale,
         }
         for knob, values in self.backends[backend].items():
             axes[f"{backend}.{knob}"] = values

@@ -278,9 +278,12 @@ def _servers_arg(value: Any) -> Any:
 
 def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
     import simulator
+    from ddpbench.realrun import load_workload, scale_sizes
 
+    workload = load_workload(params["workload"])
+    workload = scale_sizes(workload, float(params.get("size_scale", 1.0)))
     res = simulator.simulate(
-        params["workload"], params["backend"],
+        workload, params["backend"],
         workers=int(params["workers"]), servers=_servers_arg(params["servers"]),
         bandwidth_gbps=float(params["bandwidth_gbps"]), latency_us=float(params["latency_us"]),
         iterations=int(params["iterations"]), warmup=int(params["warmup"]),

@@ -1,0 +1,67 @@
+"""``ddpbench run FILE``: run an experiment's sweep and render its report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+HELP = "run an experiment file (sweep in simulation or on real processes) and render its report"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="experiment YAML file, e.g. experiments/p3_vs_ring.yaml")
+    parser.add_argument("--only", metavar="PATTERN",
+                        help="run only points whose name matches (a glob such as 'p3[*' or "
+                        "a substring such as 'workload=vgg19')")
+    parser.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                        help=f"parallel processes for simulated points (default: all "
+                        f"{os.cpu_count()} cores)")
+    parser.add_argument("--force", action="store_true",
+                        help="run finished points again (their rows are replaced)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the points that would run, run nothing")
+    parser.add_argument("--executor", choices=["local", "mpi"], default="local",
+                        help="local processes (default) or mpi4py.futures workers")
+    parser.add_argument("--outdir", type=Path, default=None,
+                        help="report folder (default: reports/<name>)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-report", action="store_true", help="do not render the report")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ddpbench import config, runner
+    from ddpbench.cli import UsageError
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        exp = config.load_experiment(args.file)
+    except config.ExperimentError as err:
+        raise UsageError(str(err)) from None
+    outdir = args.outdir or Path("reports") / exp.name
+    try:
+        summary = runner.run_experiment(
+            exp, outdir, jobs=args.jobs, executor=args.executor, only=args.only,
+            force=args.force, dry_run=args.dry_run, progress=not args.no_progress,
+            render_report=not args.no_report,
+        )
+    except (ValueError, RuntimeError) as err:
+        raise UsageError(str(err)) from None
+    if args.dry_run:
+        for mode, name in summary.planned:
+            print(f"{mode:8s} {name}")
+        print(f"{len(summary.planned)} of {summary.total} points would run "
+              f"({summary.skipped} finished; --force runs them again)")
+        return 0
+    print(f"{exp.name}: {summary.ok} ran ok, {summary.failed} failed, {summary.skipped} "
+          f"already finished, of {summary.total} points -> {outdir / 'results.csv'}")
+    if summary.report:
+        print(f"report: {outdir / 'report.md'} ({len(summary.report)} files)")
+    if summary.failed:
+        print("failed points:", file=sys.stderr)
+        for line in runner.iter_failures(summary):
+            print(line, file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,86 @@
+"""``ddpbench simulate``: simulate one point from flags and print its figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "simulate one point (workload, backend, knobs, network) and print its iteration time"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", "-w", default="resnet50",
+                        help="profile name or YAML path (default resnet50)")
+    parser.add_argument("--backend", "-b", default="p3", help="backend name (default p3)")
+    parser.add_argument("--workers", "-n", type=int, default=4, help="workers (default 4)")
+    parser.add_argument("--servers", default="colocated",
+                        help="server hosts, or 'colocated' (default)")
+    parser.add_argument("--bandwidth-gbps", type=float, default=10.0,
+                        help="per-direction link bandwidth in Gbps (default 10)")
+    parser.add_argument("--latency-us", type=float, default=5.0, help="latency in us (default 5)")
+    parser.add_argument("--iterations", type=int, default=3, help="iterations (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up iterations (default 1)")
+    parser.add_argument("--compute-scale", type=float, default=1.0,
+                        help="compute times x this (default 1)")
+    parser.add_argument("--knob", "-k", action="append", default=[], metavar="NAME=VALUE",
+                        help="a backend knob, e.g. -k slice_params=10000 (repeatable)")
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _value(text: str) -> object:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def main(args: argparse.Namespace) -> int:
+    from ddpbench.cli import UsageError
+
+    knobs = {}
+    for item in args.knob:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--knob expects NAME=VALUE, got {item!r}")
+        knobs[name] = _value(value)
+    servers: object = args.servers
+    if servers != "colocated":
+        try:
+            servers = int(args.servers)
+        except ValueError:
+            raise UsageError(f"--servers must be a count or 'colocated', got {args.servers!r}"
+                             ) from None
+    import simulator
+
+    try:
+        res = simulator.simulate(
+            args.workload, args.backend, workers=args.workers, servers=servers,
+            bandwidth_gbps=args.bandwidth_gbps, latency_us=args.latency_us,
+            iterations=args.iterations, warmup=args.warmup,
+            compute_scale=args.compute_scale, **knobs,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    sent = dict(res.bytes_sent or {})
+    out = {
+        "workload": args.workload, "backend": args.backend, "knobs": knobs,
+        "workers": args.workers, "bandwidth_gbps": args.bandwidth_gbps,
+        "iteration_time_s": res.iteration_time_s, "throughput": res.throughput,
+        "bytes_sent_max": max(sent.values()) if sent else None, "events": res.events,
+    }
+    if args.trace:
+        res.to_chrome_trace(args.trace)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{args.backend} on {args.workload}, {args.workers} workers, "
+              f"{args.bandwidth_gbps:g} Gbps, {args.latency_us:g} us: "
+              f"iteration {res.iteration_time_s * 1e3:.2f} ms, "
+              f"{res.throughput:,.1f} samples/s, "
+              f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
+        if args.trace:
+            print(f"trace: {args.trace}")
+    return 0

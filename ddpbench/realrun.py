@@ -1,0 +1,195 @@
+"""Real-mode worker program: a synthetic training loop driven by a workload profile.
+
+Run under ``ddpbench launch`` (or a plain ``mpiexec`` for allreduce backends)::
+
+    ddpbench launch -n 2 -- python -m ddpbench.realrun --workload resnet50 \\
+        --backend horovod --size-scale 0.01 --compute-scale 0.1 --out result.json
+
+Each worker builds the profile's gradient tensors (float32, each ``numel x size_scale``
+elements, at least one) and emulates the profile's per-layer forward and backward times
+(``x compute_scale``) by sleeping or spinning. Backward produces layer L's gradients after
+its compute and sends them at once with ``push_pull_async(priority=-L)``; the next forward
+waits for layer L's gradients just before computing layer L, so communication overlaps
+compute as in a real framework. Iteration time is the time between the starts of
+successive iterations (the last one ends when every gradient has arrived); the first
+``--warmup`` iterations are not counted.
+
+Every result is checked: each worker pushes ``rank + 1`` everywhere, so every reduced
+element must equal ``W (W + 1) / 2``. Worker 0 writes the timings as JSON to ``--out`` (and
+prints them); a failing rank writes its error to ``<out>.rank<R>.err`` and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ddpbench.realrun", description=__doc__.split("\n")[0])
+    p.add_argument("--workload", required=True, help="profile name or YAML path")
+    p.add_argument("--backend", required=True, help="a name from ddpbench.available()")
+    p.add_argument("--knobs", default="{}", help="backend knobs as a JSON object")
+    p.add_argument("--iterations", type=int, default=3, help="timed iterations (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (default 1)")
+    p.add_argument("--compute-scale", type=float, default=1.0,
+                   help="per-layer compute time x this (default 1.0)")
+    p.add_argument("--size-scale", type=float, default=1.0,
+                   help="gradient sizes x this, in (0, 1] (default 1.0)")
+    p.add_argument("--compute", choices=["sleep", "spin"], default="sleep",
+                   help="emulate compute by sleeping (default; fair on few cores) or spinning")
+    p.add_argument("--out", default=None, help="write worker 0's result JSON here")
+    args = p.parse_args(argv)
+    if args.iterations < 1 or args.warmup < 0:
+        p.error("--iterations must be >= 1 and --warmup >= 0")
+    if not 0 < args.size_scale <= 1:
+        p.error(f"--size-scale must be in (0, 1], got {args.size_scale}")
+    if args.compute_scale < 0:
+        p.error(f"--compute-scale must be >= 0, got {args.compute_scale}")
+    return args
+
+
+def scale_sizes(workload: Any, size_scale: float) -> Any:
+    """Return ``workload`` with every tensor's numel x ``size_scale`` (rounded, >= 1).
+
+    The simulator is given the same scaled profile, so its prediction and the real run
+    move the same bytes.
+    """
+    if size_scale == 1.0:
+        return workload
+    tensors = tuple(t.model_copy(update={"numel": max(1, int(round(t.numel * size_scale)))})
+                    for t in workload.tensors)
+    return workload.model_copy(update={"tensors": tensors})
+
+
+def load_workload(name: str) -> Any:
+    """Return the simulator's profile ``name`` (a shipped name or a YAML path)."""
+    import simulator
+
+    loader = getattr(simulator, "load_workload", None)
+    if loader is None:  # the package may not re-export it yet
+        from simulator.workload import load_workload as loader
+    return loader(name)
+
+
+def _busy(seconds: float, mode: str) -> None:
+    if seconds <= 0:
+        return
+    if mode == "sleep":
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def run(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Run the loop on this rank; return worker 0's result (None elsewhere)."""
+    import ddpbench
+    from ddpbench import comm
+
+    knobs = json.loads(args.knobs)
+    world = comm.world()
+    if world.is_server:
+        kv = ddpbench.create(args.backend, **knobs)  # a server rank serves until workers close
+        if kv is not None and hasattr(kv, "close"):
+            kv.close()
+        return None
+    workload = scale_sizes(load_workload(args.workload), args.size_scale)
+    layers = workload.layers
+    fwd = [layer.fwd_s * args.compute_scale for layer in layers]
+    bwd = [layer.bwd_s * args.compute_scale for layer in layers]
+    by_layer: dict[int, list[int]] = {}
+    grads, outs = [], []
+    for i, t in enumerate(workload.tensors):
+        n = t.numel
+        grads.append(np.full(n, world.role_rank + 1, dtype=np.float32))
+        outs.append(np.empty(n, dtype=np.float32))
+        by_layer.setdefault(int(t.layer), []).append(i)
+    kv = ddpbench.create(args.backend, **knobs)
+    workers = kv.num_workers
+    expected = np.float32(workers * (workers + 1) / 2)
+    handles: dict[int, Any] = {}
+
+    def wait_layer(layer: int) -> None:
+        for i in by_layer.get(layer, ()):
+            h = handles.pop(i, None)
+            if h is not None:
+                h.wait()
+                if outs[i][0] != expected or outs[i][-1] != expected:
+                    raise RuntimeError(
+                        f"tensor {i} reduced to {outs[i][0]} / {outs[i][-1]}, expected "
+                        f"{expected} (sum of rank+1 over {workers} workers)"
+                    )
+
+    starts = []
+    total = args.warmup + args.iterations
+    world.role_comm.Barrier()
+    for _ in range(total):
+        starts.append(time.perf_counter())
+        for layer in range(len(layers)):
+            wait_layer(layer)
+            _busy(fwd[layer], args.compute)
+        for layer in reversed(range(len(layers))):
+            _busy(bwd[layer], args.compute)
+            for i in by_layer.get(layer, ()):
+                handles[i] = kv.push_pull_async(i, grads[i], outs[i], priority=-layer)
+    for layer in range(len(layers)):
+        wait_layer(layer)
+    starts.append(time.perf_counter())
+    kv.close()
+    times = [b - a for a, b in zip(starts, starts[1:])][args.warmup:]
+    # Every worker's iteration ends when its slowest peer's gradients arrive; report the
+    # slowest worker's times, as a job's throughput is bounded by it.
+    all_times = world.role_comm.allgather(times)
+    times = [max(col) for col in zip(*all_times)]
+    if world.role_rank != 0:
+        return None
+    median = statistics.median(times)
+    return {
+        "workload": workload.name, "backend": args.backend, "knobs": knobs,
+        "workers": workers, "iteration_times_s": times, "iteration_time_s": median,
+        "iteration_time_min_s": min(times), "iteration_time_max_s": max(times),
+        "throughput": workload.batch_size * workers / median,
+        "bytes_per_iteration": int(sum(g.nbytes for g in grads)),
+        "size_scale": args.size_scale, "compute_scale": args.compute_scale,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the worker program; return the exit code."""
+    args = _parse(argv)
+    try:
+        result = run(args)
+    except Exception as err:  # noqa: BLE001 - reported to the runner through a file
+        rank = "?"
+        try:
+            from ddpbench import comm
+
+            rank = str(comm.world().rank)
+        except Exception:  # noqa: BLE001
+            pass
+        msg = f"rank {rank}: {type(err).__name__}: {' '.join(str(err).split())}"
+        if args.out:
+            Path(f"{args.out}.rank{rank}.err").write_text(msg + "\n")
+        traceback.print_exc()
+        print(msg, file=sys.stderr, flush=True)
+        return 1
+    if result is not None:
+        text = json.dumps(result)
+        print(text, flush=True)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,592 @@
+"""Reports: markdown and escaped HTML with pandas tables and matplotlib PNG plots.
+
+:class:`Document` collects headings, text, tables and images and writes ``report.md`` and
+``report.html`` together; every experiment kind can use it. :func:`render_throughput`
+renders the ``throughput`` kind from the rows of ``results.csv`` (and the timeline JSON
+files that the runner stored for the Gantt plot), so ``ddpbench report DIR`` re-renders a
+report without running anything.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddpbench.config import BACKEND_KNOBS, COMMON_AXES
+
+__all__ = ["Document", "pyplot", "render_throughput", "variant_label"]
+
+RESULT_COLUMNS = ("iteration_time_s", "throughput")
+# Columns that identify a point apart from the backend and its knobs.
+POINT_AXES = tuple(a for a in COMMON_AXES if a != "workload")
+KNOB_COLUMNS = tuple(sorted({k for knobs in BACKEND_KNOBS.values() for k in knobs}))
+AXIS_LABELS = {
+    "bandwidth_gbps": "link bandwidth per direction (Gbps)",
+    "workers": "workers",
+    "latency_us": "latency (us)",
+    "throughput": "throughput (samples/s, whole job)",
+    "iteration_time_ms": "iteration time (ms)",
+}
+
+
+def pyplot() -> Any:
+    """Return matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# -- documents -------------------------------------------------------------------------------
+def _md_cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _fmt(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.4g}" if abs(value) < 100 else f"{value:,.1f}"
+    return value
+
+
+class Document:
+    """A report built once and written as markdown and as escaped HTML."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self._parts: list[tuple[str, Any]] = []
+
+    def heading(self, text: str, level: int = 2) -> None:
+        """Add a heading (level 2 = section)."""
+        self._parts.append(("heading", (level, text)))
+
+    def text(self, text: str) -> None:
+        """Add a paragraph of plain text (`code` spans are kept)."""
+        self._parts.append(("text", text))
+
+    def bullets(self, items: Sequence[str]) -> None:
+        """Add a bulleted list."""
+        self._parts.append(("bullets", list(items)))
+
+    def table(self, df: Any, *, index: bool = False, caption: str | None = None) -> None:
+        """Add a pandas DataFrame as a table (floats formatted to 4 significant digits)."""
+        frame = df.reset_index() if index else df
+        frame = frame.map(_fmt) if hasattr(frame, "map") else frame.applymap(_fmt)
+        self._parts.append(("table", (frame, caption)))
+
+    def image(self, path: Path, alt: str) -> None:
+        """Add an image (a path relative to the report folder)."""
+        self._parts.append(("image", (str(path), alt)))
+
+    def markdown(self) -> str:
+        """Return the document as GitHub-flavoured markdown."""
+        out = [f"# {self.title}", ""]
+        for kind, value in self._parts:
+            if kind == "heading":
+                out += ["#" * value[0] + " " + value[1], ""]
+            elif kind == "text":
+                out += [value, ""]
+            elif kind == "bullets":
+                out += [f"- {item}" for item in value] + [""]
+            elif kind == "table":
+                frame, caption = value
+                if caption:
+                    out += [caption, ""]
+                cols = [str(c) for c in frame.columns]
+                out.append("| " + " | ".join(_md_cell(c) for c in cols) + " |")
+                out.append("|" + "|".join("---" for _ in cols) + "|")
+                for row in frame.itertuples(index=False):
+                    out.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+                out.append("")
+            elif kind == "image":
+                out += [f"![{value[1]}]({value[0]})", ""]
+        return "\n".join(out)
+
+    def html(self) -> str:
+        """Return the document as a standalone HTML page; all text is escaped."""
+        esc = html.escape
+        body = [f"<h1>{esc(self.title)}</h1>"]
+        for kind, value in self._parts:
+            if kind == "heading":
+                body.append(f"<h{value[0]}>{esc(value[1])}</h{value[0]}>")
+            elif kind == "text":
+                body.append(f"<p>{_inline_code(value)}</p>")
+            elif kind == "bullets":
+                items = "".join(f"<li>{_inline_code(i)}</li>" for i in value)
+                body.append(f"<ul>{items}</ul>")
+            elif kind == "table":
+                frame, caption = value
+                if caption:
+                    body.append(f"<p>{_inline_code(caption)}</p>")
+                body.append(frame.to_html(index=False, escape=True, na_rep="", border=0))
+            elif kind == "image":
+                body.append(f'<p><img src="{esc(value[0], quote=True)}" '
+                            f'alt="{esc(value[1], quote=True)}"></p>')
+        style = ("body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em}"
+                 "table{border-collapse:collapse;font-size:90%}"
+                 "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+                 "img{max-width:100%}code{background:#f3f3f3}")
+        return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+                f"<title>{esc(self.title)}</title><style>{style}</style></head><body>\n"
+                + "\n".join(body) + "\n</body></html>\n")
+
+    def write(self, outdir: Path) -> list[Path]:
+        """Write ``report.md`` and ``report.html`` in ``outdir``; return their paths."""
+        outdir.mkdir(parents=True, exist_ok=True)
+        md, page = outdir / "report.md", outdir / "report.html"
+        md.write_text(self.markdown(), encoding="utf-8")
+        page.write_text(self.html(), encoding="utf-8")
+        return [md, page]
+
+
+def _inline_code(text: str) -> str:
+    parts = str(text).split("`")
+    return "".join(html.escape(p) if i % 2 == 0 else f"<code>{html.escape(p)}</code>"
+                   for i, p in enumerate(parts))
+
+
+# -- the throughput kind ---------------------------------------------------------------------
+def _saved_meta(outdir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((outdir / "experiment.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def variant_label(row: Any, knobs: Sequence[str]) -> str:
+    """Return ``backend`` or ``backend (knob=v, ...)`` for the knobs given on ``row``."""
+    from ddpbench.runner import format_value
+
+    given = [f"{k}={format_value(_num(row[k]))}" for k in knobs
+             if k in row and row[k] == row[k] and row[k] != ""]
+    return f"{row['backend']} ({', '.join(given)})" if given else str(row["backend"])
+
+
+def _num(value: Any) -> Any:
+    if isinstance(value, float) and value == int(value):
+        return int(value)
+    return value
+
+
+def _prepare(df: Any) -> Any:
+    """Return the ok rows averaged over repetitions, with a ``variant`` column."""
+    import pandas as pd
+
+    ok = df[df["status"] == "ok"].copy()
+    if ok.empty:
+        return ok
+    knobs = [k for k in KNOB_COLUMNS if k in ok.columns and ok[k].notna().any()]
+    ok["variant"] = [variant_label(r, knobs) for _, r in ok.iterrows()]
+    for col in ("size_scale",):
+        if col not in ok.columns:
+            ok[col] = 1.0
+    keys = ["mode", "variant", "backend", "workload",
+            *[a for a in POINT_AXES if a in ok.columns]]
+    ok["servers"] = ok["servers"].astype(str)
+    agg = ok.groupby(keys, dropna=False, sort=False).agg(
+        iteration_time_s=("iteration_time_s", "mean"),
+        throughput=("throughput", "mean"),
+        repetitions=("throughput", "size"),
+    ).reset_index()
+    agg["iteration_time_ms"] = agg["iteration_time_s"] * 1e3
+    return pd.DataFrame(agg)
+
+
+def _varying(df: Any, cols: Sequence[str]) -> list[str]:
+    return [c for c in cols if c in df.columns and df[c].nunique(dropna=False) > 1]
+
+
+def _speedups(agg: Any, baseline: str) -> Any:
+    """Return rows of non-baseline variants with ``speedup`` = throughput / baseline's."""
+    keys = ["mode", "workload", *[a for a in POINT_AXES if a in agg.columns]]
+    base = agg[agg["backend"] == baseline][[*keys, "throughput"]].rename(
+        columns={"throughput": "baseline_throughput"})
+    # The baseline's own knob variants would make the merge ambiguous: keep the first.
+    base = base.drop_duplicates(subset=keys)
+    merged = agg[agg["backend"] != baseline].merge(base, on=keys, how="inner")
+    merged["speedup"] = merged["throughput"] / merged["baseline_throughput"]
+    return merged
+
+
+def _panel_grid(plt: Any, n: int, *, width: float = 5.0, height: float = 3.8) -> tuple:
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows + 0.6),
+                             squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+_STYLES = ["-", "--", ":", "-."]
+_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def _line_plot(
+    plt: Any, data: Any, x: str, y: str, path: Path, title: str, *,
+    ylabel: str, logx: bool = False, hline: float | None = None,
+    series: Sequence[str] = ("variant",), note: str | None = None,
+) -> Path:
+    """One panel per workload; one line per ``series`` combination; save to ``path``."""
+    workloads = list(dict.fromkeys(data["workload"]))
+    fig, axes = _panel_grid(plt, len(workloads))
+    variants = list(dict.fromkeys(data["variant"]))
+    colors = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
+    extra = [s for s in series if s != "variant"]
+    extra_values = (list(dict.fromkeys(map(tuple, data[extra].values.tolist())))
+                    if extra else [()])
+    handles: dict[str, Any] = {}
+    for ax, workload in zip(axes, workloads):
+        sub = data[data["workload"] == workload]
+        for (variant, *rest), line in sub.groupby(["variant", *extra], sort=False):
+            line = line.sort_values(x)
+            idx = extra_values.index(tuple(rest)) if extra else 0
+            label = variant + "".join(f", {_series_label(c, v)}" for c, v in zip(extra, rest))
+            (h,) = ax.plot(line[x], line[y], _STYLES[idx % 4], color=colors[variant],
+                           marker=_MARKERS[variants.index(variant) % len(_MARKERS)],
+                           markersize=4, label=label)
+            handles.setdefault(label, h)
+        if hline is not None:
+            h = ax.axhline(hline, color="grey", lw=0.8, ls=":")
+            handles.setdefault(f"= {hline:g} (baseline)", h)
+        if logx:
+            ax.set_xscale("log", base=2)
+            ticks = sorted(sub[x].unique())
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([f"{t:g}" for t in ticks])
+        ax.set_title(str(workload))
+        ax.set_xlabel(AXIS_LABELS.get(x, x))
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    fig.suptitle(title)
+    ncol = min(len(handles), 4)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
+               frameon=False, fontsize=9)
+    rows = math.ceil(len(handles) / ncol)
+    fig.tight_layout(rect=(0, 0.05 + 0.035 * rows, 1, 0.97 if not note else 0.93))
+    if note:
+        fig.text(0.5, 0.935, note, ha="center", fontsize=8, color="dimgrey")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _series_label(col: str, value: Any) -> str:
+    from ddpbench.runner import format_value
+
+    units = {"bandwidth_gbps": " Gbps", "latency_us": " us", "workers": " workers"}
+    if col == "mode":
+        return str(value)
+    return f"{format_value(_num(value))}{units.get(col, '')}" if col in units else \
+        f"{col}={format_value(_num(value))}"
+
+
+def _fixed_note(data: Any, exclude: Sequence[str]) -> str:
+    from ddpbench.runner import format_value
+
+    units = {"bandwidth_gbps": "Gbps", "latency_us": "us"}
+    parts = []
+    for col in ("workers", "servers", "bandwidth_gbps", "latency_us", "size_scale",
+                "compute_scale"):
+        if col in exclude or col not in data.columns or data[col].nunique() != 1:
+            continue
+        value = data[col].iloc[0]
+        if col in ("size_scale", "compute_scale") and value == 1:
+            continue
+        parts.append(f"{col}={format_value(_num(value))}{(' ' + units[col]) if col in units else ''}")
+    return ", ".join(parts)
+
+
+def _gantt(plt: Any, timeline: dict[str, Any], path: Path) -> Path:
+    """Draw one iteration's compute and transfer spans per host, coloured by layer."""
+    spans = [s for s in timeline.get("spans", []) if s.get("start") is not None]
+    iter_s = float(timeline.get("iteration_time_s") or 0)
+    if spans and iter_s:
+        # Show the last full iteration: the one ending at the last span's end.
+        t_end = max(float(s["end"]) for s in spans)
+        t0 = t_end - iter_s
+        spans = [s for s in spans if float(s["end"]) > t0]
+    else:
+        t0 = min((float(s["start"]) for s in spans), default=0.0)
+    rows = sorted({(str(s["host"]), str(s["kind"])) for s in spans},
+                  key=lambda hk: (_natural(hk[0]), hk[1]))
+    layers = [int(s["layer"]) for s in spans if s.get("layer") not in (None, "")]
+    n_layers = max(layers) + 1 if layers else 1
+    cmap = plt.get_cmap("viridis")
+    fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 2.2))
+    kinds = sorted({k for _, k in rows})
+    hatches = {k: h for k, h in zip(kinds, ["", "////", "....", "xx", "\\\\", "++"])}
+    for y, (host, kind) in enumerate(rows):
+        for s in spans:
+            if str(s["host"]) != host or str(s["kind"]) != kind:
+                continue
+            start = max(float(s["start"]), t0)
+            layer = s.get("layer")
+            color = cmap(int(layer) / max(1, n_layers - 1)) if layer not in (None, "") \
+                else "lightgrey"
+            ax.barh(y, (float(s["end"]) - start) * 1e3, left=(start - t0) * 1e3, height=0.8,
+                    color=color, hatch=hatches.get(kind, ""), edgecolor="none", linewidth=0)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{h} {k}" for h, k in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the iteration's start (ms)")
+    ax.set_ylabel("host and activity")
+    ax.set_title(f"One iteration of {timeline.get('point', '?')}\n"
+                 f"(iteration time {iter_s * 1e3:.1f} ms; colour = layer index, "
+                 f"input layers dark, output layers yellow)", fontsize=10)
+    from matplotlib.patches import Patch
+
+    legend = [Patch(facecolor="white", edgecolor="black", hatch=hatches[k], label=k)
+              for k in kinds]
+    ax.legend(handles=legend, loc="upper right", fontsize=8, title="activity",
+              framealpha=0.9)
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, n_layers - 1))
+    fig.colorbar(sm, ax=ax, label="layer index (0 = input)", pad=0.01)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _natural(text: str) -> tuple:
+    import re
+
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text))
+
+
+def _sim_vs_real(plt: Any, agg: Any, path: Path) -> tuple[Path, Any] | None:
+    keys = ["variant", "backend", "workload", *[a for a in POINT_AXES if a in agg.columns]]
+    sim = agg[agg["mode"] == "simulate"][[*keys, "iteration_time_ms"]]
+    real = agg[agg["mode"] == "real"][[*keys, "iteration_time_ms"]]
+    pairs = sim.merge(real, on=keys, suffixes=("_sim", "_real"))
+    if pairs.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    backends = list(dict.fromkeys(pairs["variant"]))
+    workloads = list(dict.fromkeys(pairs["workload"]))
+    for _, r in pairs.iterrows():
+        ax.scatter(r["iteration_time_ms_sim"], r["iteration_time_ms_real"],
+                   color=plt.get_cmap("tab10")(backends.index(r["variant"]) % 10),
+                   marker=_MARKERS[workloads.index(r["workload"]) % len(_MARKERS)], s=40)
+    hi = 1.1 * max(pairs["iteration_time_ms_sim"].max(), pairs["iteration_time_ms_real"].max())
+    ax.plot([0, hi], [0, hi], color="grey", ls=":", lw=1)
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_xlabel("simulated iteration time (ms)")
+    ax.set_ylabel("measured iteration time (ms)")
+    ax.set_title("Simulator prediction vs real run (points on the dotted line agree)")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=plt.get_cmap("tab10")(i % 10), marker="o", ls="",
+                      label=v) for i, v in enumerate(backends)]
+    handles += [Line2D([], [], color="black", marker=_MARKERS[i % len(_MARKERS)], ls="",
+                       label=w) for i, w in enumerate(workloads)]
+    handles.append(Line2D([], [], color="grey", ls=":", label="real = simulated"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    pairs["real/sim"] = pairs["iteration_time_ms_real"] / pairs["iteration_time_ms_sim"]
+    return path, pairs
+
+
+def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
+    """Render the report of a ``throughput`` experiment into ``outdir``.
+
+    Args:
+        df: every row of results.csv (failed rows included).
+        outdir: the report folder; PNGs are written beside report.md.
+        spec: the experiment's ``ThroughputSpec`` (which plots, the baseline, Gantt points).
+
+    Returns:
+        The paths written (report.md, report.html, PNGs).
+    """
+    plt = pyplot()
+    outdir = Path(outdir)
+    meta = _saved_meta(outdir)
+    name = meta.get("name") or (str(df["experiment"].iloc[0]) if len(df) else outdir.name)
+    opts = spec.report
+    doc = Document(opts.title or f"Experiment {name}")
+    if meta.get("description"):
+        doc.text(meta["description"])
+    n_ok = int((df["status"] == "ok").sum()) if len(df) else 0
+    n_failed = int((df["status"] == "failed").sum()) if len(df) else 0
+    doc.text(f"{len(df)} rows in `results.csv`: {n_ok} ok, {n_failed} failed. "
+             f"Backends: {', '.join(spec.backends)}; workloads: {', '.join(spec.workloads)}; "
+             f"mode: {spec.mode}. Re-render with `ddpbench report {outdir}`.")
+    written: list[Path] = []
+    for old in outdir.glob("*.png"):
+        old.unlink()
+    agg = _prepare(df) if len(df) else df
+    if agg is None or len(agg) == 0:
+        doc.text("No point finished successfully yet: nothing to plot.")
+        _failed_section(doc, df)
+        return doc.write(outdir)
+
+    plots = list(opts.plots) if opts.plots is not None else _auto_plots(agg, spec)
+    sim = agg[agg["mode"] == "simulate"] if (agg["mode"] == "simulate").any() else agg
+    baseline = opts.baseline
+
+    # Headline numbers first: what a reader came for.
+    if baseline and baseline in set(agg["backend"]):
+        sp = _speedups(sim, baseline)
+        if not sp.empty:
+            doc.heading(f"Speedup over {baseline}")
+            doc.bullets(_speedup_highlights(sp, baseline))
+            x = "bandwidth_gbps" if sp["bandwidth_gbps"].nunique() > 1 else "workers"
+            cols = [c for c in ("workload", "workers", "bandwidth_gbps", "latency_us")
+                    if c == x or c == "workload" or sp[c].nunique() > 1]
+            table = sp.pivot_table(index=cols, columns="variant", values="speedup",
+                                   sort=False)
+            doc.table(table, index=True, caption=f"Throughput / {baseline}'s throughput at "
+                      f"the same point (> 1: faster than {baseline}).")
+
+    doc.heading("Throughput (samples/s, whole job)")
+    cols = [c for c in ("mode", "workload", "workers", "servers", "bandwidth_gbps",
+                        "latency_us", "size_scale") if c == "workload" or
+            (c in agg.columns and agg[c].nunique() > 1)]
+    doc.table(agg.pivot_table(index=cols, columns="variant", values="throughput", sort=False),
+              index=True)
+
+    doc.heading("Plots")
+    if "throughput_vs_bandwidth" in plots and sim["bandwidth_gbps"].nunique() > 1:
+        series = ["variant", *_varying(sim, ("workers", "latency_us", "servers"))]
+        p = _line_plot(plt, sim, "bandwidth_gbps", "throughput",
+                       outdir / "throughput_vs_bandwidth.png",
+                       "Throughput vs link bandwidth (simulated)",
+                       ylabel=AXIS_LABELS["throughput"], series=series,
+                       note=_fixed_note(sim, series))
+        doc.image(p.relative_to(outdir), "throughput vs bandwidth")
+        written.append(p)
+    if "speedup" in plots and baseline and baseline in set(sim["backend"]):
+        sp = _speedups(sim, baseline)
+        if not sp.empty:
+            x = "bandwidth_gbps" if sp["bandwidth_gbps"].nunique() > 1 else "workers"
+            series = ["variant", *_varying(sp, [c for c in ("workers", "bandwidth_gbps",
+                                                            "latency_us") if c != x])]
+            p = _line_plot(plt, sp, x, "speedup", outdir / "speedup.png",
+                           f"Speedup over {baseline} (simulated)",
+                           ylabel=f"speedup over {baseline} (x)", hline=1.0,
+                           logx=(x == "workers"), series=series,
+                           note=_fixed_note(sp, [x, *series]))
+            doc.image(p.relative_to(outdir), f"speedup over {baseline}")
+            written.append(p)
+    if "scaling" in plots and sim["workers"].nunique() > 1:
+        series = ["variant", *_varying(sim, ("bandwidth_gbps", "latency_us", "servers"))]
+        p = _line_plot(plt, sim, "workers", "throughput", outdir / "scaling.png",
+                       "Throughput vs number of workers (simulated)",
+                       ylabel=AXIS_LABELS["throughput"], logx=True, series=series,
+                       note=_fixed_note(sim, ["workers", *series]))
+        doc.image(p.relative_to(outdir), "scaling")
+        written.append(p)
+        eff = _efficiency(sim)
+        p = _line_plot(plt, eff, "workers", "efficiency", outdir / "scaling_efficiency.png",
+                       "Scaling efficiency: throughput per worker relative to the smallest "
+                       "job", ylabel="efficiency (%)", logx=True, hline=100.0, series=series,
+                       note=_fixed_note(sim, ["workers", *series]))
+        doc.image(p.relative_to(outdir), "scaling efficiency")
+        written.append(p)
+    if "gantt" in plots:
+        from ddpbench.runner import timeline_file
+
+        for point in _gantt_points(df, spec):
+            tl_path = outdir / "timelines" / timeline_file(point)
+            if not tl_path.exists():
+                doc.text(f"Gantt of `{point}`: no timeline stored (run it again with "
+                         f"`--force --only '{point}'`).")
+                continue
+            p = _gantt(plt, json.loads(tl_path.read_text()), outdir / f"gantt_{tl_path.stem}.png")
+            doc.image(p.relative_to(outdir), f"timeline of {point}")
+            written.append(p)
+    if "sim_vs_real" in plots or ("real" in set(agg["mode"]) and "simulate" in set(agg["mode"])):
+        found = _sim_vs_real(plt, agg, outdir / "sim_vs_real.png")
+        if found is not None:
+            p, pairs = found
+            doc.image(p.relative_to(outdir), "simulated vs measured iteration time")
+            written.append(p)
+            doc.table(pairs[["variant", "workload", "workers", "iteration_time_ms_sim",
+                             "iteration_time_ms_real", "real/sim"]],
+                      caption="Iteration time (ms), simulated and measured.")
+    _failed_section(doc, df)
+    doc.heading("All points")
+    show = [c for c in ("mode", "point", "repetition", "status", "iteration_time_s",
+                        "throughput", "bytes_sent_max") if c in df.columns]
+    table = df[show].copy()
+    if "iteration_time_s" in table:
+        table["iteration_time_ms"] = table.pop("iteration_time_s") * 1e3
+    doc.table(table)
+    return doc.write(outdir) + written
+
+
+def _efficiency(sim: Any) -> Any:
+    keys = ["variant", "workload", *[c for c in ("bandwidth_gbps", "latency_us", "servers")
+                                     if c in sim.columns]]
+    out = sim.copy()
+    per_worker = out["throughput"] / out["workers"]
+    first = out.assign(pw=per_worker).sort_values("workers").groupby(keys, sort=False)["pw"]
+    out["efficiency"] = 100.0 * per_worker / first.transform("first")
+    return out
+
+
+def _auto_plots(agg: Any, spec: Any) -> list[str]:
+    plots = []
+    if agg["bandwidth_gbps"].nunique() > 1:
+        plots.append("throughput_vs_bandwidth")
+    if spec.report.baseline:
+        plots.append("speedup")
+    if agg["workers"].nunique() > 1:
+        plots.append("scaling")
+    if spec.report.gantt:
+        plots.append("gantt")
+    if {"simulate", "real"} <= set(agg["mode"]):
+        plots.append("sim_vs_real")
+    return plots
+
+
+def _gantt_points(df: Any, spec: Any) -> list[str]:
+    from ddpbench.runner import ThroughputKind
+
+    names = []
+    for params in ThroughputKind.expand(spec):
+        if params.get("_timeline"):
+            names.append(ThroughputKind.point_name(params))
+    return names
+
+
+def _speedup_highlights(sp: Any, baseline: str) -> list[str]:
+    lines = []
+    for (variant, workload, *rest), grp in sp.groupby(
+        ["variant", "workload", *_varying(sp, ("workers", "latency_us"))], sort=False
+    ):
+        best = grp.loc[grp["speedup"].idxmax()]
+        where = (f"{best['bandwidth_gbps']:g} Gbps" if grp["bandwidth_gbps"].nunique() > 1
+                 else f"{int(best['workers'])} workers")
+        at10 = grp[grp["bandwidth_gbps"] == 10]
+        ten = f"{at10['speedup'].iloc[0]:.2f}x at 10 Gbps; " if len(at10) == 1 and \
+            grp["bandwidth_gbps"].nunique() > 1 else ""
+        ctx = "".join(f", {v}" for v in rest)
+        lines.append(f"{variant} on {workload}{ctx}: {ten}peak {best['speedup']:.2f}x at {where}")
+    return lines
+
+
+def _failed_section(doc: Document, df: Any) -> None:
+    if not len(df) or not (df["status"] == "failed").any():
+        return
+    failed = df[df["status"] == "failed"][["mode", "point", "error"]]
+    doc.heading("Failed points")
+    doc.table(failed)
