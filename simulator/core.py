@@ -1,0 +1,382 @@
+"""``simulate``: a training job on a simulated network, and ``simulate_collective``.
+
+The training loop (one generator process per simulated worker):
+
+- iteration t runs forward over layers 0..L-1, then backward over L-1..0 on one compute
+  stream; compute and communication overlap;
+- after the backward of layer i its gradients go to the strategy; the forward of layer i in
+  iteration t+1 waits until every unit (tensor, slice, partition) of layer i from iteration
+  t is back, updated, on that worker;
+- iteration t ends when the last unit of iteration t is back on every worker, and the
+  steady-state iteration time is ``(end[N-1] - end[warmup-1]) / (N - warmup)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simulator.network import CountingEnvironment, Message, Network
+from simulator.strategies import ring_allreduce, strategy_class
+from simulator.workload import ITEMSIZE, Workload, load_workload
+
+__all__ = ["SimResult", "Span", "simulate", "simulate_collective"]
+
+DEFAULT_SUMMATION_GBPS = 80.0
+"""Server summation throughput, Gbit/s of incoming gradient (10 GB/s: a few CPU cores with
+SIMD adding fp32 arrays, as BytePS's CPU summation servers do)."""
+
+
+class Span(NamedTuple):
+    """One compute span or transfer on the timeline (times in seconds)."""
+
+    host: str
+    kind: str  # forward | backward | allreduce | push | pull | sum
+    layer: int
+    start: float
+    end: float
+    bytes: int
+    peer: str = ""  # receiver of a transfer, or the worker whose push a sum adds
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What :func:`simulate` measured.
+
+    Attributes:
+        iteration_time_s: steady-state seconds per iteration (after the warm-up ones).
+        throughput: samples per second of the whole job (workers x batch / iteration time).
+        bytes_sent: host -> bytes its NIC sends per iteration.
+        bytes_received: host -> bytes its NIC receives per iteration.
+        nic_utilisation: host -> fraction of the iteration its uplink is busy sending.
+        events: simpy events processed.
+        timeline: every compute span and transfer. Allreduce strategies are symmetric, so
+            their timeline shows worker 0 only (every worker does the same).
+        iteration_end_s: when each simulated iteration ended.
+    """
+
+    workload: str
+    backend: str
+    workers: int
+    servers: int | str
+    knobs: dict[str, Any]
+    iteration_time_s: float
+    throughput: float
+    bytes_sent: dict[str, float]
+    bytes_received: dict[str, float]
+    nic_utilisation: dict[str, float]
+    events: int
+    timeline: list[Span] = field(repr=False)
+    iteration_end_s: list[float] = field(repr=False)
+
+    def to_chrome_trace(self, path: str | Path) -> Path:
+        """Write the timeline as Chrome-trace JSON (open it in https://ui.perfetto.dev)."""
+        hosts = {h: i for i, h in enumerate(self.bytes_sent)}
+        lanes = {"forward": 0, "backward": 0, "allreduce": 1, "push": 1, "pull": 1, "sum": 2}
+        lane_names = {0: "compute", 1: "send", 2: "server sum"}
+        events: list[dict[str, Any]] = []
+        for host, pid in hosts.items():
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": host}})
+            for tid, lane in lane_names.items():
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                               "args": {"name": lane}})
+        for s in self.timeline:
+            args: dict[str, Any] = {"layer": s.layer, "bytes": s.bytes}
+            if s.peer:
+                args["peer"] = s.peer
+            events.append({"ph": "X", "name": f"{s.kind} L{s.layer}", "cat": s.kind,
+                           "pid": hosts.get(s.host, 0), "tid": lanes.get(s.kind, 1),
+                           "ts": s.start * 1e6, "dur": (s.end - s.start) * 1e6, "args": args})
+        out = Path(path)
+        out.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
+                                   "otherData": {"workload": self.workload,
+                                                 "backend": self.backend,
+                                                 "workers": self.workers}}))
+        return out
+
+
+class _Point(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    workers: int = Field(ge=1)
+    servers: int | Literal["colocated"] | None = None
+    bandwidth_gbps: float = Field(gt=0, allow_inf_nan=False)
+    latency_us: float = Field(ge=0, allow_inf_nan=False)
+    iterations: int = Field(ge=1)
+    warmup: int = Field(ge=0)
+    compute_scale: float = Field(gt=0, allow_inf_nan=False)
+    summation_gbps: float = Field(gt=0)
+    oversubscription: float = Field(ge=1, allow_inf_nan=False)
+    rack_size: int = Field(ge=1)
+
+
+def _validate(**values: Any) -> _Point:
+    for key in ("workers", "iterations", "warmup", "rack_size"):
+        if isinstance(values.get(key), bool):
+            raise ValueError(f"{key}: expected an integer, got {values[key]!r}")
+    if isinstance(values.get("servers"), bool):
+        raise ValueError(f"servers: expected a count >= 1, 'colocated' or None, got "
+                         f"{values['servers']!r}")
+    try:
+        point = _Point(**values)
+    except ValidationError as err:
+        e = err.errors()[0]
+        name = str(e["loc"][0]) if e["loc"] else "value"
+        raise ValueError(f"{name}: {e['msg']} (got {e.get('input')!r})") from None
+    if isinstance(point.servers, int) and point.servers < 1:
+        raise ValueError(f"servers: expected a count >= 1, 'colocated' or None, got "
+                         f"{point.servers!r}")
+    if point.warmup >= point.iterations:
+        raise ValueError(f"warmup: must be < iterations ({point.iterations}) so that at least "
+                         f"one iteration is measured, got {point.warmup}")
+    return point
+
+
+class _Sim:
+    """The state of one simulation run, shared by the training loop and the strategy."""
+
+    def __init__(self, workload: Workload | None, workers: int, bandwidth: float,
+                 latency: float, *, dedicated_servers: int = 0, summation: float = math.inf,
+                 symmetric: bool = True, oversubscription: float = 1.0, rack_size: int = 16,
+                 trace: bool = True) -> None:
+        self.env = CountingEnvironment()
+        self.workload = workload
+        self.workers = workers
+        self.bandwidth, self.latency, self.summation = bandwidth, latency, summation
+        self.itemsize = ITEMSIZE
+        self.dedicated = dedicated_servers
+        self.num_servers = dedicated_servers or workers
+        nhosts = workers + dedicated_servers
+        self.hosts = [f"worker{i}" for i in range(workers)]
+        self.hosts += [f"server{j}" for j in range(dedicated_servers)]
+        self.sent = np.zeros(nhosts)
+        self.received = np.zeros(nhosts)
+        self.timeline: list[Span] = []
+        self.trace_steps = self.trace_sums = trace
+        self.symmetric = symmetric
+        self._seq = 0
+        self.net = None if symmetric else Network(
+            self.env, nhosts, bandwidth, latency, self._record,
+            oversubscription=oversubscription, rack_size=rack_size)
+
+    # -- helpers used by strategies
+    def host_name(self, h: int) -> str:
+        return self.hosts[h]
+
+    def server_host(self, j: int) -> int:
+        return self.workers + j if self.dedicated else j
+
+    def net_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def span(self, host: int, kind: str, layer: int, start: float, end: float, nbytes: int,
+             peer: int | str = "") -> Span:
+        if isinstance(peer, int):
+            peer = self.hosts[peer]
+        return Span(self.hosts[host], kind, layer, start, end, int(nbytes), peer)
+
+    def add_sent_all(self, per_rank: np.ndarray) -> None:
+        p = self.workers
+        self.sent[:p] += per_rank
+        self.received[:p] += np.roll(per_rank, 1)
+
+    def _record(self, msg: Message, start: float, end: float) -> None:
+        self.sent[msg.src] += msg.nbytes
+        self.received[msg.dst] += msg.nbytes
+        self.timeline.append(Span(self.hosts[msg.src], msg.kind, msg.layer, start, end,
+                                  msg.nbytes, self.hosts[msg.dst]))
+
+    # -- training loop
+    def run_training(self, strategy, iterations: int) -> list[float]:
+        wl = self.workload
+        nlayers = len(wl.layers)
+        nsim = 1 if self.symmetric else self.workers
+        self.strategy = strategy
+        self._units = [strategy.units(i) for i in range(nlayers)]
+        self._remaining = [[0] * nlayers for _ in range(nsim)]
+        self._updated = [[0] * nlayers for _ in range(nsim)]
+        self._waiters: list[list[Any]] = [[None] * nlayers for _ in range(nsim)]
+        self._iter_left = [nsim * nlayers] * iterations
+        self._iter_end = [math.nan] * iterations
+        strategy.start()
+        for w in range(nsim):
+            self.env.process(self._compute(w, iterations))
+        self.env.run()
+        if any(math.isnan(t) for t in self._iter_end):
+            raise RuntimeError(f"simulation of {strategy.name!r} stalled: iterations ended at "
+                               f"{self._iter_end}")
+        return self._iter_end
+
+    def _compute(self, w: int, iterations: int):
+        env, layers = self.env, self.workload.layers
+        timeline, host = self.timeline, self.hosts[w]
+        updated, waiters = self._updated[w], self._waiters[w]
+        for t in range(iterations):
+            for i, layer in enumerate(layers):
+                if updated[i] < t:
+                    waiters[i] = env.event()
+                    yield waiters[i]
+                if layer.fwd_s > 0:
+                    start = env.now
+                    yield env.timeout(layer.fwd_s)
+                    timeline.append(Span(host, "forward", i, start, env.now, 0))
+            for i in range(len(layers) - 1, -1, -1):
+                if layers[i].bwd_s > 0:
+                    start = env.now
+                    yield env.timeout(layers[i].bwd_s)
+                    timeline.append(Span(host, "backward", i, start, env.now, 0))
+                self._remaining[w][i] = self._units[i]
+                if self._units[i] == 0:
+                    self._layer_done(w, i)
+                else:
+                    self.strategy.grad_ready(w, i)
+
+    def unit_done(self, w: int, layer: int) -> None:
+        """One unit of ``layer`` is back, updated, on worker ``w``."""
+        rem = self._remaining[w]
+        rem[layer] -= 1
+        if rem[layer] == 0:
+            self._layer_done(w, layer)
+
+    def _layer_done(self, w: int, layer: int) -> None:
+        t = self._updated[w][layer]
+        self._updated[w][layer] = t + 1
+        ev = self._waiters[w][layer]
+        if ev is not None:
+            self._waiters[w][layer] = None
+            ev.succeed()
+        self._iter_left[t] -= 1
+        if self._iter_left[t] == 0:
+            self._iter_end[t] = self.env.now
+
+
+def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
+             servers: int | str | None = None, bandwidth_gbps: float, latency_us: float = 5.0,
+             iterations: int = 3, warmup: int = 1, compute_scale: float = 1.0,
+             summation_gbps: float = DEFAULT_SUMMATION_GBPS, oversubscription: float = 1.0,
+             rack_size: int = 16, trace: bool = True, **knobs: Any) -> SimResult:
+    """Simulate data-parallel training of ``workload`` with ``backend`` on an idle cluster.
+
+    Args:
+        workload: a shipped profile name (:data:`simulator.WORKLOADS`), a profile YAML path
+            or a :class:`~simulator.workload.Workload`.
+        backend: one of :data:`simulator.STRATEGIES`.
+        workers: worker hosts, one GPU each.
+        servers: parameter-server backends only: ``None`` or ``"colocated"`` puts one server
+            on each worker host; an int is that many dedicated server hosts. Ignored by the
+            allreduce backends.
+        bandwidth_gbps: NIC bandwidth per direction, Gbit/s.
+        latency_us: one-way latency per message, microseconds.
+        iterations: iterations simulated in all, including the warm-up ones.
+        warmup: leading iterations left out of the steady-state iteration time.
+        compute_scale: multiplies every compute time (2.0 = a GPU twice as slow).
+        summation_gbps: server summation throughput, Gbit/s of incoming gradient
+            (``math.inf`` = free).
+        oversubscription: core oversubscription between racks of ``rack_size`` hosts.
+        trace: record ring steps and server sums on the timeline (compute spans and
+            network transfers are always recorded).
+        **knobs: the backend's knobs (see :data:`simulator.STRATEGIES`).
+
+    Returns:
+        The :class:`SimResult`.
+
+    Raises:
+        ValueError: an unknown workload, backend or knob, or a bad value, naming the field.
+
+    Example:
+        >>> r = simulate("resnet50", "horovod", workers=8, bandwidth_gbps=10)
+        >>> round(r.iteration_time_s, 3) > 0
+        True
+    """
+    cls = strategy_class(backend)
+    parsed = cls.parse_knobs(knobs)
+    point = _validate(workers=workers, servers=servers, bandwidth_gbps=bandwidth_gbps,
+                      latency_us=latency_us, iterations=iterations, warmup=warmup,
+                      compute_scale=compute_scale, summation_gbps=summation_gbps,
+                      oversubscription=oversubscription, rack_size=rack_size)
+    wl = load_workload(workload).scaled(point.compute_scale)
+    dedicated = 0 if cls.symmetric or not isinstance(point.servers, int) else point.servers
+    bandwidth = point.bandwidth_gbps * 1e9 / 8
+    sim = _Sim(wl, point.workers, bandwidth, point.latency_us * 1e-6,
+               dedicated_servers=dedicated, summation=point.summation_gbps * 1e9 / 8,
+               symmetric=cls.symmetric, oversubscription=point.oversubscription,
+               rack_size=point.rack_size, trace=trace)
+    ends = sim.run_training(cls(sim, parsed), point.iterations)
+    base = ends[point.warmup - 1] if point.warmup > 0 else 0.0
+    iter_time = (ends[-1] - base) / (point.iterations - point.warmup)
+    n = point.iterations
+    sent = {h: float(b) / n for h, b in zip(sim.hosts, sim.sent)}
+    recv = {h: float(b) / n for h, b in zip(sim.hosts, sim.received)}
+    util = {h: b / (bandwidth * iter_time) if iter_time > 0 else 0.0 for h, b in sent.items()}
+    servers_out: int | str = dedicated if dedicated else "colocated"
+    return SimResult(workload=wl.name, backend=backend, workers=point.workers,
+                     servers=servers_out if not cls.symmetric else 0,
+                     knobs=parsed.model_dump(), iteration_time_s=iter_time,
+                     throughput=point.workers * wl.batch_size / iter_time if iter_time else math.inf,
+                     bytes_sent=sent, bytes_received=recv, nic_utilisation=util,
+                     events=sim.env.events, timeline=sim.timeline, iteration_end_s=list(ends))
+
+
+def _ring_broadcast(sim: _Sim, n: int):
+    """Generator: MPICH's long-message broadcast, a binomial scatter then a ring allgather."""
+    p, env = sim.workers, sim.env
+    base, extra = divmod(n, p)
+    chunk = (base + (extra > 0)) / sim.bandwidth
+    m = p
+    while m > 1:  # the root keeps the larger half, so its path is the critical one
+        yield env.timeout(sim.latency + (m // 2) * chunk)
+        m -= m // 2
+    for _ in range(p - 1):
+        yield env.timeout(sim.latency + chunk)
+
+
+def _tree(sim: _Sim, n: int, passes: int):
+    rounds = math.ceil(math.log2(sim.workers)) if sim.workers > 1 else 0
+    for _ in range(passes * rounds):
+        yield sim.env.timeout(sim.latency + n / sim.bandwidth)
+
+
+def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = "ring",
+                        bandwidth_gbps: float, latency_us: float = 5.0) -> float:
+    """Return the seconds one collective takes on an idle network of ``workers`` hosts.
+
+    Args:
+        op: ``"allreduce"`` or ``"broadcast"``.
+        nbytes: message size in bytes (> 0).
+        workers: hosts taking part.
+        algorithm: ``"ring"`` (allreduce: reduce-scatter + allgather, 2(p-1) steps;
+            broadcast: binomial scatter + ring allgather) or ``"tree"`` (binomial:
+            allreduce = reduce + broadcast, each ceil(log2 p) rounds of the whole message).
+        bandwidth_gbps: per direction, Gbit/s.
+        latency_us: per message, microseconds.
+
+    Raises:
+        ValueError: an unknown op or algorithm, or a bad value, naming the field.
+    """
+    if op not in ("allreduce", "broadcast"):
+        raise ValueError(f"op: unknown collective {op!r}; available: ['allreduce', 'broadcast']")
+    if algorithm not in ("ring", "tree"):
+        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; available: ['ring', 'tree']")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 1:
+        raise ValueError(f"nbytes: expected an integer >= 1, got {nbytes!r}")
+    point = _validate(workers=workers, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us,
+                      iterations=1, warmup=0, compute_scale=1.0,
+                      summation_gbps=DEFAULT_SUMMATION_GBPS, oversubscription=1.0, rack_size=1)
+    sim = _Sim(None, point.workers, point.bandwidth_gbps * 1e9 / 8, point.latency_us * 1e-6,
+               trace=False)
+    if algorithm == "tree":
+        gen = _tree(sim, int(nbytes), 2 if op == "allreduce" else 1)
+    elif op == "allreduce":
+        gen = ring_allreduce(sim, int(nbytes), 1, 0)
+    else:
+        gen = _ring_broadcast(sim, int(nbytes))
+    sim.env.process(gen)
+    sim.env.run()
+    return float(sim.env.now)

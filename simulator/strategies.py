@@ -1,0 +1,501 @@
+"""Communication strategies: one per real backend, with the same names, knobs and defaults.
+
+| strategy | model | when it wins |
+| --- | --- | --- |
+| ``mpi`` | one ring allreduce per tensor, in gradient order, no fusion | baseline |
+| ``horovod`` | Horovod's cycle: every ``cycle_time`` ms the ready tensors fuse into buffers of up to ``fusion_threshold`` bytes, each ring-allreduced | many small tensors |
+| ``collective`` | tensors striped round-robin over ``nrings`` rings that share the NICs | latency-bound rings |
+| ``kvstore`` | MXNet PS: arrays < ``bigarray_bound`` elements whole to server ``(key*9973) % S``, larger ones split over all servers; push then pull, FIFO | dedicated servers |
+| ``p3`` | slices of ``slice_params`` round-robin over servers, merged push-pull, priority ``-layer``, at most ``water_mark`` slices in flight per server | big early-forward layers (VGG) |
+| ``byteps`` | partitions of ``partition_bytes`` round-robin over servers; with ``credit_bytes`` > 0, priority scheduling with that many bytes in flight, else FIFO | spare server bandwidth |
+
+Allreduce strategies are symmetric: every worker computes the same and every link carries
+the same traffic, so only worker 0 is simulated (one event per ring step, not one per link)
+and the other workers' byte counts follow from the ring's chunking (CONTRACTS.md section 2).
+Parameter-server strategies simulate every worker and server host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simulator.network import Gate, Message, Port
+
+if TYPE_CHECKING:
+    from simulator.core import _Sim
+
+__all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
+
+_REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    """Register a strategy class under ``cls.name`` (a duplicate name is an error)."""
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise TypeError(f"{cls!r} is not a Strategy subclass")
+    if cls.name in _REGISTRY:
+        raise ValueError(f"strategy {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """Return the strategy registered as ``name``.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"backend: unknown backend {name!r}; available: {sorted(_REGISTRY)}") from None
+
+
+class Knobs(BaseModel):
+    """Base of each strategy's knob model (frozen; unknown knobs rejected)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Strategy:
+    """A communication scheme attached to a running simulation.
+
+    The simulation calls :meth:`start` once, then :meth:`grad_ready` each time backward has
+    produced the gradients of a layer on a worker; the strategy calls ``sim.unit_done(w,
+    layer)`` once per unit of :meth:`units` when that unit's updated parameters are back on
+    worker ``w``.
+    """
+
+    name: ClassVar[str]
+    Knobs: ClassVar[type[BaseModel]] = Knobs
+    symmetric: ClassVar[bool] = False
+
+    def __init__(self, sim: _Sim, knobs: BaseModel) -> None:
+        self.sim, self.knobs = sim, knobs
+
+    @classmethod
+    def parse_knobs(cls, knobs: dict[str, Any]) -> BaseModel:
+        valid = sorted(cls.Knobs.model_fields)
+        for key in knobs:
+            if key not in cls.Knobs.model_fields:
+                raise ValueError(f"knob {key!r} is not a knob of backend {cls.name!r}; "
+                                 f"valid knobs: {valid}")
+        try:
+            return cls.Knobs(**knobs)
+        except ValidationError as err:
+            e = err.errors()[0]
+            field = ".".join(str(x) for x in e["loc"])
+            raise ValueError(f"{field}: {e['msg']} (got {e.get('input')!r}) for backend "
+                             f"{cls.name!r}") from None
+
+    def units(self, layer: int) -> int:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Set up processes before the first iteration."""
+
+    def grad_ready(self, w: int, layer: int) -> None:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- allreduce strategies
+
+
+def ring_chunk_sizes(n: int, p: int) -> np.ndarray:
+    """Elements of each ring chunk (np.array_split order, CONTRACTS.md section 2)."""
+    base, extra = divmod(n, p)
+    return base + (np.arange(p) < extra).astype(np.int64)
+
+
+def ring_bytes_per_rank(n: int, p: int, itemsize: int) -> np.ndarray:
+    """Bytes each rank sends in one ring allreduce of ``n`` elements."""
+    sizes = ring_chunk_sizes(n, p)
+    r = np.arange(p)
+    return (2 * n - sizes[(r + 1) % p] - sizes[(r + 2) % p]) * itemsize
+
+
+def ring_allreduce(sim: _Sim, n: int, itemsize: int, layer: int, uplink: Port | None = None):
+    """Generator: one ring allreduce of ``n`` elements as seen by rank 0 (all ranks alike).
+
+    Each of the 2(p-1) steps costs ``latency + largest_chunk / bandwidth``: every rank sends
+    one chunk to its right neighbour at once, so the step ends when the largest arrives. With
+    ``uplink`` (several rings sharing the NIC), a step first waits for the uplink.
+    """
+    p = sim.workers
+    if p == 1:
+        return
+    env = sim.env
+    base, extra = divmod(n, p)
+    biggest = (base + (extra > 0)) * itemsize
+    tx = biggest / sim.bandwidth
+    lat = sim.latency
+    record = sim.timeline.append if sim.trace_steps else None
+    for s in range(2 * (p - 1)):
+        chunk = (-s) % p if s < p - 1 else (1 - (s - p + 1)) % p
+        nbytes = (base + (chunk < extra)) * itemsize
+        start = env.now
+        if uplink is None:
+            yield env.timeout(lat + tx)
+        else:
+            ev = uplink.acquire(0, sim.net_seq())
+            if ev is not None:
+                yield ev
+            start = env.now
+            yield env.timeout(tx)
+            uplink.release()
+            yield env.timeout(lat)
+        if record is not None:
+            record(sim.span(0, "allreduce", layer, start, env.now, nbytes, 1 % p))
+    sim.add_sent_all(ring_bytes_per_rank(n, p, itemsize))
+
+
+class _AllreduceBase(Strategy):
+    symmetric = True
+
+    def __init__(self, sim: _Sim, knobs: BaseModel) -> None:
+        super().__init__(sim, knobs)
+        self._tensors = [[t for t in sim.workload.tensors if t.layer == i]
+                         for i in range(len(sim.workload.layers))]
+
+    def units(self, layer: int) -> int:
+        return len(self._tensors[layer])
+
+
+class _FifoComm:
+    """A communication thread: a FIFO of tensors, each allreduced alone, one at a time."""
+
+    def __init__(self, sim: _Sim, uplink: Port | None = None) -> None:
+        self.sim, self.uplink = sim, uplink
+        self.queue: list = []
+        self._wake = None
+        sim.env.process(self._run())
+
+    def put(self, tensor) -> None:
+        self.queue.append(tensor)
+        if self._wake is not None:
+            self._wake.succeed()
+            self._wake = None
+
+    def _run(self):
+        sim = self.sim
+        i = 0
+        while True:
+            if i == len(self.queue):
+                self._wake = sim.env.event()
+                yield self._wake
+            t = self.queue[i]
+            i += 1
+            yield from ring_allreduce(sim, t.numel, sim.itemsize, t.layer, self.uplink)
+            sim.unit_done(0, t.layer)
+
+
+@register
+class MpiStrategy(_AllreduceBase):
+    """``mpi``: one blocking allreduce per tensor as its gradient becomes ready (no fusion).
+
+    MPI's own algorithm choice is modelled as a ring (the bandwidth-optimal choice for large
+    messages: the same bytes as Rabenseifner's algorithm, 2(p-1)/p n).
+    """
+
+    name = "mpi"
+
+    def start(self) -> None:
+        self._comm = _FifoComm(self.sim)
+
+    def grad_ready(self, w: int, layer: int) -> None:
+        for t in self._tensors[layer]:
+            self._comm.put(t)
+
+
+class _HorovodKnobs(Knobs):
+    fusion_threshold: int = Field(134_217_728, ge=0, description="bytes; 0 disables fusion")
+    cycle_time: float = Field(1.0, ge=0, description="ms between fusion cycles")
+
+
+@register
+class HorovodStrategy(_AllreduceBase):
+    """``horovod``: Horovod's background loop.
+
+    A cycle starts at most every ``cycle_time`` ms (right away when the previous cycle's
+    allreduces took longer); the tensors ready at its start are fused, in readiness order,
+    into buffers of at most ``fusion_threshold`` bytes (a larger tensor goes alone), and the
+    buffers are ring-allreduced one after the other.
+    """
+
+    name = "horovod"
+    Knobs = _HorovodKnobs
+
+    def start(self) -> None:
+        self._queue: list = []
+        self._wake = None
+        self.sim.env.process(self._run())
+
+    def grad_ready(self, w: int, layer: int) -> None:
+        self._queue.extend(self._tensors[layer])
+        if self._wake is not None:
+            self._wake.succeed()
+            self._wake = None
+
+    def _buffers(self, tensors: list) -> list[list]:
+        limit, itemsize = self.knobs.fusion_threshold, self.sim.itemsize
+        out: list[list] = []
+        size = 0
+        for t in tensors:
+            nbytes = t.numel * itemsize
+            if out and limit > 0 and size + nbytes <= limit:
+                out[-1].append(t)
+                size += nbytes
+            else:
+                out.append([t])
+                size = nbytes
+        return out
+
+    def _run(self):
+        sim, env = self.sim, self.sim.env
+        cycle = self.knobs.cycle_time / 1e3
+        next_start = 0.0
+        while True:
+            if not self._queue:
+                self._wake = env.event()
+                yield self._wake
+            if env.now < next_start:
+                yield env.timeout(next_start - env.now)
+            elif cycle > 0 and env.now > next_start:
+                # Idle cycles kept ticking: start at the first boundary at or after now.
+                k = math.ceil((env.now - next_start) / cycle - 1e-9)
+                boundary = next_start + k * cycle
+                if boundary > env.now:
+                    yield env.timeout(boundary - env.now)
+            cycle_start = env.now
+            ready, self._queue = self._queue, []
+            for buf in self._buffers(ready):
+                n = sum(t.numel for t in buf)
+                yield from ring_allreduce(sim, n, sim.itemsize, buf[0].layer)
+                for t in buf:
+                    sim.unit_done(0, t.layer)
+            next_start = max(env.now, cycle_start + cycle)
+
+
+class _CollectiveKnobs(Knobs):
+    nrings: int = Field(2, ge=1, description="parallel rings (communicators)")
+
+
+@register
+class CollectiveStrategy(_AllreduceBase):
+    """``collective``: tensors striped round-robin (in gradient order) over ``nrings`` rings.
+
+    Each ring is its own FIFO communication thread; the rings' steps share the NIC, so two
+    rings in flight each get the link half the time.
+    """
+
+    name = "collective"
+    Knobs = _CollectiveKnobs
+
+    def start(self) -> None:
+        nrings = self.knobs.nrings
+        uplink = Port(self.sim.env) if nrings > 1 else None
+        self._rings = [_FifoComm(self.sim, uplink) for _ in range(nrings)]
+        self._next = 0
+
+    def grad_ready(self, w: int, layer: int) -> None:
+        for t in self._tensors[layer]:
+            self._rings[self._next % len(self._rings)].put(t)
+            self._next += 1
+
+
+# ---------------------------------------------------------------- parameter servers
+
+
+class _Part:
+    __slots__ = ("layer", "numel", "server", "priority", "arrived", "index")
+
+    def __init__(self, index: int, layer: int, numel: int, server: int, priority: float) -> None:
+        self.index, self.layer, self.numel = index, layer, numel
+        self.server, self.priority = server, priority
+        self.arrived: list[int] = []
+
+
+class _PSBase(Strategy):
+    """Push-pull through summation servers (colocated on worker hosts, or dedicated hosts).
+
+    A worker pushes each part of a ready layer to its server; a part whose server sits on
+    the worker's own host costs no network transfer. The server adds each arriving push
+    (``bytes / summation throughput``, one push after another) and, when all workers have
+    pushed, sends the sum back to every worker in the order the pushes arrived.
+    """
+
+    def __init__(self, sim: _Sim, knobs: BaseModel) -> None:
+        super().__init__(sim, knobs)
+        nlayers = len(sim.workload.layers)
+        self.parts: list[list[_Part]] = [[] for _ in range(nlayers)]
+        for part in self.make_parts():
+            self.parts[part.layer].append(part)
+        self._sum_free = [0.0] * sim.num_servers
+        self._gates: dict[Any, Gate] = {}
+
+    def make_parts(self) -> list[_Part]:
+        raise NotImplementedError
+
+    def units(self, layer: int) -> int:
+        return len(self.parts[layer])
+
+    def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
+        return None, 1.0
+
+    def grad_ready(self, w: int, layer: int) -> None:
+        sim = self.sim
+        for part in self.parts[layer]:
+            host = sim.server_host(part.server)
+            if host == w:
+                self._arrive_push(part, w)
+            else:
+                gate, cost = self.gate(w, part)
+                sim.net.send(Message(w, host, part.numel * sim.itemsize, part.priority, "push",
+                                     part.layer, self._on_push, (part, w), gate, cost))
+
+    def _on_push(self, msg: Message) -> None:
+        part, w = msg.data
+        if msg.gate is not None:
+            # The server acknowledges each push on arrival (no payload): the window counts
+            # pushes on the wire. Counting until the pull instead can deadlock when workers
+            # fill their windows with different slices, each waiting for the others'.
+            ack = self.sim.env.timeout(self.sim.latency, msg)
+            ack.callbacks.append(self._acked)
+        self._arrive_push(part, w)
+
+    @staticmethod
+    def _acked(ev) -> None:
+        msg = ev.value
+        msg.gate.release(msg.cost)
+
+    def _arrive_push(self, part: _Part, w: int) -> None:
+        sim = self.sim
+        cost = part.numel * sim.itemsize / sim.summation
+        start = max(sim.env.now, self._sum_free[part.server])
+        done = start + cost
+        self._sum_free[part.server] = done
+        if cost > 0 and sim.trace_sums:
+            sim.timeline.append(sim.span(sim.server_host(part.server), "sum", part.layer, start,
+                                         done, part.numel * sim.itemsize, sim.host_name(w)))
+        part.arrived.append(w)
+        if len(part.arrived) == sim.workers:
+            if done > sim.env.now:
+                sim.env.timeout(done - sim.env.now, part).callbacks.append(self._summed)
+            else:
+                self._reply(part)
+
+    def _summed(self, ev) -> None:
+        self._reply(ev.value)
+
+    def _reply(self, part: _Part) -> None:
+        sim = self.sim
+        host = sim.server_host(part.server)
+        order, part.arrived = part.arrived, []
+        for w in order:
+            if w == host:
+                sim.unit_done(w, part.layer)
+            else:
+                sim.net.send(Message(host, w, part.numel * sim.itemsize, part.priority, "pull",
+                                     part.layer, self._on_pull, (part, w)))
+
+    def _on_pull(self, msg: Message) -> None:
+        part, w = msg.data
+        self.sim.unit_done(w, part.layer)
+
+
+class _KvstoreKnobs(Knobs):
+    bigarray_bound: int = Field(1_000_000, ge=1, description="elements")
+
+
+@register
+class KvstoreStrategy(_PSBase):
+    """``kvstore``: MXNet's parameter server, FIFO push then pull.
+
+    The pull request is not simulated as a message: MXNet issues it right behind the push,
+    so it always reaches the server before the sum is ready; the server then answers it.
+    """
+
+    name = "kvstore"
+    Knobs = _KvstoreKnobs
+
+    def make_parts(self) -> list[_Part]:
+        s, bound, parts = self.sim.num_servers, self.knobs.bigarray_bound, []
+        for key, t in enumerate(self.sim.workload.tensors):
+            if t.numel < bound:
+                parts.append(_Part(len(parts), t.layer, t.numel, (key * 9973) % s, 0))
+            else:
+                for i, share in enumerate(ring_chunk_sizes(t.numel, s)):
+                    if share:
+                        parts.append(_Part(len(parts), t.layer, int(share), i, 0))
+        return parts
+
+
+class _P3Knobs(Knobs):
+    slice_params: int = Field(40_000, ge=1, description="elements per slice")
+    water_mark: int = Field(10, ge=1, description="slices in flight per server")
+
+
+@register
+class P3Strategy(_PSBase):
+    """``p3``: priority-based parameter propagation (slices, priority -layer, water mark)."""
+
+    name = "p3"
+    Knobs = _P3Knobs
+
+    def make_parts(self) -> list[_Part]:
+        s, size, parts = self.sim.num_servers, self.knobs.slice_params, []
+        for t in self.sim.workload.tensors:
+            for lo in range(0, t.numel, size):
+                parts.append(_Part(len(parts), t.layer, min(size, t.numel - lo),
+                                   len(parts) % s, -t.layer))
+        return parts
+
+    def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
+        key = (w, part.server)
+        g = self._gates.get(key)
+        if g is None:
+            g = self._gates[key] = Gate(self.knobs.water_mark, self.sim.net.senders[w])
+        return g, 1.0
+
+
+class _BytepsKnobs(Knobs):
+    partition_bytes: int = Field(4_096_000, ge=1, description="bytes per partition")
+    credit_bytes: int = Field(0, ge=0, description="bytes in flight; 0 = FIFO, no limit")
+
+
+@register
+class BytepsStrategy(_PSBase):
+    """``byteps``: partitions round-robin over servers; ByteScheduler credits when > 0."""
+
+    name = "byteps"
+    Knobs = _BytepsKnobs
+
+    def make_parts(self) -> list[_Part]:
+        s, itemsize, parts = self.sim.num_servers, self.sim.itemsize, []
+        size = max(1, self.knobs.partition_bytes // itemsize)
+        prio = self.knobs.credit_bytes > 0
+        for t in self.sim.workload.tensors:
+            for lo in range(0, t.numel, size):
+                parts.append(_Part(len(parts), t.layer, min(size, t.numel - lo),
+                                   len(parts) % s, -t.layer if prio else 0))
+        return parts
+
+    def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
+        if self.knobs.credit_bytes == 0:
+            return None, 1.0
+        g = self._gates.get(w)
+        if g is None:
+            g = self._gates[w] = Gate(self.knobs.credit_bytes, self.sim.net.senders[w])
+        return g, float(part.numel * self.sim.itemsize)
+
+
+STRATEGIES: dict[str, dict[str, Any]] = {
+    name: {k: f.default for k, f in cls.Knobs.model_fields.items()}
+    for name, cls in _REGISTRY.items()
+}
+"""Backend name -> its knobs and their defaults (CONTRACTS.md section 1)."""
+

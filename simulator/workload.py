@@ -1,0 +1,186 @@
+"""Workload profiles: parameter tensors and per-layer compute times of one training step.
+
+A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
+
+    name: tiny
+    batch_size: 32              # samples per worker per iteration
+    gpu: "V100, fp32"           # what the times stand for (free text)
+    layers:                     # forward order; backward runs them in reverse
+      - name: fc1
+        fwd_ms: 1.5
+        bwd_ms: 3.0
+        tensors:                # parameter tensors, in the order the framework creates them
+          - {name: fc1.weight, numel: 1024}
+          - {name: fc1.bias, numel: 32}
+
+Tensors are numbered in file order: that number is the tensor's key for the parameter-server
+placement rules of CONTRACTS.md section 3.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["WORKLOADS", "Layer", "Tensor", "Workload", "load_workload"]
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base")
+ITEMSIZE = 4  # gradients travel as fp32
+
+
+class Tensor(BaseModel):
+    """One parameter tensor: its gradient is what gets communicated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    numel: int = Field(gt=0, description="number of elements")
+    layer: int = Field(ge=0, description="index of the layer that owns it")
+
+
+class Layer(BaseModel):
+    """One layer: forward and backward seconds for one iteration at the profile's batch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    fwd_s: float = Field(ge=0)
+    bwd_s: float = Field(ge=0)
+
+
+class Workload(BaseModel):
+    """A model to train: layers in forward order and their parameter tensors in creation order.
+
+    Build one with :func:`load_workload` (a shipped name or a YAML file) or
+    :meth:`from_dict` (the YAML structure as a mapping).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    batch_size: int = Field(gt=0)
+    gpu: str = ""
+    notes: str = ""
+    layers: tuple[Layer, ...] = Field(min_length=1)
+    tensors: tuple[Tensor, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_layers(self) -> Workload:
+        for t in self.tensors:
+            if t.layer >= len(self.layers):
+                raise ValueError(f"tensor {t.name!r} has layer {t.layer}, but there are only "
+                                 f"{len(self.layers)} layers")
+        return self
+
+    @property
+    def total_params(self) -> int:
+        """Number of parameters (elements over all tensors)."""
+        return sum(t.numel for t in self.tensors)
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of one full gradient in fp32."""
+        return ITEMSIZE * self.total_params
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>") -> Workload:
+        """Validate a profile mapping (the YAML format of the module docstring).
+
+        Raises:
+            ValueError: naming the source and the field that is wrong.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: a workload profile must be a mapping, got "
+                             f"{type(data).__name__}")
+        unknown = set(data) - {"name", "batch_size", "gpu", "notes", "layers"}
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; valid keys: "
+                             "['batch_size', 'gpu', 'layers', 'name', 'notes']")
+        raw_layers = data.get("layers")
+        if not isinstance(raw_layers, list) or not raw_layers:
+            raise ValueError(f"{source}: field 'layers' must be a non-empty list of layers")
+        layers, tensors = [], []
+        for i, raw in enumerate(raw_layers):
+            where = f"{source}: layers[{i}]"
+            if not isinstance(raw, dict):
+                raise ValueError(f"{where}: must be a mapping with name, fwd_ms, bwd_ms, tensors")
+            extra = set(raw) - {"name", "fwd_ms", "bwd_ms", "tensors"}
+            if extra:
+                raise ValueError(f"{where}: unknown key(s) {sorted(extra)}; valid keys: "
+                                 "['bwd_ms', 'fwd_ms', 'name', 'tensors']")
+            try:
+                layers.append(Layer(name=raw.get("name", f"layer{i}"),
+                                    fwd_s=_ms(raw, "fwd_ms", where), bwd_s=_ms(raw, "bwd_ms", where)))
+                for j, t in enumerate(raw.get("tensors") or []):
+                    if not isinstance(t, dict):
+                        raise ValueError(f"{where}.tensors[{j}]: must be a mapping {{name, numel}}")
+                    tensors.append(Tensor(layer=i, **t))
+            except ValidationError as err:
+                raise ValueError(f"{where}: {_explain(err)}") from None
+        try:
+            return cls(name=data.get("name", source), batch_size=data.get("batch_size", 0),
+                       gpu=data.get("gpu", ""), notes=data.get("notes", ""),
+                       layers=tuple(layers), tensors=tuple(tensors))
+        except ValidationError as err:
+            raise ValueError(f"{source}: {_explain(err)}") from None
+
+    def scaled(self, compute_scale: float) -> Workload:
+        """Return a copy whose compute times are multiplied by ``compute_scale``."""
+        if compute_scale == 1.0:
+            return self
+        layers = tuple(Layer(name=x.name, fwd_s=x.fwd_s * compute_scale,
+                             bwd_s=x.bwd_s * compute_scale) for x in self.layers)
+        return self.model_copy(update={"layers": layers})
+
+
+def _ms(raw: dict, key: str, where: str) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{where}: field {key!r} must be a number >= 0 (milliseconds), "
+                         f"got {value!r}")
+    return float(value) / 1e3
+
+
+def _explain(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "value"
+        parts.append(f"field {loc!r}: {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(parts)
+
+
+@functools.cache
+def _builtin(name: str) -> Workload:
+    path = PROFILE_DIR / f"{name}.yaml"
+    return Workload.from_dict(yaml.safe_load(path.read_text()), source=name)
+
+
+def load_workload(name_or_path: str | Path | Workload) -> Workload:
+    """Return a shipped workload by name or read a profile YAML file.
+
+    Args:
+        name_or_path: one of :data:`WORKLOADS`, a path to a YAML profile, or a Workload
+            (returned unchanged).
+
+    Raises:
+        ValueError: unknown name, unreadable file or invalid profile (naming the field).
+    """
+    if isinstance(name_or_path, Workload):
+        return name_or_path
+    if not isinstance(name_or_path, (str, Path)):
+        raise TypeError(f"workload: expected a name, a path or a Workload, got "
+                        f"{type(name_or_path).__name__}")
+    key = str(name_or_path)
+    if key in WORKLOADS:
+        return _builtin(key)
+    path = Path(key)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        raise ValueError(f"workload: unknown workload {key!r}; available: {list(WORKLOADS)} "
+                         "or the path of a profile YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"workload: {path} is not valid YAML: {err}") from None
+    return Workload.from_dict(data, source=str(path))
