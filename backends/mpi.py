@@ -28,7 +28,7 @@ class _Options(BackendOptions):
     check_consistency: bool = True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _half_op(op: ReduceOp, dtype_name: str) -> tuple[Any, Any]:
     """Return (MPI datatype, MPI op) reducing ``dtype_name`` halves with ``op`` in that dtype."""
     from mpi4py import MPI

@@ -341,7 +341,7 @@ class KVStore(abc.ABC):
             f"'optimizer' (kvstore)"
         )
 
-    def synchronize(self) -> None:
+    def synchronize(self) -> None:  # noqa: B027 - a no-op is right for synchronous stores
         """Block until every operation this process started has finished."""
 
     @abc.abstractmethod
@@ -408,6 +408,11 @@ class KVStore(abc.ABC):
         flags = getattr(tensor, "flags", None)
         if flags is not None and not flags["C_CONTIGUOUS"]:
             raise ValueError(f"tensor for {name!r} must be C-contiguous")
+        if flags is not None and not flags["WRITEABLE"]:
+            raise ValueError(
+                f"tensor for {name!r} is read-only ({type(tensor).__name__}); results are "
+                f"written in place: pass a writable array (np.array(x) for a scalar)"
+            )
 
 
 # -- registry ------------------------------------------------------------------------------

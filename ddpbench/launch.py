@@ -9,6 +9,7 @@ process group is killed on timeout or Ctrl-C, so no process is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -111,10 +112,8 @@ def launch(
         if proc.poll() is None:
             _kill_group(proc)
     # Ranks that outlived the job's end (a daemon thread stuck in MPI) must not linger.
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     if rc != 0:
         what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         print(f"ddpbench launch: the job failed ({what}); the failing rank's message is above",

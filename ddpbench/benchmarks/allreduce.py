@@ -126,20 +126,17 @@ def worker(cfg: dict[str, Any]) -> None:
     from ddpbench.comm import world
 
     comm = world().comm
-    out = open(cfg["out"], "a") if comm.rank == 0 else None
     dtype = _np_dtype(cfg["dtype"])
-    specs = [_backend_spec(s) for s in cfg["backends"]]
-    for label, name, options in specs:
+    for label, name, options in (_backend_spec(s) for s in cfg["backends"]):
         kv = ddpbench.create(name, **options)
         if cfg.get("tensors"):
             rows = [_tensor_set(kv, comm, label, cfg, dtype)]
         else:
             rows = [_one_size(kv, comm, label, nbytes, cfg, dtype) for nbytes in cfg["sizes"]]
         kv.close()
-        if out is not None:
-            for row in rows:
-                out.write(json.dumps(row) + "\n")
-            out.flush()
+        if comm.rank == 0:  # rows go out as each backend finishes: a crash keeps them
+            with open(cfg["out"], "a") as out:
+                out.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def _one_size(kv, comm, label, nbytes, cfg, dtype) -> dict[str, Any]:
@@ -229,9 +226,8 @@ def main(args: argparse.Namespace) -> int:
     if args.ranks < 1 or args.warmup < 0 or args.iters < 1:
         raise UsageError("need --ranks >= 1, --warmup >= 0 and --iters >= 1")
     backends = [b for b in args.backends.split(",") if b]
-    if args.tensors:
-        if args.backends == "mpi,horovod":
-            backends = ["mpi", "horovod", "horovod:fusion_threshold=0"]
+    if args.tensors and args.backends == "mpi,horovod":
+        backends = ["mpi", "horovod", "horovod:fusion_threshold=0"]
     import ddpbench
 
     for spec in backends:

@@ -1,0 +1,102 @@
+"""The collective backends (mpi, horovod) on 1-4 ranks against float64 references."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mpiutil import REPO, run_mpi
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("backend", ["mpi", "horovod"])
+def test_every_op_dtype_shape_scaling_broadcast_fusion_mismatch(backend, n):
+    out = run_mpi(n, SCRIPTS / "check_collectives.py", backend, timeout=180)
+    # Ranks print concurrently, so lines may interleave: pick the records out by pattern.
+    done = dict(re.findall(rf"DONE {backend} rank (\d+)/{n} checks=(\d+)", out))
+    assert sorted(done) == [str(r) for r in range(n)], out[-3000:]
+    # Every rank made the same number of checks (values, scaling, broadcast, mismatches).
+    assert len(set(done.values())) == 1 and int(done["0"]) > 590
+
+
+def test_horovod_stall_warning_names_tensor_and_missing_rank():
+    out = run_mpi(2, SCRIPTS / "check_collectives.py", "horovod", "stall", timeout=60)
+    assert "tensor 'late' was submitted by ranks [0] but not by ranks [1]" in out
+
+
+def _launch(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "ddpbench", "launch", *args], capture_output=True, text=True,
+        timeout=timeout, cwd=REPO,
+    )
+
+
+def test_launch_failing_rank_ends_job_with_its_message(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import numpy as np, ddpbench\n"
+        "kv = ddpbench.create('horovod')\n"
+        "if kv.rank == 2:\n"
+        "    raise RuntimeError('rank two gives up')\n"
+        "kv.push_pull('x', np.ones(3, np.float32))  # the others would wait for rank 2\n"
+    )
+    proc = _launch("-n", "3", "--timeout", "50", "--", sys.executable, str(script))
+    assert proc.returncode != 0
+    assert "rank two gives up" in proc.stderr
+    assert "the job failed" in proc.stderr
+    alive = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert alive.stdout == "", "orphan processes left behind"
+
+
+def test_launch_timeout_kills_the_job(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    proc = _launch("-n", "2", "--timeout", "2", "--", sys.executable, str(script))
+    assert proc.returncode == 124
+    assert "did not finish within 2 s" in proc.stderr
+    alive = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert alive.stdout == ""
+
+
+def test_launch_sets_roles(tmp_path):
+    script = tmp_path / "roles.py"
+    script.write_text(
+        "from ddpbench.comm import world\n"
+        "w = world()\n"
+        "print(f'ROLE {w.rank} {w.role} {w.role_rank} {w.num_workers} {w.num_servers}', flush=True)\n"
+    )
+    proc = _launch("-n", "2", "--servers", "1", "--", sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr
+    # Ranks print concurrently, so lines may interleave: pick the records out by pattern.
+    roles = sorted(m.split() for m in re.findall(r"ROLE (\d \w+ \d \d \d)", proc.stdout))
+    assert roles == [["0", "worker", "0", "2", "1"], ["1", "worker", "1", "2", "1"],
+                     ["2", "server", "0", "2", "1"]]
+
+
+def test_launch_rejects_bad_usage():
+    proc = _launch("-n", "0", "--", "true")
+    assert proc.returncode == 2 and "workers must be an integer >= 1" in proc.stderr
+    proc = _launch("-n", "1")
+    assert proc.returncode == 2 and "no command given" in proc.stderr
+
+
+def test_bench_allreduce_runs_and_checks_results():
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpbench", "bench", "allreduce", "-n", "3", "--sizes", "1K,64K",
+         "--warmup", "1", "--iters", "3", "--format", "json", "--dtype", "float16"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [(r["backend"], r["size"]) for r in rows] == [
+        ("mpi", 1024), ("mpi", 65536), ("horovod", 1024), ("horovod", 65536)]
+    for r in rows:
+        assert r["wrong"] == 0 and r["count"] == r["size"] // 2 and r["ranks"] == 3
+        assert r["min_us"] <= r["time_us"] <= r["max_us"]
+        assert r["busbw"] == pytest.approx(r["algbw"] * 4 / 3)
