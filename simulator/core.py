@@ -112,12 +112,10 @@ class _Point(BaseModel):
     warmup: int = Field(ge=0)
     compute_scale: float = Field(gt=0, allow_inf_nan=False)
     summation_gbps: float = Field(gt=0)
-    oversubscription: float = Field(ge=1, allow_inf_nan=False)
-    rack_size: int = Field(ge=1)
 
 
 def _validate(**values: Any) -> _Point:
-    for key in ("workers", "iterations", "warmup", "rack_size"):
+    for key in ("workers", "iterations", "warmup"):
         if isinstance(values.get(key), bool):
             raise ValueError(f"{key}: expected an integer, got {values[key]!r}")
     if isinstance(values.get("servers"), bool):
@@ -143,7 +141,7 @@ class _Sim:
 
     def __init__(self, workload: Workload | None, workers: int, bandwidth: float,
                  latency: float, *, dedicated_servers: int = 0, summation: float = math.inf,
-                 symmetric: bool = True, oversubscription: float = 1.0, rack_size: int = 16,
+                 symmetric: bool = True,
                  trace: bool = True) -> None:
         self.env = CountingEnvironment()
         self.workload = workload
@@ -161,9 +159,8 @@ class _Sim:
         self.trace_steps = self.trace_sums = trace
         self.symmetric = symmetric
         self._seq = 0
-        self.net = None if symmetric else Network(
-            self.env, nhosts, bandwidth, latency, self._record,
-            oversubscription=oversubscription, rack_size=rack_size)
+        self.net = None if symmetric else Network(self.env, nhosts, bandwidth, latency,
+                                                  self._record)
 
     # -- helpers used by strategies
     def host_name(self, h: int) -> str:
@@ -260,8 +257,7 @@ class _Sim:
 def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
              servers: int | str | None = None, bandwidth_gbps: float, latency_us: float = 5.0,
              iterations: int = 3, warmup: int = 1, compute_scale: float = 1.0,
-             summation_gbps: float = DEFAULT_SUMMATION_GBPS, oversubscription: float = 1.0,
-             rack_size: int = 16, trace: bool = True, **knobs: Any) -> SimResult:
+             summation_gbps: float = DEFAULT_SUMMATION_GBPS, trace: bool = True, **knobs: Any) -> SimResult:
     """Simulate data-parallel training of ``workload`` with ``backend`` on an idle cluster.
 
     Args:
@@ -279,7 +275,6 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
         compute_scale: multiplies every compute time (2.0 = a GPU twice as slow).
         summation_gbps: server summation throughput, Gbit/s of incoming gradient
             (``math.inf`` = free).
-        oversubscription: core oversubscription between racks of ``rack_size`` hosts.
         trace: record ring steps and server sums on the timeline (compute spans and
             network transfers are always recorded).
         **knobs: the backend's knobs (see :data:`simulator.STRATEGIES`).
@@ -299,15 +294,13 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
     parsed = cls.parse_knobs(knobs)
     point = _validate(workers=workers, servers=servers, bandwidth_gbps=bandwidth_gbps,
                       latency_us=latency_us, iterations=iterations, warmup=warmup,
-                      compute_scale=compute_scale, summation_gbps=summation_gbps,
-                      oversubscription=oversubscription, rack_size=rack_size)
+                      compute_scale=compute_scale, summation_gbps=summation_gbps)
     wl = load_workload(workload).scaled(point.compute_scale)
     dedicated = 0 if cls.symmetric or not isinstance(point.servers, int) else point.servers
     bandwidth = point.bandwidth_gbps * 1e9 / 8
     sim = _Sim(wl, point.workers, bandwidth, point.latency_us * 1e-6,
                dedicated_servers=dedicated, summation=point.summation_gbps * 1e9 / 8,
-               symmetric=cls.symmetric, oversubscription=point.oversubscription,
-               rack_size=point.rack_size, trace=trace)
+               symmetric=cls.symmetric, trace=trace)
     ends = sim.run_training(cls(sim, parsed), point.iterations)
     base = ends[point.warmup - 1] if point.warmup > 0 else 0.0
     iter_time = (ends[-1] - base) / (point.iterations - point.warmup)
@@ -368,7 +361,7 @@ def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = 
         raise ValueError(f"nbytes: expected an integer >= 1, got {nbytes!r}")
     point = _validate(workers=workers, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us,
                       iterations=1, warmup=0, compute_scale=1.0,
-                      summation_gbps=DEFAULT_SUMMATION_GBPS, oversubscription=1.0, rack_size=1)
+                      summation_gbps=DEFAULT_SUMMATION_GBPS)
     sim = _Sim(None, point.workers, point.bandwidth_gbps * 1e9 / 8, point.latency_us * 1e-6,
                trace=False)
     if algorithm == "tree":

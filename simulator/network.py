@@ -6,10 +6,6 @@ delay). The unit of transfer is one message (a slice, a partition, a ring chunk)
 no packets. Each host's uplink is a :class:`Sender` process serving a priority queue; a
 receiver's downlink is a :class:`Port`, granted to waiting senders by (priority, sequence).
 Every tie breaks on ``(time, priority, sequence number)``, so a run is deterministic.
-
-Oversubscription: hosts sit in racks of ``rack_size``; traffic between racks also holds one of
-``rack_size / oversubscription`` full-rate slots of the source rack's uplink and of the
-destination rack's downlink (1.0 = non-blocking, the default).
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import Any
 
 import simpy
 
-__all__ = ["CountingEnvironment", "Gate", "Message", "Network", "Port", "Sender"]
+__all__ = ["CountingEnvironment", "Gate", "Link", "Message", "Network", "Port", "Sender"]
 
 
 class CountingEnvironment(simpy.Environment):
@@ -35,26 +31,23 @@ class CountingEnvironment(simpy.Environment):
         super().step()
 
 
-class Port:
-    """A link direction that carries one message at a time; waiters queue by priority.
+class Link:
+    """A resource that carries one message at a time; waiters queue by (priority, sequence).
 
-    ``acquire`` returns ``None`` when the port was free (taken at once, no event) or an event
-    that fires when the port is handed over. ``release`` hands the port to the best waiter.
+    ``acquire`` returns ``None`` when the link was free (taken at once, no event) or an event
+    that fires when the link is handed over. ``release`` hands it to the best waiter.
     """
 
-    __slots__ = ("env", "busy", "_waiters", "slots")
+    __slots__ = ("env", "busy", "_waiters")
 
-    def __init__(self, env: simpy.Environment, slots: int = 1) -> None:
-        if slots < 1:
-            raise ValueError(f"slots must be >= 1, got {slots}")
+    def __init__(self, env: simpy.Environment) -> None:
         self.env = env
-        self.slots = slots
-        self.busy = 0
+        self.busy = False
         self._waiters: list[tuple[float, int, simpy.Event]] = []
 
     def acquire(self, prio: float, seq: int) -> simpy.Event | None:
-        if self.busy < self.slots:
-            self.busy += 1
+        if not self.busy:
+            self.busy = True
             return None
         ev = self.env.event()
         heapq.heappush(self._waiters, (prio, seq, ev))
@@ -64,7 +57,40 @@ class Port:
         if self._waiters:
             heapq.heappop(self._waiters)[2].succeed()
         else:
-            self.busy -= 1
+            self.busy = False
+
+
+class Port:
+    """A host's downlink: granted to one sender at a time.
+
+    Idle senders whose best message for this host found it busy register here with that
+    message's priority and the sequence number of when it started waiting; on release the
+    port goes straight to the best sender still waiting (higher priority first, then the one
+    waiting longest: round robin among equals, as fair switch arbitration gives), so a freed
+    downlink never idles while someone has data for it.
+    """
+
+    __slots__ = ("host", "busy", "_waiters")
+
+    def __init__(self, host: int) -> None:
+        self.host = host
+        self.busy = False
+        self._waiters: list[tuple[float, int, int, Sender]] = []
+
+    def register(self, key: float, seq: int, sender: Sender) -> None:
+        heapq.heappush(self._waiters, (key, seq, sender.gen, sender))
+
+    def release(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            _, _, gen, sender = heapq.heappop(waiters)
+            if sender.gen == gen:
+                if sender.waiting:
+                    sender.wake(self)
+                else:  # busy sending: the port waits for it (at most one message time)
+                    sender._reserved.append(self)
+                return
+        self.busy = False
 
 
 class Gate:
@@ -100,7 +126,7 @@ class Message:
     """One transfer: ``on_arrive(msg)`` runs at the receiver when it has fully arrived."""
 
     __slots__ = ("src", "dst", "nbytes", "priority", "seq", "kind", "layer", "gate", "cost",
-                 "on_arrive", "data")
+                 "on_arrive", "data", "waiting_since")
 
     def __init__(self, src: int, dst: int, nbytes: int, priority: float, kind: str, layer: int,
                  on_arrive: Callable[[Message], None], data: Any = None,
@@ -109,15 +135,27 @@ class Message:
         self.kind, self.layer, self.on_arrive, self.data = kind, layer, on_arrive, data
         self.gate, self.cost = gate, cost
         self.seq = 0
+        self.waiting_since = 0
 
 
 class Sender:
-    """A host's uplink: a generator process that sends its queue, best priority first."""
+    """A host's uplink: a generator process sending its queued messages one at a time.
+
+    Messages wait in one priority queue per destination (virtual output queues, as one
+    connection per peer gives), so a busy receiver does not hold up traffic to others. The
+    sender sends the best message (larger ``priority`` first, then oldest) among those whose
+    receiver's downlink is free; when every receiver it has data for is busy, it registers
+    at each of their ports and the first one freed is granted to it. A message more urgent
+    than the one being sent registers too, reserving its receiver's next turn.
+    """
 
     def __init__(self, net: Network, host: int) -> None:
         self.net, self.host = net, host
-        self._ready: list[tuple[float, int, Message]] = []
-        self._idle: simpy.Event | None = None
+        self._voq: dict[int, list[tuple[float, int, Message]]] = {}
+        self.waiting = False
+        self.gen = 0
+        self._ev: simpy.Event | None = None
+        self._reserved: list[Port] = []
         net.env.process(self._run())
 
     def send(self, msg: Message) -> None:
@@ -126,45 +164,96 @@ class Sender:
         self.requeue((-msg.priority, msg.seq, msg))
 
     def requeue(self, entry: tuple[float, int, Message]) -> None:
-        heapq.heappush(self._ready, entry)
-        if self._idle is not None:
-            self._idle.succeed()
-            self._idle = None
+        heap = self._voq.get(entry[2].dst)
+        if heap is None:
+            heap = self._voq[entry[2].dst] = []
+        heapq.heappush(heap, entry)
+        if self.waiting:
+            self.wake(None)
 
-    def _pop(self) -> Message | None:
-        ready = self._ready
-        while ready:
-            entry = heapq.heappop(ready)
+    def wake(self, port: Port | None) -> None:
+        """Resume the idle sender, granting it ``port`` (or None: a new message came)."""
+        self.waiting = False
+        self.gen += 1
+        ev, self._ev = self._ev, None
+        ev.succeed(port)
+
+    @staticmethod
+    def _head(heap: list[tuple[float, int, Message]]) -> tuple[float, int, Message] | None:
+        while heap:
+            entry = heap[0]
             msg = entry[2]
             gate = msg.gate
-            if gate is not None:
-                if not gate.fits(msg.cost):
-                    heapq.heappush(gate.blocked, entry)
-                    continue
-                gate.used += msg.cost
-            return msg
+            if gate is not None and not gate.fits(msg.cost):
+                heapq.heappop(heap)
+                heapq.heappush(gate.blocked, entry)
+                continue
+            return entry
         return None
 
     def _run(self):
         net = self.net
-        env = net.env
+        env, down, voq = net.env, net.down, self._voq
         while True:
-            msg = self._pop()
-            if msg is None:
-                self._idle = env.event()
-                yield self._idle
-                continue
-            ports = net.route(msg.src, msg.dst)
-            for port in ports:
-                ev = port.acquire(-msg.priority, msg.seq)
-                if ev is not None:
-                    yield ev
+            self.gen += 1  # registrations made before this choice are stale from now on
+            best = port = None
+            if self._reserved:
+                reserved, self._reserved = self._reserved, []
+                for p in reserved:
+                    entry = self._head(voq[p.host])
+                    if entry is not None and (best is None or entry < best):
+                        if port is not None:
+                            port.release()
+                        best, port = entry, p
+                    else:
+                        p.release()
+            if best is None:
+                heads = []
+                for heap in voq.values():
+                    entry = self._head(heap)
+                    if entry is not None:
+                        heads.append(entry)
+                        if not down[entry[2].dst].busy and (best is None or entry < best):
+                            best = entry
+                if best is None:
+                    for entry in heads:
+                        self._register(entry)
+                    self.waiting = True
+                    self._ev = env.event()
+                    port = yield self._ev
+                    if port is None:
+                        continue
+                    best = self._head(voq[port.host])
+                    if best is None:
+                        port.release()
+                        continue
+                else:
+                    port = down[best[2].dst]
+                    port.busy = True
+                    for entry in heads:
+                        # A strictly more urgent message waits for a busy receiver: reserve
+                        # that receiver's next turn (P3's priorities hold across senders).
+                        if entry[0] < best[0] and down[entry[2].dst].busy:
+                            self._register(entry)
+            heapq.heappop(voq[port.host])
+            msg = best[2]
+            if msg.gate is not None:
+                msg.gate.used += msg.cost
             start = env.now
             yield env.timeout(msg.nbytes / net.bandwidth)
-            for port in ports:
-                port.release()
+            port.release()
             net.record(msg, start, env.now)
             env.timeout(net.latency, msg).callbacks.append(_deliver)
+            # Choose the next message only after every transmission ending now has released
+            # its port; otherwise the first sender to finish sees ports as busy that are
+            # free at this same instant and skips ahead to another receiver.
+            yield env.timeout(0)
+
+    def _register(self, entry: tuple[float, int, Message]) -> None:
+        msg = entry[2]
+        if not msg.waiting_since:
+            msg.waiting_since = self.net.next_seq()
+        self.net.down[msg.dst].register(entry[0], msg.waiting_since, self)
 
 
 def _deliver(ev: simpy.Event) -> None:
@@ -181,42 +270,22 @@ class Network:
         bandwidth: bytes per second per direction, > 0.
         latency: seconds from the end of a transmission to its arrival, >= 0.
         record: ``record(msg, start, end)`` is called for each finished transmission.
-        oversubscription: core oversubscription ratio (>= 1; 1 = non-blocking).
-        rack_size: hosts per rack (only used when oversubscription > 1).
     """
 
     def __init__(self, env: simpy.Environment, nhosts: int, bandwidth: float, latency: float,
-                 record: Callable[[Message, float, float], None],
-                 oversubscription: float = 1.0, rack_size: int = 16) -> None:
+                 record: Callable[[Message, float, float], None]) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:
             raise ValueError(f"latency must be >= 0 s, got {latency}")
-        if oversubscription < 1:
-            raise ValueError(f"oversubscription must be >= 1, got {oversubscription}")
         self.env, self.bandwidth, self.latency, self.record = env, bandwidth, latency, record
         self._seq = 0
-        self.down = [Port(env) for _ in range(nhosts)]
+        self.down = [Port(h) for h in range(nhosts)]
         self.senders = [Sender(self, h) for h in range(nhosts)]
-        self.rack_size = rack_size
-        self._racks = None
-        if oversubscription > 1 and nhosts > rack_size:
-            slots = max(1, int(rack_size / oversubscription))
-            nracks = -(-nhosts // rack_size)
-            self._racks = ([Port(env, slots) for _ in range(nracks)],
-                           [Port(env, slots) for _ in range(nracks)])
 
     def next_seq(self) -> int:
         self._seq += 1
         return self._seq
-
-    def route(self, src: int, dst: int) -> list[Port]:
-        """The ports a transfer from ``src`` to ``dst`` holds (besides the sender's uplink)."""
-        if self._racks is not None:
-            rs, rd = src // self.rack_size, dst // self.rack_size
-            if rs != rd:
-                return [self._racks[0][rs], self._racks[1][rd], self.down[dst]]
-        return [self.down[dst]]
 
     def send(self, msg: Message) -> None:
         self.senders[msg.src].send(msg)

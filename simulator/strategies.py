@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simulator.network import Gate, Message, Port
+from simulator.network import Gate, Link, Message
 
 if TYPE_CHECKING:
     from simulator.core import _Sim
@@ -118,7 +118,7 @@ def ring_bytes_per_rank(n: int, p: int, itemsize: int) -> np.ndarray:
     return (2 * n - sizes[(r + 1) % p] - sizes[(r + 2) % p]) * itemsize
 
 
-def ring_allreduce(sim: _Sim, n: int, itemsize: int, layer: int, uplink: Port | None = None):
+def ring_allreduce(sim: _Sim, n: int, itemsize: int, layer: int, uplink: Link | None = None):
     """Generator: one ring allreduce of ``n`` elements as seen by rank 0 (all ranks alike).
 
     Each of the 2(p-1) steps costs ``latency + largest_chunk / bandwidth``: every rank sends
@@ -168,7 +168,7 @@ class _AllreduceBase(Strategy):
 class _FifoComm:
     """A communication thread: a FIFO of tensors, each allreduced alone, one at a time."""
 
-    def __init__(self, sim: _Sim, uplink: Port | None = None) -> None:
+    def __init__(self, sim: _Sim, uplink: Link | None = None) -> None:
         self.sim, self.uplink = sim, uplink
         self.queue: list = []
         self._wake = None
@@ -297,7 +297,7 @@ class CollectiveStrategy(_AllreduceBase):
 
     def start(self) -> None:
         nrings = self.knobs.nrings
-        uplink = Port(self.sim.env) if nrings > 1 else None
+        uplink = Link(self.sim.env) if nrings > 1 else None
         self._rings = [_FifoComm(self.sim, uplink) for _ in range(nrings)]
         self._next = 0
 
