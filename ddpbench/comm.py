@@ -108,10 +108,24 @@ def world() -> World:
         return _WORLD
 
 
+# "module:function" that runs a server rank until the workers close, then exits the process;
+# imported lazily, like the backends, so that the dependency stays backends -> ddpbench.
+SERVER_LOOP = "backends.ps_common:serve"
+
+
 def init() -> World:
-    """Initialise MPI and the engine; return the :class:`World`. Idempotent."""
+    """Initialise MPI and the engine; return the :class:`World`. Idempotent.
+
+    On a server rank (``ddpbench launch --servers``) this runs the server loop instead and
+    exits the process when every worker has closed its store.
+    """
     w = world()
     engine()
+    if w.is_server:
+        import importlib
+
+        module, _, fn = SERVER_LOOP.partition(":")
+        getattr(importlib.import_module(module), fn)()
     return w
 
 
@@ -181,7 +195,7 @@ class Engine:
     ``max_poll_s``; when nothing is in flight it sleeps until work is queued.
     """
 
-    def __init__(self, max_poll_s: float = 2e-4) -> None:
+    def __init__(self, max_poll_s: float = 5e-5) -> None:
         self._cond = threading.Condition()
         self._queue: list[tuple[Protocol | None, Any]] = []
         self._protocols: list[Protocol] = []
@@ -233,7 +247,7 @@ class Engine:
 
     # -- engine thread ----------------------------------------------------------------
     def _run(self) -> None:
-        idle_polls = 0
+        idle_polls, last_active = 0, 0.0
         while True:
             with self._cond:
                 busy = any(p.busy() for p in self._protocols)
@@ -243,7 +257,10 @@ class Engine:
                     if not busy:
                         self._cond.wait(timeout=0.5)
                     elif idle_polls > 20:
-                        self._cond.wait(timeout=min(self._max_poll_s, 1e-6 * 2 ** min(idle_polls - 20, 16)))
+                        # Poll tightly right after activity (a reply is likely soon), then
+                        # relax so an idle coordinator does not burn a core.
+                        cap = self._max_poll_s if time.monotonic() - last_active < 0.01 else 1e-3
+                        self._cond.wait(timeout=min(cap, 1e-6 * 2 ** min(idle_polls - 20, 16)))
                 items, self._queue = self._queue, []
             try:
                 did = bool(items)
@@ -264,6 +281,7 @@ class Engine:
                 raise
             if did:
                 idle_polls = 0
+                last_active = time.monotonic()
             else:
                 idle_polls += 1
                 if idle_polls <= 20:

@@ -1,0 +1,82 @@
+"""The ``kvstore`` backend: MXNet's distributed parameter server (``dist_sync``) over MPI.
+
+Placement (CONTRACTS.md section 3): an array of fewer than ``bigarray_bound`` elements goes
+whole to server ``(key * 9973) % S``; a larger one is split into ``S`` even parts
+(``np.array_split`` shares), part i on server i. Push and pull are separate requests, sent
+in FIFO order (the caller's priority is ignored): the pull goes right behind the push, and
+the server answers it once every worker's push of the round is in.
+
+Server-side optimizer: after ``set_optimizer(SGD(...))`` the servers apply each round's
+summed gradient to their copy of the weights and ``push_pull`` returns the updated weights.
+The servers' weights are initialised by ``broadcast`` (MXNet's ``kv.init``: the root's
+value is stored); a push to a key that was never broadcast is an error while an optimizer
+is set. Without an optimizer, ``push_pull`` returns the reduction, as the other backends do.
+
+Example:
+    >>> kv = ddpbench.create("kvstore")          # ddpbench launch -n 4 --servers 2 -- ...
+    >>> kv.broadcast(0, w)                       # init: every worker and server holds w
+    >>> kv.set_optimizer(SGD(lr=0.1, momentum=0.9, rescale_grad=1 / kv.num_workers))
+    >>> w = kv.push_pull(0, grad, output=w)      # w is now the servers' updated weights
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from backends.ps_common import SGD, Part, PSOptions, PSStore, even_split
+from ddpbench.api import register
+
+__all__ = ["SGD", "KVStoreBackend"]
+
+
+class _Options(PSOptions):
+    bigarray_bound: int = Field(1_000_000, ge=1, description="elements")
+
+
+@register("kvstore")
+class KVStoreBackend(PSStore):
+    """MXNet-style parameter server: hashed small arrays, split big ones, FIFO push then pull.
+
+    Options:
+        bigarray_bound: arrays with at least this many elements are split over all servers
+            (default 1,000,000).
+        servers, bandwidth_gbps, latency_us, trace: see :class:`backends.ps_common.PSOptions`.
+    """
+
+    Options = _Options
+    capabilities = frozenset({"broadcast", "push_pull", "optimizer"})
+    merged_push_pull = False
+
+    def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
+        s = self.num_servers
+        if numel < self.options.bigarray_bound:
+            return [Part(0, numel, (key * 9973) % s)]
+        return even_split(numel, s)
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Make the servers run ``optimizer`` (an :class:`SGD`, its dict, or None to stop).
+
+        Collective: every worker must call it with the same optimizer (the servers compare).
+
+        Raises:
+            TypeError: not an SGD, a dict of its fields, or None.
+            ValueError: a dict with unknown fields or bad values.
+        """
+        if optimizer is None:
+            spec = None
+        elif isinstance(optimizer, SGD):
+            spec = optimizer.model_dump()
+        elif isinstance(optimizer, dict):
+            try:
+                spec = SGD(**optimizer).model_dump()
+            except Exception as err:
+                raise ValueError(f"bad optimizer {optimizer!r}: {err}") from None
+        else:
+            raise TypeError(
+                f"kvstore servers run backends.kvstore.SGD (or a dict of its fields: "
+                f"{sorted(SGD.model_fields)}), got {type(optimizer).__name__}; the servers "
+                f"take plain hyperparameters, not code"
+            )
+        self._send_optimizer(spec)

@@ -1,0 +1,243 @@
+"""Checks of the parameter-server backends, run on every rank of one launch.
+
+Usage: ps_check.py CASE [ARG]; cases below. Every assertion failure ends the job (the abort
+hooks of ddpbench.comm); rank 0 prints "OK <check>" for each check that passed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import ddpbench
+from ddpbench.comm import world
+
+
+def say(kv, text):
+    if kv.rank == 0:
+        print(f"OK {text}", flush=True)
+
+
+def pattern(n, dtype):
+    return ((np.arange(n) % 7) + 1).astype(dtype)
+
+
+def check_sums(kv, keys, tag):
+    """push_pull of rank-dependent tensors sums exactly, single names and lists."""
+    w, r = kv.num_workers, kv.rank
+    tri = w * (w + 1) // 2
+    for i, (key, n, dtype) in enumerate(keys):
+        x = pattern(n, dtype) * dtype(r + 1)
+        out = kv.push_pull(key, x.copy())
+        ref = pattern(n, np.float64) * tri
+        assert np.array_equal(out.astype(np.float64), ref), (tag, key, out[:5], ref[:5])
+    names = [k for k, _, _ in keys]
+    xs = [pattern(n, dt) * (r + 1) for _, n, dt in keys]
+    outs = kv.push_pull(names, [x.astype(dt) for x, (_, _, dt) in zip(xs, keys)])
+    for out, (_, n, _) in zip(outs, keys):
+        assert np.array_equal(out.astype(np.float64), pattern(n, np.float64) * tri)
+    # twice more, async and in reverse order: rounds of the same keys follow each other
+    for _ in range(2):
+        hs = [kv.push_pull_async(k, pattern(n, dt) * dt(r + 1), priority=-j)
+              for j, (k, n, dt) in enumerate(keys)]
+        for h, (_, n, dt) in zip(hs, keys):
+            assert np.array_equal(h.wait(), pattern(n, dt) * dt(tri))
+    k0, n0, dt0 = keys[0]
+    avg = kv.push_pull(k0, pattern(n0, dt0) * dt0(r + 1), op="average")
+    assert np.array_equal(avg, (pattern(n0, np.float64) * (w + 1) / 2).astype(dt0))
+    say(kv, f"{tag}: exact sums over {w} workers for {len(keys)} names, lists, async, average")
+
+
+def check_broadcast(kv, names, tag):
+    w, r = kv.num_workers, kv.rank
+    for root in range(w):
+        xs = [np.full(n, 100 * r + j, dt) for j, (_, n, dt) in enumerate(names)]
+        kv.broadcast([k for k, _, _ in names], xs, root_rank=root)
+        for j, x in enumerate(xs):
+            assert np.all(x == 100 * root + j), (tag, root, x[:3])
+    say(kv, f"{tag}: broadcast from every root")
+
+
+def sends(kv, kind="push"):
+    return [rec for rec in kv.trace_records if rec.kind == kind]
+
+
+def case_kvstore(bound):
+    """2 workers, 2 servers, int keys: sums, broadcast, split big arrays, server optimizer."""
+    from backends.kvstore import SGD
+
+    kv = ddpbench.create("kvstore", bigarray_bound=bound, trace=True)
+    assert kv.is_capable("optimizer")
+    w, r, s = kv.num_workers, kv.rank, kv.num_servers
+    keys = [(3, 10, np.float32), (8, 3 * bound + 1, np.float32), (5, 7, np.int32),
+            (6, 40, np.float16), (4, bound - 1, np.float64)]
+    check_sums(kv, keys, "kvstore")
+    check_broadcast(kv, [(3, 10, np.float32), (8, 3 * bound + 1, np.float32)], "kvstore")
+    # placement: small keys whole on (key*9973) % S, big ones split over all servers
+    recs = sends(kv)
+    for key, n, _ in keys:
+        got = sorted((rec.part, rec.dst, rec.bytes) for rec in recs if rec.key == key)
+        item = np.dtype(np.float32).itemsize
+        if n < bound:
+            assert {d for _, d, _ in got} == {f"server{(key * 9973) % s}"}, (key, got)
+        else:
+            shares = [len(a) for a in np.array_split(np.arange(n), s)]
+            want = {(i, f"server{i}", shares[i] * item) for i in range(s)}
+            assert set(got) == want, (key, got, want)
+    say(kv, f"kvstore: small arrays hashed, big arrays split over all {s} servers (trace)")
+    # server-side SGD: closed form without momentum (exact in binary fractions)
+    n_small, n_big, k = 10, 2 * bound + 3, 4
+    w0 = {100: np.arange(n_small, dtype=np.float64), 101: np.arange(n_big, dtype=np.float64)}
+    kv.broadcast(list(w0), [v.copy() for v in w0.values()])
+    kv.set_optimizer(SGD(lr=0.5, rescale_grad=0.25))
+    for t in range(1, k + 1):
+        for key, v in w0.items():
+            out = kv.push_pull(key, np.full(v.size, t * (r + 1.0)))
+    tri = w * (w + 1) / 2
+    for key, v in w0.items():
+        out = kv.push_pull(key, np.zeros(v.size))
+        ref = v - 0.5 * 0.25 * tri * k * (k + 1) / 2
+        assert np.array_equal(out, ref), (key, out[:3], ref[:3])
+    # momentum and weight decay: against an fp64 reference of MXNet's update
+    opt = {"lr": 0.1, "momentum": 0.9, "wd": 0.01, "rescale_grad": 0.5}
+    kv.set_optimizer(opt)
+    kv.broadcast(list(w0), [v.copy() for v in w0.values()])
+    for key, v in w0.items():
+        ref, mom = v.copy(), np.zeros_like(v)
+        for t in range(1, k + 1):
+            g = 0.5 * (t * tri + np.sin(np.arange(v.size)) * w) + 0.01 * ref
+            mom = 0.9 * mom - 0.1 * g
+            ref = ref + mom
+            out = kv.push_pull(key, t * (r + 1.0) + np.sin(np.arange(v.size)))
+        np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    say(kv, f"kvstore: server SGD equals the closed form after {k} steps (rescale_grad, "
+            f"momentum, wd)")
+    try:
+        kv.set_optimizer(lambda w, g: w)
+    except TypeError as err:
+        assert "SGD" in str(err)
+    kv.close()
+    say(kv, "kvstore: closed")
+
+
+def case_p3_dedicated():
+    """2 workers, 1 server: str keys, broadcast, and the water mark letting priority overtake."""
+    ddpbench.init()  # on the server rank: serves, then exits
+    kv = ddpbench.create("p3", slice_params=20_000, water_mark=1, bandwidth_gbps=0.5,
+                         trace=True)
+    try:
+        kv.set_optimizer({"lr": 0.1})
+    except ddpbench.NotSupportedError as err:
+        assert "workers" in str(err)
+    else:
+        raise AssertionError("p3 accepted an optimizer")
+    keys = [("conv1.weight", 45_000, np.float32), ("conv1.bias", 64, np.float32),
+            ("fc.weight", 20_001, np.float64)]
+    check_sums(kv, keys, "p3")
+    check_broadcast(kv, [("conv1.weight", 45_000, np.float32), ("fc.weight", 20_001, np.float64)],
+                    "p3")
+    # water_mark=1: ten low-priority slices, then one high-priority slice queued behind them
+    before = len(sends(kv))
+    low = kv.push_pull_async("low", np.ones(200_000, np.float32), priority=-5)
+    while len(sends(kv)) == before:  # the first low slice is on the wire, nine are queued
+        time.sleep(1e-4)
+    high = kv.push_pull_async("high", np.ones(100, np.float32), priority=0)
+    low.wait(), high.wait()
+    order = [(rec.key, rec.part) for rec in sends(kv)[before:]]
+    key_high = kv._keys["high"]
+    pos = order.index((key_high, 0))
+    assert pos == 1, f"high-priority slice sent at position {pos}: {order}"
+    lows = [p for k, p in order if k != key_high]
+    assert lows == list(range(10)), order
+    say(kv, f"p3: with water_mark=1 the high-priority slice went at position {pos} of 11")
+    # pacing: each send holds the uplink for bytes / bandwidth
+    recs = sends(kv)[before:]
+    for a, b in zip(recs, recs[1:]):
+        assert b.start >= a.end - 1e-9, (a, b)
+        assert abs((a.end - a.start) - a.bytes / (0.5e9 / 8)) < 1e-9
+    say(kv, "p3: paced sends do not overlap on the uplink")
+    kv.close()
+
+
+def case_colocated():
+    """3 workers, servers in the worker processes: byteps FIFO/credit, p3 placement, kvstore."""
+    w = world()
+    r, n = w.role_rank, w.num_workers
+    bp = ddpbench.create("byteps", partition_bytes=4000, trace=True)
+    assert bp.num_servers == n
+    check_sums(bp, [(0, 2500, np.float32), (1, 999, np.float64), (2, 33, np.int64)], "byteps")
+    x = pattern(2500, np.float64) * (r + 1)
+    out = bp.push_pull(0, x.astype(np.float32), average=True)
+    assert np.array_equal(out, (pattern(2500, np.float64) * (n + 1) / 2).astype(np.float32))
+    say(bp, "byteps: average=True")
+    # credit 0: FIFO whatever the priorities
+    before = len(sends(bp))
+    hs = [bp.push_pull_async(k, np.ones(2500, np.float32), priority=k) for k in range(3, 9)]
+    [h.wait() for h in hs]
+    order = [rec.key for rec in sends(bp)[before:]]
+    assert order == sorted(order), order
+    say(bp, "byteps: credit_bytes=0 sends FIFO (priorities ignored)")
+    bp.close()
+    # p3: slices round-robin over the 3 colocated servers by one counter across keys; the
+    # local slices cost no message
+    p3 = ddpbench.create("p3", slice_params=1000, trace=True)
+    sizes = [("a", 2500), ("b", 10), ("c", 4001)]
+    for name, size in sizes:
+        p3.push_pull(name, np.full(size, r + 1.0, np.float32))
+    counter, want = 0, []
+    for key, (_, size) in enumerate(sizes):
+        for part, lo in enumerate(range(0, size, 1000)):
+            if counter % n != r:
+                want.append((key, part, f"worker{counter % n}", min(1000, size - lo) * 4))
+            counter += 1
+    got = [(rec.key, rec.part, rec.dst, rec.bytes) for rec in sends(p3)]
+    assert got == want, (got, want)
+    pulls = sum(rec.bytes for rec in sends(p3, "pull"))
+    total = 4 * sum(s for _, s in sizes)
+    sent = sum(rec.bytes for rec in p3.trace_records)
+    assert sent == p3.bytes_sent
+    # each host sends the others' slices of what it serves, and its own non-local slices
+    assert pulls == 4 * sum(min(1000, s - lo) for s_i, (_, s) in enumerate(sizes)
+                            for lo in range(0, s, 1000)
+                            if (sum(-(-x // 1000) for _, x in sizes[:s_i]) + lo // 1000) % n == r
+                            ) * (n - 1)
+    say(p3, f"p3: slices round-robin over {n} colocated servers by one counter, local "
+            f"slices not sent")
+    p3.close()
+    kv = ddpbench.create("kvstore", servers="colocated", bigarray_bound=100)
+    check_sums(kv, [("x", 50, np.float32), ("y", 301, np.float32)], "kvstore colocated")
+    check_broadcast(kv, [("x", 50, np.float32), ("y", 301, np.float32)], "kvstore colocated")
+    kv.close()
+    bc = ddpbench.create("byteps", partition_bytes=400, credit_bytes=800, bandwidth_gbps=0.2)
+    check_sums(bc, [(0, 1000, np.float32), (1, 77, np.float32)], "byteps credit")
+    bc.close()
+
+
+def case_die():
+    """Worker 1 is killed mid-run; the job must end, not hang."""
+    kv = ddpbench.create("kvstore")
+    for i in range(1000):
+        kv.push_pull(0, np.ones(10, np.float32))
+        if kv.rank == 1 and i == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+    kv.close()
+
+
+def case_shutdown():
+    kv = ddpbench.create(sys.argv[2])
+    kv.push_pull("g", np.ones(10, np.float32))
+    kv.close()
+    say(kv, "shutdown: closed")
+    time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    case = sys.argv[1]
+    if case == "kvstore":
+        case_kvstore(int(sys.argv[2]))
+    else:
+        globals()[f"case_{case}"]()
