@@ -133,6 +133,7 @@ class _HorovodProtocol(Protocol):
         self.closing: set[int] = set()
         self.last_arrival = 0.0
         self.first_ready = 0.0
+        self.last_plan = -1.0
         self.last_stall_check = time.monotonic()
         self.warned: set[Any] = set()
         # statistics, read by benchmarks and tests
@@ -179,6 +180,7 @@ class _HorovodProtocol(Protocol):
             now = time.monotonic()
             if self._all_closing() or (self.ready and self._plan_due(now)):
                 responses = self._plan()
+                self.last_plan = now
                 for dest in range(1, self.size):
                     self.sends.append(self.ctrl.isend(responses, dest, TAG_RESPONSE))
                 self._execute(responses)
@@ -221,10 +223,14 @@ class _HorovodProtocol(Protocol):
         """Plan once submissions pause, or at the latest one cycle after the first ready.
 
         Horovod plans every cycle_time, so even a lone small tensor waits up to a cycle.
-        Waiting only for a pause of cycle_time/10 keeps bursts (a backward pass) fused while
-        an isolated tensor goes at once; cycle_time still caps how long a ready tensor waits.
+        Here the first tensor after a quiet spell goes at once, the rest of a burst (a
+        backward pass) waits for a pause of cycle_time/10 and fuses, and cycle_time still
+        caps how long a ready tensor waits.
         """
-        quiet = now - self.last_arrival >= self.cycle_s / 10
+        gap = self.cycle_s / 10
+        if now - self.last_plan >= gap and self.first_ready - self.last_plan >= gap:
+            return True  # the first tensor after a quiet spell: nothing to fuse it with yet
+        quiet = now - self.last_arrival >= gap
         return quiet or now - self.first_ready >= self.cycle_s
 
     def _all_closing(self) -> bool:
