@@ -1,0 +1,350 @@
+"""The ``collective`` backend: reduce kinds as separate operations, striped over parallel rings.
+
+What it offers beyond ``mpi`` and ``horovod``:
+
+- Reduce kinds as operations of their own: ``allreduce_sum``, ``allreduce_max``,
+  ``allreduce_min``, ``allreduce_prod`` (and the same through ``push_pull(op=...)``).
+- ``nrings`` duplicated communicators driven concurrently: the k-th tensor submitted goes
+  to ring ``k % nrings`` (round-robin striping, as NCCL spreads work over channels), and
+  the engine thread advances every ring's current reduction with nonblocking point-to-point
+  steps, so a small tensor on one ring is not stuck behind a large one on another.
+- Two modes for trainers: ``grad_allreduce`` (gradients reduced every step) and
+  ``local_sgd`` (workers step alone; every ``local_sgd_period`` steps the parameters are
+  averaged, communicated as the delta against a snapshot taken at the last average).
+
+Each reduction is a ring allreduce with exactly the chunking and reduction order of
+CONTRACTS section 2 (``horovod``'s ``_ring_allreduce``, which is blocking; here every
+step is an ``Isend``/``Irecv`` pair that the engine polls), so a tensor reduced here equals
+bit for bit the same tensor reduced by unfused ``horovod``. Prescale and postscale follow
+``ddpbench.tensor_ops.scale_`` (halves scaled in float32).
+
+Ordering: calls are collective and must be made in the same order on every rank (no
+negotiation, unlike ``horovod``); priorities are accepted but not used for reordering,
+which could differ between ranks. With ``check_consistency`` (default) each operation
+first compares a fingerprint of its metadata across the ranks (a nonblocking 16-byte
+allreduce on its ring), so a disagreement raises the same error on every rank instead of
+hanging.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Generator, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from backends._common import Meta, MismatchError, Request, check_dtype, mismatch_message
+from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp, register
+from ddpbench.comm import Protocol, engine, world
+from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
+
+TAG_RING = 21
+MODES = ("grad_allreduce", "local_sgd")
+
+
+class _Options(BackendOptions):
+    nrings: int = Field(2, ge=1, le=64, description="duplicated communicators driven at once")
+    mode: Literal["grad_allreduce", "local_sgd"] = "grad_allreduce"
+    local_sgd_period: int = Field(4, ge=1, description="local steps between averages")
+    check_consistency: bool = True
+
+
+_Steps = Generator[list, None, None]
+
+
+def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int]) -> _Steps:
+    """Reduce the 1-D ``buf`` in place over ``comm``; yield the requests of each ring step.
+
+    The order of CONTRACTS section 2: in reduce-scatter step s rank r sends chunk (r - s)
+    mod p to the right and combines chunk (r - s - 1) mod p from the left into its own;
+    then p - 1 allgather steps pass the completed chunks on unchanged.
+    """
+    from mpi4py import MPI
+
+    p, r = comm.size, comm.rank
+    if p == 1:
+        return
+    chunks = ring_chunks(buf.size, p)
+    right, left = (r + 1) % p, (r - 1) % p
+    ufunc = reduce_ufunc(op)
+    raw, size = buf.view(np.uint8), buf.itemsize
+    tmp = np.empty(chunks[0][1], buf.dtype)
+    tmp_raw = tmp.view(np.uint8)
+    for s in range(p - 1):
+        so, sc = chunks[(r - s) % p]
+        ro, rc = chunks[(r - s - 1) % p]
+        reqs = [comm.Irecv([tmp_raw[:rc * size], MPI.BYTE], left, TAG_RING),
+                comm.Isend([raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING)]
+        stats["bytes_sent"] += sc * size
+        yield reqs
+        ufunc(tmp[:rc], buf[ro:ro + rc], out=buf[ro:ro + rc])
+    for s in range(p - 1):
+        so, sc = chunks[(r + 1 - s) % p]
+        ro, rc = chunks[(r - s) % p]
+        reqs = [comm.Irecv([raw[ro * size:(ro + rc) * size], MPI.BYTE], left, TAG_RING),
+                comm.Isend([raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING)]
+        stats["bytes_sent"] += sc * size
+        yield reqs
+
+
+class _Ring:
+    """One duplicated communicator and the FIFO of operations striped onto it."""
+
+    def __init__(self, index: int, comm: Any) -> None:
+        self.index, self.comm = index, comm
+        self.queue: collections.deque[Request] = collections.deque()
+        self.current: Request | None = None
+        self.steps: _Steps | None = None
+        self.reqs: list = []
+        self.stats: dict[str, Any] = {"ops": 0, "bytes_sent": 0, "names": []}
+
+
+class _CollectiveProtocol(Protocol):
+    """Stripes requests round-robin over the rings and advances all rings on every poll."""
+
+    def __init__(self, comms: Sequence[Any], validate: bool) -> None:
+        self.rings = [_Ring(i, c) for i, c in enumerate(comms)]
+        self.validate = validate
+        self.counter = 0
+        self.max_active = 0
+
+    def accept(self, item: Request) -> None:
+        ring = self.rings[self.counter % len(self.rings)]
+        self.counter += 1
+        ring.queue.append(item)
+
+    def busy(self) -> bool:
+        return any(r.current is not None or r.queue for r in self.rings)
+
+    def progress(self) -> bool:
+        from mpi4py import MPI
+
+        did = False
+        for ring in self.rings:
+            if ring.current is None and ring.queue:
+                req = ring.queue.popleft()
+                ring.current, ring.steps, ring.reqs = req, self._run(ring, req), []
+            if ring.current is None or (ring.reqs and not MPI.Request.Testall(ring.reqs)):
+                continue
+            did = True
+            try:
+                ring.reqs = next(ring.steps)  # type: ignore[arg-type]
+            except StopIteration:
+                self._finish(ring, None)
+            except Exception as err:
+                self._finish(ring, err)
+        active = sum(r.current is not None for r in self.rings)
+        self.max_active = max(self.max_active, active)
+        return did
+
+    def _finish(self, ring: _Ring, error: BaseException | None) -> None:
+        req, ring.current, ring.steps, ring.reqs = ring.current, None, None, []
+        assert req is not None
+        if error is None:
+            req.handle.set_result(req.output)
+        else:
+            req.handle.set_error(error)
+
+    def _run(self, ring: _Ring, req: Request) -> _Steps:
+        from mpi4py import MPI
+
+        meta, comm = req.meta, ring.comm
+        ring.stats["ops"] += 1
+        ring.stats["names"].append(meta.name)
+        if self.validate and comm.size > 1:
+            sig = meta.signature()
+            pair = np.array([sig, -sig], dtype=np.int64)
+            yield [comm.Iallreduce(MPI.IN_PLACE, pair, op=MPI.MAX)]
+            if pair[0] != -pair[1]:  # every rank sees this, so all reach the allgather
+                message = mismatch_message(comm.allgather(meta))
+                raise MismatchError(message or f"ranks disagree on the call for {meta.name!r}")
+        if meta.kind == "broadcast":
+            if comm.size > 1:
+                yield [comm.Ibcast(byte_view(req.tensor), root=meta.root)]
+            return
+        buf = req.output
+        if buf is not req.tensor:
+            buf[...] = req.tensor
+        flat = buf.reshape(-1)
+        scale_(flat, meta.prescale)
+        yield from _ring_steps(comm, flat, ReduceOp(meta.op), ring.stats)
+        scale_(flat, meta.postscale)
+
+    def fail(self, error: BaseException) -> None:
+        for ring in self.rings:
+            if ring.current is not None:
+                self._finish(ring, error)
+            while ring.queue:
+                ring.queue.popleft().handle.set_error(error)
+
+
+@register("collective")
+class CollectiveStore(KVStore):
+    """Ring allreduce with separate reduce kinds, ``nrings`` parallel rings and local SGD.
+
+    Options:
+        nrings: communicators driven concurrently; tensors are striped over them
+            round-robin in submission order (default 2).
+        mode: ``grad_allreduce`` (default) or ``local_sgd``; read by
+            :class:`ddpbench.DistributedTrainer` (capability ``'local_sgd'``).
+        local_sgd_period: steps between parameter averages in ``local_sgd`` mode (4).
+        check_consistency: compare each call's metadata across ranks first (True).
+
+    Example:
+        >>> kv = ddpbench.create("collective", nrings=4)
+        >>> kv.allreduce_max("loss_scale_overflow", flags)
+    """
+
+    Options = _Options
+    capabilities = frozenset({"broadcast", "push_pull", "reduce_kinds"})
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._world = world()
+        if self._world.is_server:
+            raise RuntimeError("backend 'collective' has no server role; launch without --servers")
+        self._engine = engine()
+        comm, n = self._world.role_comm, self.options.nrings
+        comms = self._engine.call(lambda: [comm.Dup() for _ in range(n)]).wait()
+        self._proto = _CollectiveProtocol(comms, self.options.check_consistency)
+        self._engine.register(self._proto)
+        self._pending: list[Handle] = []
+        self._closed = False
+        self._snapshots: dict[Any, np.ndarray] = {}
+        self._local_steps = 0
+        self.syncs = 0
+        if self.options.mode == "local_sgd":
+            self.capabilities = self.capabilities | {"local_sgd"}
+
+    @property
+    def rank(self) -> int:
+        return self._world.role_rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._world.num_workers
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Per-ring operation counts, bytes sent and names (in order), and how many rings
+        were observed busy at the same time (``max_active_rings``)."""
+        return {
+            "rings": [dict(r.stats, names=list(r.stats["names"])) for r in self._proto.rings],
+            "max_active_rings": self._proto.max_active,
+            "syncs": self.syncs,
+        }
+
+    # -- reduce kinds as separate operations --------------------------------------------------
+    def allreduce_sum(self, name: Any, tensor: Any, output: Any = None, **kw: Any) -> Any:
+        """Sum ``tensor`` over the workers (see ``push_pull`` for the arguments)."""
+        return self.push_pull(name, tensor, output, op=ReduceOp.SUM, **kw)
+
+    def allreduce_max(self, name: Any, tensor: Any, output: Any = None, **kw: Any) -> Any:
+        """Element-wise maximum over the workers."""
+        return self.push_pull(name, tensor, output, op=ReduceOp.MAX, **kw)
+
+    def allreduce_min(self, name: Any, tensor: Any, output: Any = None, **kw: Any) -> Any:
+        """Element-wise minimum over the workers."""
+        return self.push_pull(name, tensor, output, op=ReduceOp.MIN, **kw)
+
+    def allreduce_prod(self, name: Any, tensor: Any, output: Any = None, **kw: Any) -> Any:
+        """Element-wise product over the workers."""
+        return self.push_pull(name, tensor, output, op=ReduceOp.PRODUCT, **kw)
+
+    # -- local SGD ---------------------------------------------------------------------------
+    def snapshot_parameters(self, names: Sequence[Any], tensors: Sequence[Any], *,
+                            reset: bool = False) -> None:
+        """Remember the values the next average's deltas are taken against. Local.
+
+        Names already held keep their snapshot (``sync_parameters`` renews it at every
+        average); ``reset=True`` (a new training run) forgets every snapshot and restarts
+        the count of local steps.
+        """
+        if reset:
+            self._snapshots.clear()
+            self._local_steps = 0
+        for n, t in zip(names, tensors):
+            if n not in self._snapshots:
+                self._snapshots[n] = np.array(t, copy=True)
+
+    def sync_parameters(self, names: Sequence[Any], tensors: Sequence[Any], *,
+                        compression: str | None = None) -> bool:
+        """Count one local step; every ``local_sgd_period`` steps average the parameters.
+
+        The average is ``snapshot + mean_i(w_i - snapshot)``: the deltas are what travels
+        (small numbers that fp16 carries far better than the weights themselves), and every
+        rank ends with the same values. Collective on the steps that average. Returns True
+        when this call communicated.
+
+        Raises:
+            RuntimeError: not in ``local_sgd`` mode, or no snapshot for a name.
+        """
+        if self.options.mode != "local_sgd":
+            raise RuntimeError(f"sync_parameters needs mode='local_sgd'; this store has "
+                               f"mode={self.options.mode!r}")
+        self._local_steps += 1
+        if self._local_steps % self.options.local_sgd_period:
+            return False
+        missing = [n for n in names if n not in self._snapshots]
+        if missing:
+            raise RuntimeError(f"no snapshot of {missing[:3]}: call snapshot_parameters first")
+        wire = np.float16 if compression == "fp16" else None
+        deltas, handles = [], []
+        for n, t in zip(names, tensors):
+            d = np.subtract(t, self._snapshots[n])
+            d = d.astype(wire) if wire is not None else d
+            deltas.append(d)
+            handles.append(self.push_pull_async(n, d, op=ReduceOp.AVERAGE))
+        for n, t, d, h in zip(names, tensors, deltas, handles):
+            h.wait()
+            snap = self._snapshots[n]
+            t[...] = snap + d.astype(snap.dtype, copy=False)
+            snap[...] = t
+        self.syncs += 1
+        return True
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
+        if self._closed:
+            raise RuntimeError("backend 'collective' is closed")
+        check_dtype(meta.name, meta.dtype)
+        handle = Handle(meta.name)
+        self._pending = [h for h in self._pending if not h.done()]
+        self._pending.append(handle)
+        self._engine.submit(self._proto, Request(meta, tensor, output, handle, priority))
+        return handle
+
+    def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
+        handles = [
+            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank), t, t)
+            for n, t in zip(names, tensors)
+        ]
+        for h in handles:
+            h.wait()
+
+    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+        if op is ReduceOp.AVERAGE:
+            postscale = postscale / self.num_workers
+            op = ReduceOp.SUM
+        meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
+                    prescale, postscale)
+        return self._submit(meta, tensor, output, priority)
+
+    def synchronize(self) -> None:
+        pending, self._pending = self._pending, []
+        errors = [e for e in (h.join() for h in pending) if e is not None]
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.synchronize()
+        finally:
+            self._engine.unregister(self._proto)
+            rings = self._proto.rings
+            self._engine.call(lambda: [r.comm.Free() for r in rings]).wait()

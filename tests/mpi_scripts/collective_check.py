@@ -1,0 +1,130 @@
+"""Checks of the ``collective`` backend on every rank of one MPI job.
+
+Usage: python collective_check.py
+Prints one line per check on rank 0; raises (ending the job non-zero) on a wrong result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import ddpbench
+from backends._common import MismatchError
+from backends.horovod import _ring_allreduce
+from ddpbench.api import ReduceOp
+from ddpbench.comm import engine, world
+from ddpbench.tensor_ops import ring_chunks
+
+
+def log(msg: str) -> None:
+    if world().role_rank == 0:
+        print(msg, flush=True)
+
+
+def check_ops(kv) -> None:
+    """Every reduce kind, as its own method and through push_pull(op=...), exact."""
+    p, r = kv.num_workers, kv.rank
+    ranks = np.arange(1, p + 1, dtype=np.float64)
+    pattern = (np.arange(37) % 5) + 1.0
+    methods = {"sum": kv.allreduce_sum, "max": kv.allreduce_max, "min": kv.allreduce_min,
+               "product": kv.allreduce_prod}
+    expect = {"sum": ranks.sum(), "max": ranks.max(), "min": ranks.min(),
+              "product": float(math.factorial(p)), "average": ranks.mean()}
+    for dtype in ("float32", "float16", "float64", "int32"):
+        for op, factor in expect.items():
+            if op == "average" and dtype == "int32":
+                continue
+            x = (pattern * (r + 1)).astype(dtype) if op != "product" else \
+                np.full(37, r + 1, dtype=dtype)
+            ref = pattern * factor if op != "product" else np.full(37, factor)
+            outs = [kv.push_pull(f"{op}.{dtype}", x.copy(), op=op)]
+            if op in methods:
+                outs.append(methods[op](f"{op}.{dtype}.m", x.copy()))
+            for y in outs:
+                if y.dtype != np.dtype(dtype) or not np.array_equal(y.astype(np.float64), ref):
+                    raise AssertionError(f"{op} {dtype}: got {y[:5]}, expected {ref[:5]}")
+    # pre/postscale in float32 on halves: (x * 0.5) summed, * 3
+    x = np.full(8, r + 1, np.float16)
+    y = kv.push_pull("scaled", x, prescale_factor=0.5, postscale_factor=3.0)
+    assert np.array_equal(y, np.full(8, 1.5 * ranks.sum(), np.float16)), y
+    log(f"ops on {p} ranks: sum/max/min/prod/average exact in float16/32/64 and int32, "
+        f"as allreduce_* methods and push_pull(op=...); prescale/postscale applied")
+
+
+def check_bitwise_vs_horovod_ring(kv) -> None:
+    """The nonblocking ring reduces in horovod's order: fp16 results equal bit for bit."""
+    p, r = kv.num_workers, kv.rank
+    rng = np.random.default_rng(r)
+    eng = engine()
+    comm = eng.call(world().role_comm.Dup).wait()
+    for n in (1, p - 1, 1000, 4099):
+        if n < 1:
+            continue
+        x = (rng.standard_normal(n) * 300).astype(np.float16)
+        ours = kv.push_pull(f"bit{n}", x.copy())
+        theirs = x.copy()
+        eng.call(lambda b=theirs: _ring_allreduce(comm, b, ReduceOp.SUM)).wait()
+        if not np.array_equal(ours.view(np.uint16), theirs.view(np.uint16)):
+            raise AssertionError(f"n={n}: collective ring differs from horovod's ring")
+    eng.call(comm.Free).wait()
+    log(f"ring order on {p} ranks: float16 sums bit-identical to horovod's _ring_allreduce")
+
+
+def check_striping(nrings: int) -> None:
+    kv = ddpbench.create("collective", nrings=nrings)
+    p = kv.num_workers
+    sizes = [50_000 + 1000 * i for i in range(2 * nrings + 1)]
+    xs = [np.ones(s, np.float32) for s in sizes]
+    handles = [kv.push_pull_async(f"g{i}", x, priority=-i) for i, x in enumerate(xs)]
+    for h, x in zip(handles, xs):
+        assert np.array_equal(h.wait(), np.full(x.size, p, np.float32))
+    st = kv.stats
+    for k, ring in enumerate(st["rings"]):
+        names = [f"g{i}" for i in range(k, len(sizes), nrings)]
+        assert ring["names"] == names, (k, ring["names"], names)
+        # bytes this rank sent on ring k: the ring formula over its tensors (check off)
+        expect = 0
+        for i in range(k, len(sizes), nrings):
+            ch = ring_chunks(sizes[i], p)
+            expect += sum(c for _, c in ch) * 2 * 4 if p > 1 else 0
+            if p > 1:
+                expect -= (ch[(kv.rank + 1) % p][1] + ch[(kv.rank + 2) % p][1]) * 4
+        assert ring["bytes_sent"] == expect, (k, ring["bytes_sent"], expect)
+    if p > 1 and nrings > 1:
+        assert st["max_active_rings"] >= 2, f"rings never ran concurrently: {st}"
+    kv.close()
+    log(f"striping on {p} ranks, nrings={nrings}: tensor i on ring i % {nrings} "
+        f"({[len(r['names']) for r in st['rings']]} tensors), bytes per ring = ring formula, "
+        f"{st['max_active_rings']} rings observed in flight at once")
+
+
+def check_mismatch(kv) -> None:
+    p, r = kv.num_workers, kv.rank
+    if p == 1:
+        return
+    x = np.zeros(4 + (r == p - 1), np.float32)
+    try:
+        kv.push_pull("bad", x)
+    except MismatchError as err:
+        assert "shape" in str(err) and f"rank {p - 1}" in str(err), err
+    else:
+        raise AssertionError("a shape mismatch did not raise")
+    y = kv.push_pull("after", np.ones(3, np.float32))  # the store still works
+    assert np.array_equal(y, np.full(3, p, np.float32))
+    log(f"mismatch on {p} ranks: MismatchError on every rank naming both sides")
+
+
+def main() -> None:
+    kv = ddpbench.create("collective")
+    check_ops(kv)
+    check_bitwise_vs_horovod_ring(kv)
+    check_mismatch(kv)
+    kv.close()
+    for nrings in (1, 3):
+        check_striping(nrings)
+
+
+if __name__ == "__main__":
+    main()
