@@ -1,0 +1,186 @@
+"""Simulator behaviour: priorities, water mark, FIFO, determinism, errors, full traces."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import simulator
+from simulator import simulate
+from simulator.workload import Workload
+
+US = 1e-6
+
+
+def two_layers(fwd0, bwd0, n0, fwd1, bwd1, n1) -> Workload:
+    return Workload.from_dict({"name": "tiny", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": fwd0, "bwd_ms": bwd0, "tensors": [{"name": "a", "numel": n0}]},
+        {"name": "l1", "fwd_ms": fwd1, "bwd_ms": bwd1, "tensors": [{"name": "b", "numel": n1}]}]})
+
+
+def trace(result, scale=US):
+    return [(s.host, s.kind, s.layer, round(s.start / scale, 6), round(s.end / scale, 6), s.bytes,
+             s.peer) for s in result.timeline]
+
+
+def test_full_trace_horovod_two_workers():
+    # 8 Gbit/s = 1e9 B/s; a ring step is latency (10 us) + half the buffer.
+    wl = two_layers(1, 2, 1000, 1, 1, 3000)
+    r = simulate(wl, "horovod", workers=2, bandwidth_gbps=8, latency_us=10, iterations=2,
+                 warmup=1)
+    assert trace(r) == [
+        ("worker0", "forward", 0, 0.0, 1000.0, 0, ""),
+        ("worker0", "forward", 1, 1000.0, 2000.0, 0, ""),
+        ("worker0", "backward", 1, 2000.0, 3000.0, 0, ""),
+        ("worker0", "allreduce", 1, 3000.0, 3016.0, 6000, "worker1"),
+        ("worker0", "allreduce", 1, 3016.0, 3032.0, 6000, "worker1"),
+        ("worker0", "backward", 0, 3000.0, 5000.0, 0, ""),
+        ("worker0", "allreduce", 0, 5000.0, 5012.0, 2000, "worker1"),
+        ("worker0", "allreduce", 0, 5012.0, 5024.0, 2000, "worker1"),
+        # forward of iteration 2 waits for layer 0's parameters
+        ("worker0", "forward", 0, 5024.0, 6024.0, 0, ""),
+        ("worker0", "forward", 1, 6024.0, 7024.0, 0, ""),
+        ("worker0", "backward", 1, 7024.0, 8024.0, 0, ""),
+        # the next 1 ms cycle boundary after 8.024 ms (cycles tick at 6, 7, 8, 9 ms)
+        ("worker0", "allreduce", 1, 9000.0, 9016.0, 6000, "worker1"),
+        ("worker0", "allreduce", 1, 9016.0, 9032.0, 6000, "worker1"),
+        ("worker0", "backward", 0, 8024.0, 10024.0, 0, ""),
+        ("worker0", "allreduce", 0, 11000.0, 11012.0, 2000, "worker1"),
+        ("worker0", "allreduce", 0, 11012.0, 11024.0, 2000, "worker1"),
+    ]
+    assert r.iteration_time_s == pytest.approx(6e-3)
+    assert r.bytes_sent == {"worker0": 16000.0, "worker1": 16000.0}
+    assert r.events == 27
+
+
+def test_full_trace_p3_water_mark_one_lets_priority_overtake():
+    # Layer 1's five slices are queued first; layer 0's slice (higher priority) becomes ready
+    # at 20 us, behind them, and leaves before the three still queued.
+    wl = two_layers(0, 0.01, 1000, 0, 0.01, 5000)
+    r = simulate(wl, "p3", workers=1, servers=1, bandwidth_gbps=8, latency_us=1,
+                 slice_params=1000, water_mark=1, iterations=1, warmup=0,
+                 summation_gbps=math.inf)
+    assert trace(r) == [
+        ("worker0", "backward", 1, 0.0, 10.0, 0, ""),
+        ("worker0", "push", 1, 10.0, 14.0, 4000, "server0"),
+        ("server0", "pull", 1, 15.0, 19.0, 4000, "worker0"),
+        ("worker0", "backward", 0, 10.0, 20.0, 0, ""),
+        ("worker0", "push", 1, 16.0, 20.0, 4000, "server0"),  # after the ack of the first
+        ("server0", "pull", 1, 21.0, 25.0, 4000, "worker0"),
+        ("worker0", "push", 0, 22.0, 26.0, 4000, "server0"),  # overtakes
+        ("server0", "pull", 0, 27.0, 31.0, 4000, "worker0"),
+        ("worker0", "push", 1, 28.0, 32.0, 4000, "server0"),
+        ("server0", "pull", 1, 33.0, 37.0, 4000, "worker0"),
+        ("worker0", "push", 1, 34.0, 38.0, 4000, "server0"),
+        ("server0", "pull", 1, 39.0, 43.0, 4000, "worker0"),
+        ("worker0", "push", 1, 40.0, 44.0, 4000, "server0"),
+        ("server0", "pull", 1, 45.0, 49.0, 4000, "worker0"),
+    ]
+    assert r.events == 61
+
+
+def push_layers(result, host="worker0"):
+    return [s.layer for s in result.timeline if s.kind == "push" and s.host == host]
+
+
+def test_byteps_credit_zero_is_fifo_and_credit_enables_priority():
+    wl = two_layers(0, 0.01, 4000, 0, 0.01, 20_000)
+    kw = dict(workers=1, servers=1, bandwidth_gbps=8, latency_us=1, partition_bytes=4000,
+              iterations=1, warmup=0)
+    fifo = simulate(wl, "byteps", credit_bytes=0, **kw)
+    assert push_layers(fifo) == [1] * 20 + [0] * 4  # ready order, whatever the priority
+    prio = simulate(wl, "byteps", credit_bytes=4000, **kw)
+    assert push_layers(prio).index(0) < 20  # layer 0 overtakes queued layer-1 partitions
+
+
+def test_equal_priorities_reduce_p3_to_fifo():
+    # One layer: every slice has the same priority, so slices leave in creation order.
+    wl = Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": 0, "bwd_ms": 0,
+         "tensors": [{"name": "a", "numel": 3000}, {"name": "b", "numel": 2000}]}]})
+    r = simulate(wl, "p3", workers=1, servers=1, bandwidth_gbps=8, slice_params=1000,
+                 water_mark=1, iterations=1, warmup=0)
+    pushes = [s for s in r.timeline if s.kind == "push"]
+    assert [s.start for s in pushes] == sorted(s.start for s in pushes)
+    assert [s.bytes for s in pushes] == [4000] * 5
+
+
+@pytest.mark.parametrize("workload", simulator.WORKLOADS)
+def test_p3_never_slower_than_kvstore(workload):
+    kw = dict(workers=4, bandwidth_gbps=10)
+    p3 = simulate(workload, "p3", **kw).iteration_time_s
+    kv = simulate(workload, "kvstore", **kw).iteration_time_s
+    assert p3 <= 1.01 * kv
+    if workload == "vgg19":
+        assert p3 < 0.95 * kv
+
+
+def test_deterministic():
+    a = simulate("resnet50", "p3", workers=3, bandwidth_gbps=10, iterations=2)
+    b = simulate("resnet50", "p3", workers=3, bandwidth_gbps=10, iterations=2)
+    assert a.timeline == b.timeline and a.events == b.events and a.bytes_sent == b.bytes_sent
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(bandwidth_gbps=-1), "bandwidth_gbps"),
+    (dict(bandwidth_gbps=0), "bandwidth_gbps"),
+    (dict(latency_us=-1), "latency_us"),
+    (dict(workers=0), "workers"),
+    (dict(servers=0), "servers"),
+    (dict(iterations=2, warmup=2), "warmup"),
+    (dict(compute_scale=0), "compute_scale"),
+    (dict(backend="p3", slice_params=0), "slice_params"),
+    (dict(backend="p3", water_mark=0), "water_mark"),
+    (dict(backend="byteps", credit_bytes=-1), "credit_bytes"),
+    (dict(backend="p3", fusion_threshold=1), "fusion_threshold"),
+    (dict(backend="nccl"), "backend"),
+    (dict(workload="alexnet"), "workload"),
+])
+def test_bad_input_names_the_field(kwargs, field):
+    args = dict(workload="resnet50", backend="kvstore", workers=2, bandwidth_gbps=10)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        simulate(args.pop("workload"), args.pop("backend"), **args)
+
+
+def test_collective_bad_input():
+    with pytest.raises(ValueError, match="op"):
+        simulator.simulate_collective("gather", 10, workers=2, bandwidth_gbps=1)
+    with pytest.raises(ValueError, match="nbytes"):
+        simulator.simulate_collective("allreduce", 0, workers=2, bandwidth_gbps=1)
+    with pytest.raises(ValueError, match="bandwidth_gbps"):
+        simulator.simulate_collective("allreduce", 10, workers=2, bandwidth_gbps=-1)
+
+
+def test_strategies_table_matches_contract():
+    assert simulator.STRATEGIES == {
+        "mpi": {},
+        "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0},
+        "kvstore": {"bigarray_bound": 1_000_000},
+        "p3": {"slice_params": 40_000, "water_mark": 10},
+        "byteps": {"partition_bytes": 4_096_000, "credit_bytes": 0},
+        "collective": {"nrings": 2},
+    }
+
+
+def test_chrome_trace_export(tmp_path):
+    r = simulate("vgg19", "kvstore", workers=2, servers=1, bandwidth_gbps=10, iterations=2)
+    path = r.to_chrome_trace(tmp_path / "t.json")
+    data = json.loads(path.read_text())
+    spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(r.timeline)
+    assert {e["ph"] for e in data["traceEvents"]} == {"M", "X"}
+    assert all(e["dur"] >= 0 for e in spans)
+    names = {e["args"]["name"] for e in data["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"worker0", "worker1", "server0"}
+
+
+def test_collective_rings_share_the_nic():
+    # Two rings on one NIC move the same bytes as one ring: no faster when bandwidth-bound.
+    wl = two_layers(0, 0, 8_000_000, 0, 0, 8_000_000)
+    one = simulate(wl, "collective", workers=4, bandwidth_gbps=10, nrings=1)
+    two = simulate(wl, "collective", workers=4, bandwidth_gbps=10, nrings=2)
+    assert two.iteration_time_s == pytest.approx(one.iteration_time_s, rel=0.01)
+    assert two.bytes_sent == one.bytes_sent
