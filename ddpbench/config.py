@@ -148,8 +148,11 @@ def load_yaml(text: str, file: str | Path = "<string>") -> Any:
             problem += f" ({err.context} that starts on line {start})"
         elif err.context:
             problem = f"{err.context}: {problem}"
-        raise ExperimentError(file, line, _key_before(text, start), f"YAML syntax error: {problem}"
-                              ) from None
+        # Inside a flow collection the key is where the collection starts; otherwise the
+        # key on the problem's line (or the top-level key above it) is the culprit.
+        key_line = start if err.context and "flow" in err.context else line
+        raise ExperimentError(file, line, _key_before(text, key_line),
+                              f"YAML syntax error: {problem}") from None
     except yaml.YAMLError as err:
         raise ExperimentError(file, None, None, f"YAML error: {err}") from None
 
@@ -158,7 +161,11 @@ def _key_before(text: str, line: int | None) -> str | None:
     """Return the top-level key whose value holds ``line`` (to name it in a syntax error)."""
     if not line:
         return None
-    for ln in reversed(text.splitlines()[:line]):
+    lines = text.splitlines()
+    m = re.match(r"^\s*-?\s*([A-Za-z_][\w.-]*)\s*:", lines[line - 1]) if line <= len(lines) else None
+    if m:
+        return m.group(1)
+    for ln in reversed(lines[:line]):
         m = re.match(r"^([A-Za-z_][\w.-]*)\s*:", ln)
         if m:
             return m.group(1)

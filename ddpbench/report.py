@@ -238,12 +238,13 @@ def _line_plot(
     plt: Any, data: Any, x: str, y: str, path: Path, title: str, *,
     ylabel: str, logx: bool = False, hline: float | None = None,
     series: Sequence[str] = ("variant",), note: str | None = None,
+    colors: dict[str, Any] | None = None, zero: bool = True,
 ) -> Path:
     """One panel per workload; one line per ``series`` combination; save to ``path``."""
     workloads = list(dict.fromkeys(data["workload"]))
     fig, axes = _panel_grid(plt, len(workloads))
     variants = list(dict.fromkeys(data["variant"]))
-    colors = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
+    colors = colors or {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
     extra = [s for s in series if s != "variant"]
     extra_values = (list(dict.fromkeys(map(tuple, data[extra].values.tolist())))
                     if extra else [()])
@@ -270,15 +271,15 @@ def _line_plot(
         ax.set_xlabel(AXIS_LABELS.get(x, x))
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
-    fig.suptitle(title)
+        if zero:
+            ax.set_ylim(bottom=0)
+    fig.suptitle(title + (f"\n({note})" if note else ""), fontsize=11)
     ncol = min(len(handles), 4)
+    rows = math.ceil(len(handles) / ncol)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
                frameon=False, fontsize=9)
-    rows = math.ceil(len(handles) / ncol)
-    fig.tight_layout(rect=(0, 0.05 + 0.035 * rows, 1, 0.97 if not note else 0.93))
-    if note:
-        fig.text(0.5, 0.935, note, ha="center", fontsize=8, color="dimgrey")
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, (0.3 + 0.22 * rows) / height, 1, 1 - 0.1 / height))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -310,49 +311,89 @@ def _fixed_note(data: Any, exclude: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
+SPAN_FIELDS = ("host", "kind", "layer", "start", "end", "bytes")
+
+
+def compact_timeline(spans: list[dict[str, Any]], iteration_time_s: float) -> dict[str, Any]:
+    """Keep the last iteration's spans, merged where the plot cannot tell them apart.
+
+    The last iteration starts at the last forward span of layer 0 (on the first host that
+    has one); spans of the same host, kind and layer closer than 1/2000 of an iteration
+    are merged (below a pixel of the Gantt plot), so a P3 timeline of 10^5 slice
+    transfers is stored in a few hundred kilobytes.
+    """
+    if not spans:
+        return {"fields": list(SPAN_FIELDS), "spans": [], "t0": 0.0}
+    starts = [float(s["start"]) for s in spans
+              if s.get("kind") == "forward" and str(s.get("layer")) == "0"]
+    t_end = max(float(s["end"]) for s in spans)
+    t0 = max(starts) if starts else t_end - iteration_time_s
+    gap = max(iteration_time_s, t_end - t0) / 2000
+    groups: dict[tuple, list[list[float]]] = {}
+    for s in sorted(spans, key=lambda s: float(s["start"])):
+        if float(s["end"]) <= t0:
+            continue
+        key = (str(s["host"]), str(s["kind"]), s.get("layer"))
+        cur = groups.setdefault(key, [])
+        start, end, nbytes = float(s["start"]), float(s["end"]), float(s.get("bytes") or 0)
+        if cur and start - cur[-1][1] <= gap:
+            cur[-1][1] = max(cur[-1][1], end)
+            cur[-1][2] += nbytes
+        else:
+            cur.append([start, end, nbytes])
+    rows = []
+    for (host, kind, layer), items in groups.items():
+        for start, end, nbytes in items:
+            rows.append([host, kind, layer, round(start - t0, 9), round(end - t0, 9),
+                         int(nbytes)])
+    rows.sort(key=lambda r: (r[3], r[0], r[1]))
+    return {"fields": list(SPAN_FIELDS), "spans": rows, "t0": t0,
+            "merged_below_s": gap}
+
+
 def _gantt(plt: Any, timeline: dict[str, Any], path: Path) -> Path:
     """Draw one iteration's compute and transfer spans per host, coloured by layer."""
-    spans = [s for s in timeline.get("spans", []) if s.get("start") is not None]
+    fields = timeline.get("fields", list(SPAN_FIELDS))
+    spans = [dict(zip(fields, row)) for row in timeline.get("spans", [])]
+    spans = [s for s in spans if float(s["end"]) > 0]
     iter_s = float(timeline.get("iteration_time_s") or 0)
-    if spans and iter_s:
-        # Show the last full iteration: the one ending at the last span's end.
-        t_end = max(float(s["end"]) for s in spans)
-        t0 = t_end - iter_s
-        spans = [s for s in spans if float(s["end"]) > t0]
-    else:
-        t0 = min((float(s["start"]) for s in spans), default=0.0)
     rows = sorted({(str(s["host"]), str(s["kind"])) for s in spans},
-                  key=lambda hk: (_natural(hk[0]), hk[1]))
+                  key=lambda hk: (_natural(hk[0]), _KIND_ORDER.get(hk[1], 9), hk[1]))
     layers = [int(s["layer"]) for s in spans if s.get("layer") not in (None, "")]
     n_layers = max(layers) + 1 if layers else 1
     cmap = plt.get_cmap("viridis")
-    fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 2.2))
-    kinds = sorted({k for _, k in rows})
-    hatches = {k: h for k, h in zip(kinds, ["", "////", "....", "xx", "\\\\", "++"])}
-    for y, (host, kind) in enumerate(rows):
-        for s in spans:
-            if str(s["host"]) != host or str(s["kind"]) != kind:
-                continue
-            start = max(float(s["start"]), t0)
-            layer = s.get("layer")
-            color = cmap(int(layer) / max(1, n_layers - 1)) if layer not in (None, "") \
-                else "lightgrey"
-            ax.barh(y, (float(s["end"]) - start) * 1e3, left=(start - t0) * 1e3, height=0.8,
-                    color=color, hatch=hatches.get(kind, ""), edgecolor="none", linewidth=0)
+    fig, ax = plt.subplots(figsize=(12, 0.32 * len(rows) + 2.4))
+    kinds = sorted({k for _, k in rows}, key=lambda k: (_KIND_ORDER.get(k, 9), k))
+    hatches = {k: h for k, h in zip(kinds, ["", "", "////", "\\\\", "....", "xx", "++"])}
+    by_row: dict[tuple[str, str], list[dict]] = {}
+    for s in spans:
+        by_row.setdefault((str(s["host"]), str(s["kind"])), []).append(s)
+    for y, row in enumerate(rows):
+        items = by_row[row]
+        bars = [(max(float(s["start"]), 0.0) * 1e3,
+                 (float(s["end"]) - max(float(s["start"]), 0.0)) * 1e3) for s in items]
+        colors = [cmap(int(s["layer"]) / max(1, n_layers - 1))
+                  if s.get("layer") not in (None, "") else "lightgrey" for s in items]
+        ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=colors, hatch=hatches.get(row[1]),
+                       edgecolor="none", linewidth=0)
+    if iter_s:
+        ax.axvline(iter_s * 1e3, color="red", ls="--", lw=1)
+        ax.text(iter_s * 1e3, -0.6, " next iteration's forward may start", color="red",
+                fontsize=8, va="bottom")
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{h} {k}" for h, k in rows], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("time since the iteration's start (ms)")
-    ax.set_ylabel("host and activity")
-    ax.set_title(f"One iteration of {timeline.get('point', '?')}\n"
-                 f"(iteration time {iter_s * 1e3:.1f} ms; colour = layer index, "
-                 f"input layers dark, output layers yellow)", fontsize=10)
+    ax.set_yticklabels([f"{h}: {k}" for h, k in rows], fontsize=7)
+    ax.set_ylim(len(rows) - 0.5, -1.2)
+    ax.set_xlabel("time since the start of the iteration's forward pass (ms)")
+    ax.set_ylabel("host: activity")
+    ax.set_title(f"One iteration (the last simulated) of {timeline.get('point', '?')}\n"
+                 f"iteration time {iter_s * 1e3:.1f} ms; colour = layer (dark = input side, "
+                 f"yellow = output side)", fontsize=10)
     from matplotlib.patches import Patch
 
-    legend = [Patch(facecolor="white", edgecolor="black", hatch=hatches[k], label=k)
+    legend = [Patch(facecolor="lightgrey", edgecolor="black", hatch=hatches[k], label=k)
               for k in kinds]
-    ax.legend(handles=legend, loc="upper right", fontsize=8, title="activity",
-              framealpha=0.9)
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.09, 1.0), fontsize=8,
+              title="activity", framealpha=0.9)
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, n_layers - 1))
     fig.colorbar(sm, ax=ax, label="layer index (0 = input)", pad=0.01)
     ax.grid(axis="x", alpha=0.3)
@@ -360,6 +401,10 @@ def _gantt(plt: Any, timeline: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_KIND_ORDER = {"forward": 0, "backward": 1, "compute": 0, "push": 2, "send": 2, "pull": 3,
+               "recv": 3, "sum": 4, "allreduce": 2}
 
 
 def _natural(text: str) -> tuple:
@@ -440,6 +485,9 @@ def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
 
     plots = list(opts.plots) if opts.plots is not None else _auto_plots(agg, spec)
     sim = agg[agg["mode"] == "simulate"] if (agg["mode"] == "simulate").any() else agg
+    shown = "simulated" if (sim["mode"] == "simulate").all() else "measured"
+    palette = {v: plt.get_cmap("tab10")(i % 10)
+               for i, v in enumerate(dict.fromkeys(agg["variant"]))}
     baseline = opts.baseline
 
     # Headline numbers first: what a reader came for.
@@ -468,37 +516,37 @@ def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
         series = ["variant", *_varying(sim, ("workers", "latency_us", "servers"))]
         p = _line_plot(plt, sim, "bandwidth_gbps", "throughput",
                        outdir / "throughput_vs_bandwidth.png",
-                       "Throughput vs link bandwidth (simulated)",
+                       f"Throughput vs link bandwidth ({shown})",
                        ylabel=AXIS_LABELS["throughput"], series=series,
-                       note=_fixed_note(sim, series))
+                       note=_fixed_note(sim, series), colors=palette)
         doc.image(p.relative_to(outdir), "throughput vs bandwidth")
         written.append(p)
     if "speedup" in plots and baseline and baseline in set(sim["backend"]):
         sp = _speedups(sim, baseline)
-        if not sp.empty:
-            x = "bandwidth_gbps" if sp["bandwidth_gbps"].nunique() > 1 else "workers"
+        x = "bandwidth_gbps" if sp["bandwidth_gbps"].nunique() > 1 else "workers"
+        if not sp.empty and sp[x].nunique() > 1:
             series = ["variant", *_varying(sp, [c for c in ("workers", "bandwidth_gbps",
                                                             "latency_us") if c != x])]
             p = _line_plot(plt, sp, x, "speedup", outdir / "speedup.png",
-                           f"Speedup over {baseline} (simulated)",
+                           f"Speedup over {baseline} ({shown})",
                            ylabel=f"speedup over {baseline} (x)", hline=1.0,
                            logx=(x == "workers"), series=series,
-                           note=_fixed_note(sp, [x, *series]))
+                           note=_fixed_note(sp, [x, *series]), colors=palette, zero=False)
             doc.image(p.relative_to(outdir), f"speedup over {baseline}")
             written.append(p)
     if "scaling" in plots and sim["workers"].nunique() > 1:
         series = ["variant", *_varying(sim, ("bandwidth_gbps", "latency_us", "servers"))]
         p = _line_plot(plt, sim, "workers", "throughput", outdir / "scaling.png",
-                       "Throughput vs number of workers (simulated)",
+                       f"Throughput vs number of workers ({shown})",
                        ylabel=AXIS_LABELS["throughput"], logx=True, series=series,
-                       note=_fixed_note(sim, ["workers", *series]))
+                       note=_fixed_note(sim, ["workers", *series]), colors=palette)
         doc.image(p.relative_to(outdir), "scaling")
         written.append(p)
         eff = _efficiency(sim)
         p = _line_plot(plt, eff, "workers", "efficiency", outdir / "scaling_efficiency.png",
                        "Scaling efficiency: throughput per worker relative to the smallest "
                        "job", ylabel="efficiency (%)", logx=True, hline=100.0, series=series,
-                       note=_fixed_note(sim, ["workers", *series]))
+                       note=_fixed_note(sim, ["workers", *series]), colors=palette)
         doc.image(p.relative_to(outdir), "scaling efficiency")
         written.append(p)
     if "gantt" in plots:

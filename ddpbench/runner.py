@@ -302,18 +302,21 @@ def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
         "samples_s": samples,
     }
     if params.get("_timeline"):
+        from ddpbench.report import compact_timeline
+
         name = ThroughputKind.point_name(params)
-        spans = [_span_dict(s) for s in res.timeline]
+        timeline = compact_timeline([_span_dict(s) for s in res.timeline],
+                                    float(res.iteration_time_s))
+        doc = {"point": name, "params": _public(params),
+               "iteration_time_s": float(res.iteration_time_s), **timeline}
         row["_files"] = {f"timelines/{timeline_file(name)}": json.dumps(
-            {"point": name, "params": _public(params), "iteration_time_s":
-             float(res.iteration_time_s), "spans": spans}
-        )}
+            doc, separators=(",", ":"))}
     return row
 
 
 def timeline_file(point: str) -> str:
     """Return the file name under ``timelines/`` that holds ``point``'s timeline."""
-    safe = "".join(c if c.isalnum() or c in "-_.=," else "_" for c in point)
+    safe = "".join(c if c.isalnum() or c in "-_.=," else "_" for c in point.rstrip("]"))
     return f"{safe}.json"
 
 
@@ -383,6 +386,16 @@ def _tail(text: str, lines: int = 3) -> str:
 
 
 # -- results.csv -----------------------------------------------------------------------------
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+# mkstemp makes owner-only files; reports are meant to be shared like any other file.
+_FILE_MODE = _umask_mode()
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
@@ -468,6 +481,7 @@ class ResultsStore:
     def _write_all_text(self, text: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-results-", dir=self.path.parent)
+        os.fchmod(fd, _FILE_MODE)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -596,6 +610,7 @@ def _write_files(outdir: Path, files: dict[str, str]) -> None:
         target = _safe_relpath(outdir, rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, target)
@@ -605,7 +620,10 @@ def save_experiment(exp: Experiment, outdir: Path) -> None:
     """Store the validated experiment in ``outdir/experiment.json`` for re-rendering."""
     doc = {"name": exp.name, "kind": exp.kind, "description": exp.description,
            "source": exp.path, "spec": exp.spec.model_dump(mode="json")}
-    _write_files(outdir, {"experiment.json": json.dumps(doc, indent=2) + "\n"})
+    text = json.dumps(doc, indent=2) + "\n"
+    target = outdir / "experiment.json"
+    if not target.exists() or target.read_text(encoding="utf-8") != text:
+        _write_files(outdir, {"experiment.json": text})
 
 
 def load_saved_experiment(outdir: Path) -> Experiment:
@@ -680,7 +698,11 @@ def run_experiment(
         _run_points(exp, outdir, store, todo, summary, jobs, executor, progress, on_row)
     finally:
         lock.close()
-    if render_report:
+    report_md = outdir / "report.md"
+    fresh = (report_md.exists() and summary.ok + summary.failed == 0
+             and all(report_md.stat().st_mtime >= (outdir / f).stat().st_mtime
+                     for f in ("results.csv", "experiment.json")))
+    if render_report and not fresh:
         summary.report = render(exp, outdir)
     return summary
 

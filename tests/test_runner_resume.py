@@ -1,0 +1,199 @@
+"""results.csv: atomic appends, resume after a kill, failed points as rows, the kind plugins."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from ddpbench import config, runner
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A kind defined outside the runner, through the plugin interface of runner's docstring:
+# point i sleeps, then returns i**2; point 3 fails when told to.
+SLEEPY = '''
+import sys, time
+from pydantic import BaseModel, ConfigDict
+from ddpbench import config, runner
+
+class Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    n: int
+    delay: float = 0.0
+    fail: int = -1
+
+class Sleepy:
+    Spec = Spec
+    @staticmethod
+    def expand(spec):
+        return [{"mode": "emulate", "i": i, "delay": spec.delay, "fail": spec.fail}
+                for i in range(spec.n)]
+    @staticmethod
+    def point_name(p):
+        return runner.make_name("sleepy", {"i": p["i"]})
+    @staticmethod
+    def run_point(p):
+        print("ran", p["i"], flush=True)
+        time.sleep(p["delay"])
+        if p["i"] == p["fail"]:
+            raise ValueError(f"point {p['i']} fails on purpose")
+        return {"value": p["i"] ** 2, "samples_s": [0.5, 0.25]}
+    @staticmethod
+    def render(df, outdir, spec):
+        return []
+
+runner.EXPERIMENT_KINDS["sleepy"] = Sleepy
+'''
+
+
+def sleepy_script(tmp_path: Path) -> Path:
+    script = tmp_path / "sleepy_run.py"
+    script.write_text(SLEEPY + textwrap.dedent('''
+        exp = config.load_experiment(sys.argv[1])
+        force = "--force" in sys.argv
+        s = runner.run_experiment(exp, sys.argv[2], jobs=1, progress=False, force=force)
+        print("summary", s.ok, s.failed, s.skipped, flush=True)
+        '''))
+    return script
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_kill_mid_sweep_then_rerun_gives_every_row_once(tmp_path):
+    n = 12
+    exp = tmp_path / "sleepy.yaml"
+    exp.write_text(f"name: sleepy\nkind: sleepy\nn: {n}\ndelay: 0.15\n")
+    out = tmp_path / "out"
+    script = sleepy_script(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script), str(exp), str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    results = out / "results.csv"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if results.exists() and len(read_rows(results)) >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    first = read_rows(results)
+    assert 3 <= len(first) < n, "the kill should land mid-sweep"
+    finished = {r["point"] for r in first}
+
+    rerun = subprocess.run([sys.executable, str(script), str(exp), str(out)], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    ran_again = {f"sleepy[i={line.split()[1]}]" for line in rerun.stdout.splitlines()
+                 if line.startswith("ran ")}
+    assert not (ran_again & finished), "finished points must not run again"
+    rows = read_rows(results)
+    assert sorted(r["point"] for r in rows) == sorted(f"sleepy[i={i}]" for i in range(n))
+    for r in rows:
+        i = int(r["point"][len("sleepy[i="):-1])
+        assert r["status"] == "ok" and int(r["value"]) == i * i
+        assert r["samples_s"] == "[0.5,0.25]"
+    # A third run has nothing to do.
+    again = subprocess.run([sys.executable, str(script), str(exp), str(out)], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert "ran " not in again.stdout and f"summary 0 0 {n}" in again.stdout
+
+
+def test_failed_point_is_a_row_and_is_retried_once_fixed(tmp_path):
+    exp = tmp_path / "sleepy.yaml"
+    exp.write_text("name: sleepy\nkind: sleepy\nn: 5\nfail: 3\n")
+    out = tmp_path / "out"
+    script = sleepy_script(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run1 = subprocess.run([sys.executable, str(script), str(exp), str(out)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "summary 4 1 0" in run1.stdout, run1.stdout + run1.stderr
+    rows = {r["point"]: r for r in read_rows(out / "results.csv")}
+    assert rows["sleepy[i=3]"]["status"] == "failed"
+    assert rows["sleepy[i=3]"]["error"].startswith("ValueError: point 3 fails on purpose")
+    assert rows["sleepy[i=3]"]["value"] == ""
+    # Fixed: only the failed point runs again, and its row replaces the failed one.
+    exp.write_text("name: sleepy\nkind: sleepy\nn: 5\n")
+    run2 = subprocess.run([sys.executable, str(script), str(exp), str(out)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "summary 1 0 4" in run2.stdout and run2.stdout.count("ran ") == 1
+    rows = read_rows(out / "results.csv")
+    assert len(rows) == 5 and all(r["status"] == "ok" for r in rows)
+    # --force runs everything again, still one row per point.
+    run3 = subprocess.run([sys.executable, str(script), str(exp), str(out), "--force"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert "summary 5 0 0" in run3.stdout
+    assert len(read_rows(out / "results.csv")) == 5
+
+
+def test_store_drops_a_torn_last_line_and_unions_columns(tmp_path):
+    path = tmp_path / "results.csv"
+    store = runner.ResultsStore(path)
+    store.append({"mode": "simulate", "point": "a[x=1]", "repetition": 0, "status": "ok",
+                  "t": 1.5})
+    store.append({"mode": "simulate", "point": "a[x=2]", "repetition": 0, "status": "ok",
+                  "t": 2.5})
+    with open(path, "a") as f:
+        f.write("simulate,a[x=3],0,o")  # a kill in the middle of a write
+    store = runner.ResultsStore(path)
+    assert [r["point"] for r in store.rows] == ["a[x=1]", "a[x=2]"]
+    assert path.read_text().endswith("2.5\n")
+    # A row with a new column rewrites the file with the union of the columns.
+    store.append({"mode": "simulate", "point": "a[x=3]", "repetition": 0, "status": "ok",
+                  "t": 3.5, "extra": [1, 2]})
+    rows = read_rows(path)
+    assert [r["extra"] for r in rows] == ["", "", "[1,2]"]
+    assert [float(r["t"]) for r in rows] == [1.5, 2.5, 3.5]
+    assert store.done() == {("simulate", f"a[x={i}]", "0") for i in (1, 2, 3)}
+    assert not list(tmp_path.glob(".tmp*"))
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    n: int
+
+
+def test_missing_kind_module_gives_a_clear_error(monkeypatch):
+    monkeypatch.setitem(runner.EXPERIMENT_KINDS, "ghost", "ddpbench.no_such_module")
+    with pytest.raises(config.ExperimentError) as info:
+        config.parse_experiment("name: g\nkind: ghost\nn: 1\n", "g.yaml")
+    assert "g.yaml:2: field 'kind'" in str(info.value)
+    assert "ddpbench.no_such_module" in str(info.value)
+
+    class Partial:
+        Spec = _Spec
+
+    monkeypatch.setitem(runner.EXPERIMENT_KINDS, "partial", Partial)
+    with pytest.raises(config.ExperimentError, match="lacks \\['expand'"):
+        config.parse_experiment("name: g\nkind: partial\nn: 1\n", "g.yaml")
+
+
+def test_duplicate_point_names_are_refused(monkeypatch):
+    class Clash:
+        Spec = _Spec
+
+        @staticmethod
+        def expand(spec):
+            return [{"i": i} for i in range(spec.n)]
+
+        @staticmethod
+        def point_name(p):
+            return "same"
+
+        run_point = render = staticmethod(lambda *a: None)
+
+    monkeypatch.setitem(runner.EXPERIMENT_KINDS, "clash", Clash)
+    exp = config.parse_experiment("name: c\nkind: clash\nn: 2\n")
+    with pytest.raises(ValueError, match="two points share the name 'same'"):
+        runner.expand_points(exp)
