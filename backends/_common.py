@@ -24,6 +24,11 @@ def check_dtype(name: Any, dtype: Any) -> None:
         )
 
 
+def device_of(tensor: Any) -> str:
+    """Return "gpu" for a CuPy array, "cpu" otherwise."""
+    return "gpu" if type(tensor).__module__.startswith("cupy") else "cpu"
+
+
 @dataclass(frozen=True)
 class Meta:
     """What every rank must agree on for one collective call."""
@@ -36,6 +41,7 @@ class Meta:
     prescale: float = 1.0
     postscale: float = 1.0
     root: int = -1
+    device: str = "cpu"  # "cpu" or "gpu": tensors fuse only with tensors on the same side
 
     def signature(self) -> int:
         """A stable 63-bit fingerprint (the same on every rank, unlike ``hash``)."""
@@ -53,6 +59,7 @@ _FIELDS = [
     ("name", "name", repr),
     ("shape", "shape", lambda v: str(tuple(v))),
     ("dtype", "dtype", lambda v: v),
+    ("device", "device", lambda v: v),
     ("op", "reduce op", lambda v: v),
     ("root", "root rank", lambda v: v),
 ]

@@ -16,6 +16,11 @@ How a ``push_pull`` travels (Horovod's controller design):
    buffer, prescale, ring allreduce (reduce-scatter then allgather, any world size),
    postscale, copy out.
 
+CuPy tensors fuse in a GPU buffer, with prescale and postscale done by one kernel that
+also copies in and out (:mod:`ddpbench.gpu`), and reduce through NCCL
+(``gpu_transport="nccl"``, one rank per GPU) or through the CPU ring via pinned host
+memory (``"host"``, which also runs several ranks on one GPU).
+
 The ring's chunking and reduction order are fixed (see ``ddpbench.tensor_ops.ring_chunks``
 and ``_ring_allreduce``) so that :mod:`ddpbench.numerics` can reproduce results bit for bit.
 Knobs default to Horovod's and read ``HOROVOD_FUSION_THRESHOLD`` (bytes) and
@@ -28,12 +33,19 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
-from backends._common import Meta, MismatchError, Request, check_dtype, mismatch_message
+from backends._common import (
+    Meta,
+    MismatchError,
+    Request,
+    check_dtype,
+    device_of,
+    mismatch_message,
+)
 from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp, register
 from ddpbench.comm import Protocol, engine, world
 from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
@@ -59,6 +71,9 @@ class _Options(BackendOptions):
     cycle_time: float = Field(
         default_factory=lambda: _env_number("HOROVOD_CYCLE_TIME", 1.0),
         ge=0, description="ms between planning rounds of the coordinator",
+    )
+    gpu_transport: Literal["nccl", "host"] = Field(
+        default="nccl", description="CuPy tensors: NCCL, or the CPU ring via pinned host memory",
     )
     stall_timeout: float = Field(
         default_factory=lambda: _env_number("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
@@ -121,6 +136,10 @@ class _HorovodProtocol(Protocol):
         self.threshold = options.fusion_threshold
         self.cycle_s = options.cycle_time / 1000.0
         self.stall_s = options.stall_timeout
+        self.gpu_transport = options.gpu_transport
+        self.nccl: Any = None  # made by the first GPU group, at the same point on every rank
+        self.stage: Any = None
+        self.gpu_fusion: Any = None
         self.pending: dict[Any, Request] = {}
         self.outbox: list[Meta] = []
         self.sends: list[Any] = []
@@ -252,7 +271,7 @@ class _HorovodProtocol(Protocol):
             if m.kind == "broadcast":
                 responses.append(["broadcast", [name]])
                 continue
-            key = (m.dtype, m.op, m.prescale, m.postscale)
+            key = (m.dtype, m.op, m.prescale, m.postscale, m.device)
             idx = open_group.get(key)
             if idx is not None and responses[idx][2] + m.nbytes <= self.threshold:
                 responses[idx][1].append(name)
@@ -298,7 +317,10 @@ class _HorovodProtocol(Protocol):
                     req.handle.set_error(MismatchError(resp[2]))
             elif kind == "broadcast":
                 req = reqs[0]
-                self.data.Bcast(byte_view(req.tensor), root=req.meta.root)
+                if req.meta.device == "gpu":
+                    self._reduce_gpu(req.tensor.reshape(-1), None, root=req.meta.root)
+                else:
+                    self.data.Bcast(byte_view(req.tensor), root=req.meta.root)
                 req.handle.set_result(req.tensor)
             else:
                 try:
@@ -315,6 +337,9 @@ class _HorovodProtocol(Protocol):
         dtype = reqs[0].tensor.dtype
         self.stats["groups"] += 1
         self.stats["fused_tensors"] += len(reqs)
+        if meta.device == "gpu":
+            self._allreduce_gpu(reqs)
+            return
         if len(reqs) == 1:
             req = reqs[0]
             if req.output is not req.tensor:
@@ -344,6 +369,52 @@ class _HorovodProtocol(Protocol):
             for r in reqs:
                 r.output.reshape(-1)[...] = buf[off:off + r.tensor.size]
                 off += r.tensor.size
+
+
+    def _allreduce_gpu(self, reqs: list[Request]) -> None:
+        """Fused GPU allreduce: prescale in the copy in, postscale in the copy out."""
+        from ddpbench import gpu
+
+        meta, dtype = reqs[0].meta, reqs[0].tensor.dtype
+        if len(reqs) == 1:
+            req = reqs[0]
+            gpu.scale_copy(req.tensor, req.output, meta.prescale)
+            self._reduce_gpu(req.output.reshape(-1), ReduceOp(meta.op))
+            gpu.scale_(req.output, meta.postscale)
+            return
+        total = sum(r.tensor.size for r in reqs) * dtype.itemsize
+        if self.gpu_fusion is None or self.gpu_fusion.nbytes < total:
+            self.gpu_fusion = gpu.cupy_or_raise().empty(total, dtype="uint8")
+        buf = self.gpu_fusion[:total].view(dtype)
+        off = 0
+        for r in reqs:
+            gpu.scale_copy(r.tensor.reshape(-1), buf[off:off + r.tensor.size], meta.prescale)
+            off += r.tensor.size
+        self._reduce_gpu(buf, ReduceOp(meta.op))
+        off = 0
+        for r in reqs:
+            gpu.scale_copy(buf[off:off + r.tensor.size], r.output.reshape(-1), meta.postscale)
+            off += r.tensor.size
+
+    def _reduce_gpu(self, buf: Any, op: ReduceOp | None, root: int = 0) -> None:
+        """Allreduce (``op``) or broadcast (``op`` None, from ``root``) a flat GPU buffer."""
+        from ddpbench import gpu
+
+        if self.gpu_transport == "host":
+            self.stage = self.stage or gpu.HostStage()
+            host = self.stage.to_host(buf)
+            if op is None:
+                self.data.Bcast(byte_view(host), root=root)
+            else:
+                _ring_allreduce(self.data, host, op)
+            gpu.HostStage.to_device(host, buf)
+            return
+        if self.nccl is None:
+            self.nccl = gpu.NcclComm(self.data, buf.device.id)
+        if op is None:
+            self.nccl.bcast(buf, root)
+        else:
+            self.nccl.allreduce(buf, op)
 
 
 @register("horovod")
@@ -401,7 +472,8 @@ class HorovodStore(KVStore):
 
     def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
         handles = [
-            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank), t, t)
+            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank,
+                              device=device_of(t)), t, t)
             for n, t in zip(names, tensors)
         ]
         for h in handles:
@@ -413,7 +485,7 @@ class HorovodStore(KVStore):
             postscale = postscale / self.num_workers
             op = ReduceOp.SUM
         meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
-                    prescale, postscale)
+                    prescale, postscale, device=device_of(tensor))
         return self._submit(meta, tensor, output, priority)
 
     def synchronize(self) -> None:
@@ -434,4 +506,7 @@ class HorovodStore(KVStore):
             self._engine.submit(self._proto, done)
             done.wait()
             self._engine.unregister(self._proto)
-            self._engine.call(lambda: (self._proto.ctrl.Free(), self._proto.data.Free())).wait()
+            proto = self._proto
+            self._engine.call(
+                lambda: (proto.nccl and proto.nccl.close(), proto.ctrl.Free(), proto.data.Free())
+            ).wait()

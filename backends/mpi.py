@@ -1,7 +1,8 @@
 """The ``mpi`` backend: one native ``MPI_Allreduce`` / ``MPI_Bcast`` per tensor.
 
 This is the baseline every real number is compared to: no fusion, no scheduling, the MPI
-library's own algorithm. Half precision (float16, bfloat16), which MPI has no predefined
+library's own algorithm. CuPy tensors go through NCCL (``gpu_transport="nccl"``, one rank
+per GPU) or are staged through pinned host memory (``"host"``). Half precision (float16, bfloat16), which MPI has no predefined
 reduction for, goes through a user-defined MPI op that adds in the tensor's dtype.
 
 Calls are collective and must be made in the same order on every rank. With ``check_consistency``
@@ -14,11 +15,18 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from backends._common import Meta, MismatchError, Request, check_dtype, mismatch_message
+from backends._common import (
+    Meta,
+    MismatchError,
+    Request,
+    check_dtype,
+    device_of,
+    mismatch_message,
+)
 from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp, register
 from ddpbench.comm import Protocol, engine, world
 from ddpbench.tensor_ops import HALF_DTYPES, byte_view, reduce_ufunc, scale_
@@ -26,6 +34,7 @@ from ddpbench.tensor_ops import HALF_DTYPES, byte_view, reduce_ufunc, scale_
 
 class _Options(BackendOptions):
     check_consistency: bool = True
+    gpu_transport: Literal["nccl", "host"] = "nccl"
 
 
 @functools.cache
@@ -66,9 +75,12 @@ def check_consistent(comm: Any, meta: Meta) -> None:
 class _MPIProtocol(Protocol):
     """Executes requests FIFO on the engine thread, one blocking collective each."""
 
-    def __init__(self, comm: Any, validate: bool) -> None:
+    def __init__(self, comm: Any, validate: bool, gpu_transport: str) -> None:
         self.comm = comm
         self.validate = validate
+        self.gpu_transport = gpu_transport
+        self.nccl: Any = None  # made on the first GPU tensor (same point on every rank)
+        self.stage: Any = None
         self.queue: collections.deque[Request] = collections.deque()
 
     def accept(self, item: Request) -> None:
@@ -84,22 +96,46 @@ class _MPIProtocol(Protocol):
         try:
             if self.validate:
                 check_consistent(self.comm, req.meta)
-            if req.meta.kind == "broadcast":
+            if req.meta.device == "gpu":
+                self._gpu(req)
+            elif req.meta.kind == "broadcast":
                 self.comm.Bcast(byte_view(req.tensor), root=req.meta.root)
             else:
-                self._allreduce(req)
+                if req.output is not req.tensor:
+                    req.output[...] = req.tensor
+                self._reduce_host(req.output, req.meta)
         except Exception as err:
             req.handle.set_error(err)
         else:
             req.handle.set_result(req.output)
         return True
 
-    def _allreduce(self, req: Request) -> None:
+    def _gpu(self, req: Request) -> None:
+        """NCCL on the device, or the host path through pinned memory."""
+        from ddpbench import gpu
+
+        meta, op = req.meta, ReduceOp(req.meta.op)
+        if self.gpu_transport == "host":
+            self.stage = self.stage or gpu.HostStage()
+            host = self.stage.to_host(req.tensor)
+            if meta.kind == "broadcast":
+                self.comm.Bcast(byte_view(host), root=meta.root)
+            else:
+                self._reduce_host(host, meta)
+            gpu.HostStage.to_device(host, req.output)
+            return
+        if self.nccl is None:
+            self.nccl = gpu.NcclComm(self.comm, req.tensor.device.id)
+        if meta.kind == "broadcast":
+            self.nccl.bcast(req.tensor, meta.root)
+            return
+        gpu.scale_copy(req.tensor, req.output, meta.prescale)
+        self.nccl.allreduce(req.output.reshape(-1), op)
+        gpu.scale_(req.output, meta.postscale)
+
+    def _reduce_host(self, buf: np.ndarray, meta: Meta) -> None:
         from mpi4py import MPI
 
-        meta, buf = req.meta, req.output
-        if buf is not req.tensor:
-            buf[...] = req.tensor
         op = ReduceOp(meta.op)
         scale_(buf, meta.prescale)
         if buf.dtype in HALF_DTYPES:
@@ -134,7 +170,8 @@ class MPIStore(KVStore):
             )
         self._engine = engine()
         self._comm = self._engine.call(self._world.role_comm.Dup).wait()
-        self._proto = _MPIProtocol(self._comm, self.options.check_consistency)
+        self._proto = _MPIProtocol(self._comm, self.options.check_consistency,
+                                   self.options.gpu_transport)
         self._engine.register(self._proto)
         self._pending: list[Handle] = []
         self._closed = False
@@ -159,7 +196,8 @@ class MPIStore(KVStore):
 
     def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
         handles = [
-            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank), t, t)
+            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank,
+                              device=device_of(t)), t, t)
             for n, t in zip(names, tensors)
         ]
         for h in handles:
@@ -169,7 +207,7 @@ class MPIStore(KVStore):
         if op is ReduceOp.AVERAGE:
             postscale = postscale / self.num_workers
         meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
-                    prescale, postscale)
+                    prescale, postscale, device=device_of(tensor))
         return self._submit(meta, tensor, output)
 
     def synchronize(self) -> None:
@@ -186,4 +224,5 @@ class MPIStore(KVStore):
             self.synchronize()
         finally:
             self._engine.unregister(self._proto)
-            self._engine.call(self._comm.Free).wait()
+            nccl = self._proto.nccl
+            self._engine.call(lambda: (nccl and nccl.close(), self._comm.Free())).wait()

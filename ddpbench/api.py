@@ -406,13 +406,21 @@ class KVStore(abc.ABC):
                 f"tensor for {name!r} must be a NumPy or CuPy array, got {type(tensor).__name__}"
             )
         flags = getattr(tensor, "flags", None)
-        if flags is not None and not flags["C_CONTIGUOUS"]:
+        if _flag(flags, "C_CONTIGUOUS") is False:
             raise ValueError(f"tensor for {name!r} must be C-contiguous")
-        if flags is not None and not flags["WRITEABLE"]:
+        if _flag(flags, "WRITEABLE") is False:
             raise ValueError(
                 f"tensor for {name!r} is read-only ({type(tensor).__name__}); results are "
                 f"written in place: pass a writable array (np.array(x) for a scalar)"
             )
+
+
+def _flag(flags: Any, key: str) -> bool | None:
+    """Return an array flag, or None where the array type does not have it (CuPy)."""
+    try:
+        return bool(flags[key])
+    except (KeyError, TypeError, IndexError):
+        return None
 
 
 # -- registry ------------------------------------------------------------------------------

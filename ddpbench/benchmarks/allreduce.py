@@ -127,7 +127,13 @@ def worker(cfg: dict[str, Any]) -> None:
 
     comm = world().comm
     dtype = _np_dtype(cfg["dtype"])
+    if cfg.get("device") == "gpu":
+        from ddpbench import gpu
+
+        gpu.select_device(world().local_rank)
     for label, name, options in (_backend_spec(s) for s in cfg["backends"]):
+        if cfg.get("device") == "gpu":
+            options = {"gpu_transport": cfg["gpu_transport"], **options}
         kv = ddpbench.create(name, **options)
         if cfg.get("tensors"):
             rows = [_tensor_set(kv, comm, label, cfg, dtype)]
@@ -139,14 +145,27 @@ def worker(cfg: dict[str, Any]) -> None:
                 out.writelines(json.dumps(row) + "\n" for row in rows)
 
 
+def _on_device(cfg: dict[str, Any], x: np.ndarray) -> Any:
+    if cfg.get("device") != "gpu":
+        return x
+    from ddpbench import gpu
+
+    return gpu.cupy_or_raise().asarray(x)
+
+
+def _to_host(y: Any) -> np.ndarray:
+    return y.get() if hasattr(y, "get") and not isinstance(y, np.ndarray) else y
+
+
 def _one_size(kv, comm, label, nbytes, cfg, dtype) -> dict[str, Any]:
     count = max(1, nbytes // dtype.itemsize)
     x, ref = _inputs(count, comm.rank, comm.size, dtype, cfg["op"])
-    y = np.empty_like(x)
+    x = _on_device(cfg, x)
+    y = x.copy()
     name = f"ar{nbytes}"
     samples = _time_one(kv, comm, lambda: kv.push_pull(name, x, output=y, op=cfg["op"]),
                         cfg["warmup"], cfg["iters"])
-    wrong = int(np.count_nonzero(y.astype(np.float64) != ref))
+    wrong = int(np.count_nonzero(_to_host(y).astype(np.float64) != ref))
     wrong = comm.allreduce(wrong)
     if comm.rank == 0:
         print(f"  {label:<28} {human(count * dtype.itemsize):>9}  done", file=sys.stderr,
@@ -161,9 +180,10 @@ def _tensor_set(kv, comm, label, cfg, dtype) -> dict[str, Any]:
     xs, refs, ys = [], [], []
     for c in counts:
         x, ref = _inputs(c, comm.rank, comm.size, dtype, cfg["op"])
+        x = _on_device(cfg, x)
         xs.append(x)
         refs.append(ref)
-        ys.append(np.empty_like(x))
+        ys.append(x.copy())
     order = list(reversed(range(len(counts))))  # backward: last layer's gradient first
 
     def one_set() -> None:
@@ -173,7 +193,8 @@ def _tensor_set(kv, comm, label, cfg, dtype) -> dict[str, Any]:
             h.wait()
 
     samples = _time_one(kv, comm, one_set, cfg["warmup"], cfg["iters"])
-    wrong = sum(int(np.count_nonzero(y.astype(np.float64) != r)) for y, r in zip(ys, refs))
+    wrong = sum(int(np.count_nonzero(_to_host(y).astype(np.float64) != r))
+                for y, r in zip(ys, refs))
     wrong = comm.allreduce(wrong)
     total = sum(counts)
     if comm.rank == 0:
@@ -188,7 +209,7 @@ def _row(label, nbytes, count, cfg, samples, wrong, n) -> dict[str, Any]:
     algbw = nbytes / med / 1e9 if med > 0 else float("inf")
     return {
         "backend": label, "ranks": n, "size": nbytes, "count": count, "type": cfg["dtype"],
-        "redop": cfg["op"], "time_us": med * 1e6, "min_us": min(samples) * 1e6,
+        "device": cfg.get("device", "cpu"), "redop": cfg["op"], "time_us": med * 1e6, "min_us": min(samples) * 1e6,
         "max_us": max(samples) * 1e6, "algbw": algbw, "busbw": algbw * 2 * (n - 1) / n,
         "wrong": wrong, "samples_us": [s * 1e6 for s in samples],
     }
@@ -210,6 +231,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="reduce a model's gradient tensors as one set instead of --sizes")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="with --tensors: scale every tensor's size by this factor")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"],
+                        help="where the tensors live (gpu: CuPy arrays, one GPU per local rank)")
+    parser.add_argument("--gpu-transport", default="nccl", choices=["nccl", "host"],
+                        help="with --device gpu: NCCL (one rank per GPU) or pinned-host staging")
     parser.add_argument("--format", default="table", choices=["table", "csv", "json"])
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="kill the benchmark job after this many seconds")
@@ -225,6 +250,11 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     if args.ranks < 1 or args.warmup < 0 or args.iters < 1:
         raise UsageError("need --ranks >= 1, --warmup >= 0 and --iters >= 1")
+    if args.device == "gpu":
+        from ddpbench import gpu
+
+        if not gpu.is_available():
+            raise UsageError(f"--device gpu needs CuPy and a CUDA device ({gpu.INSTALL_HINT})")
     backends = [b for b in args.backends.split(",") if b]
     if args.tensors and args.backends == "mpi,horovod":
         backends = ["mpi", "horovod", "horovod:fusion_threshold=0"]
@@ -241,7 +271,8 @@ def main(args: argparse.Namespace) -> int:
         cfg = {
             "backends": backends, "sizes": sizes, "dtype": args.dtype, "op": args.op,
             "warmup": args.warmup, "iters": args.iters, "tensors": args.tensors,
-            "scale": args.scale, "out": str(out),
+            "scale": args.scale, "out": str(out), "device": args.device,
+            "gpu_transport": args.gpu_transport,
         }
         print(f"# ddpbench bench allreduce: {args.ranks} ranks, {', '.join(backends)}",
               file=sys.stderr, flush=True)

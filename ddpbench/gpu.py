@@ -1,0 +1,176 @@
+"""GPU support: CuPy arrays, NCCL communicators bootstrapped over MPI, scaling kernels.
+
+Everything here imports without CuPy or a GPU; the first use raises an error that says
+what to install. Backends call :func:`is_device_array` to route a tensor, then either
+
+- ``transport="nccl"``: one NCCL communicator per backend (one per ring for ``collective``),
+  its unique id broadcast from rank 0 over the backend's MPI communicator, one GPU per rank
+  chosen by local rank. NCCL refuses two ranks on one GPU.
+- ``transport="host"``: stage through pinned host memory and use the CPU (MPI) path, as
+  BytePS does for its servers; this also runs several ranks on one GPU.
+
+The scaling kernel multiplies while it copies into (or out of) a fusion buffer: one read
+and one write per element instead of a copy followed by a separate in-place scale. Half
+precision is computed in float32 and rounded once, like :func:`ddpbench.tensor_ops.scale_`,
+so GPU and CPU results are the same bits.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ddpbench.api import ReduceOp
+
+INSTALL_HINT = "install the GPU extra: pip install 'ddpbench[gpu]' (CuPy with NCCL)"
+
+
+def cupy_or_raise() -> Any:
+    """Return the ``cupy`` module, or raise an ImportError that says what to install."""
+    try:
+        import cupy
+    except ImportError as err:
+        raise ImportError(f"GPU tensors need CuPy: {INSTALL_HINT}") from err
+    return cupy
+
+
+def is_available() -> bool:
+    """Return True when CuPy imports and at least one CUDA device is visible."""
+    try:
+        cupy = cupy_or_raise()
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:
+        return False
+
+
+def is_device_array(a: Any) -> bool:
+    """Return True for a CuPy array (without importing CuPy)."""
+    return type(a).__module__.startswith("cupy")
+
+
+def select_device(local_rank: int) -> int:
+    """Make GPU ``local_rank % count`` current for this thread and return its id."""
+    cupy = cupy_or_raise()
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < 1:
+        raise RuntimeError("no CUDA device is visible to this process")
+    dev = local_rank % count
+    cupy.cuda.Device(dev).use()
+    return dev
+
+
+@functools.cache
+def _scale_kernel() -> Any:
+    cupy = cupy_or_raise()
+    # S is float for half and float32, double for float64: the product is formed in S and
+    # rounded once into T.
+    return cupy.ElementwiseKernel(
+        "T x, S f", "T y", "y = (T)((S)x * f)", "ddpbench_scale_copy"
+    )
+
+
+def _factor(dtype: Any, factor: float) -> Any:
+    return np.float64(factor) if np.dtype(dtype) == np.float64 else np.float32(factor)
+
+
+def scale_copy(src: Any, dst: Any, factor: float) -> None:
+    """Write ``src * factor`` into ``dst`` (same dtype, same size) in one pass on the GPU."""
+    if factor == 1.0:
+        dst[...] = src.reshape(dst.shape)
+        return
+    if np.dtype(src.dtype).kind != "f":
+        cupy = cupy_or_raise()
+        dst[...] = cupy.trunc(src.reshape(dst.shape).astype(np.float64) * factor).astype(dst.dtype)
+        return
+    _scale_kernel()(src.reshape(dst.shape), _factor(src.dtype, factor), dst)
+
+
+def scale_(buf: Any, factor: float) -> None:
+    """Scale a GPU buffer in place with the same rounding as the CPU path."""
+    if factor != 1.0:
+        scale_copy(buf, buf, factor)
+
+
+_NCCL_DTYPES = {
+    "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
+    "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
+    "int64": "NCCL_INT64", "uint64": "NCCL_UINT64",
+}
+_NCCL_OPS = {
+    ReduceOp.SUM: "NCCL_SUM", ReduceOp.AVERAGE: "NCCL_SUM", ReduceOp.MIN: "NCCL_MIN",
+    ReduceOp.MAX: "NCCL_MAX", ReduceOp.PRODUCT: "NCCL_PROD",
+}
+
+
+class NcclComm:
+    """An NCCL communicator over the ranks of an MPI communicator. Collective to create.
+
+    Rank 0 makes the unique id and broadcasts it over ``mpi_comm``; every rank then joins
+    with the GPU its tensors live on (pick it with :func:`select_device` by local rank). Calls are stream-ordered; they return once
+    the result is ready, so a handle completed afterwards is safe to read.
+    """
+
+    def __init__(self, mpi_comm: Any, device: int) -> None:
+        cupy = cupy_or_raise()
+        from cupy.cuda import nccl
+
+        if not nccl.available:
+            raise ImportError(f"CuPy was built without NCCL: {INSTALL_HINT}")
+        # The engine thread works on the device the tensors live on. Everything runs on the
+        # legacy null stream, which orders the user's kernels, the scale kernels and NCCL
+        # without extra events.
+        cupy.cuda.Device(device).use()
+        self.device = device
+        uid = nccl.get_unique_id() if mpi_comm.rank == 0 else None
+        uid = mpi_comm.bcast(uid, root=0)
+        self._nccl = nccl
+        self.comm = nccl.NcclCommunicator(mpi_comm.size, uid, mpi_comm.rank)
+        self.stream = cupy.cuda.Stream.null
+
+    def _dtype(self, a: Any) -> int:
+        name = np.dtype(a.dtype).name
+        if name not in _NCCL_DTYPES:
+            raise TypeError(f"NCCL cannot reduce {name} arrays; supported: {sorted(_NCCL_DTYPES)}")
+        return getattr(self._nccl, _NCCL_DTYPES[name])
+
+    def allreduce(self, buf: Any, op: ReduceOp) -> None:
+        """Reduce the contiguous GPU array ``buf`` in place over all ranks."""
+        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf),
+                            getattr(self._nccl, _NCCL_OPS[op]), self.stream.ptr)
+        self.stream.synchronize()
+
+    def bcast(self, buf: Any, root: int) -> None:
+        """Broadcast ``buf`` from ``root`` in place."""
+        raw = buf.reshape(-1).view(np.uint8)
+        self.comm.bcast(raw.data.ptr, raw.size, self._nccl.NCCL_UINT8, root, self.stream.ptr)
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        self.comm.destroy()
+
+
+class HostStage:
+    """Pinned host buffers for staging GPU tensors through the CPU path (reused, grown)."""
+
+    def __init__(self) -> None:
+        self._mem: Any = None
+        self._nbytes = 0
+
+    def host(self, nbytes: int) -> np.ndarray:
+        cupy = cupy_or_raise()
+        if nbytes > self._nbytes:
+            self._mem = cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
+            self._nbytes = nbytes
+        return np.frombuffer(self._mem, np.uint8, nbytes)
+
+    def to_host(self, dev: Any) -> np.ndarray:
+        """Copy a GPU array into pinned memory; return a host view of the same dtype."""
+        out = self.host(dev.nbytes).view(dev.dtype)
+        dev.reshape(-1).get(out=out)
+        return out
+
+    @staticmethod
+    def to_device(host: np.ndarray, dev: Any) -> None:
+        dev.reshape(-1).set(host)

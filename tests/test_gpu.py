@@ -1,0 +1,78 @@
+"""GPU path: CuPy tensors, NCCL, the fused scale kernel. Skips without a GPU (with the
+reason) and fails instead when DDPBENCH_TEST_GPU=1 says a GPU is present."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import gpu_or_skip
+from mpiutil import REPO, run_mpi
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+
+def test_without_cupy_import_is_clean_and_use_says_what_to_install(monkeypatch):
+    from ddpbench import gpu
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # as if CuPy were not installed
+    assert gpu.is_available() is False
+    assert gpu.is_device_array(np.ones(2)) is False
+    with pytest.raises(ImportError, match=r"pip install 'ddpbench\[gpu\]'"):
+        gpu.cupy_or_raise()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_fused_scale_kernel_matches_cpu_bits(dtype):
+    gpu_or_skip()
+    import cupy
+
+    from ddpbench import gpu
+    from ddpbench.tensor_ops import scale_
+
+    host = (np.random.default_rng(1).standard_normal(100_003) * 300).astype(dtype)
+    for factor in (0.125, 1 / 3, 7.0, 1e-4):
+        src = cupy.asarray(host)
+        dst = cupy.empty_like(src)
+        gpu.scale_copy(src, dst, factor)
+        want = host.copy()
+        scale_(want, factor)
+        assert np.array_equal(cupy.asnumpy(dst).view(np.uint8), want.view(np.uint8)), factor
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_nccl_one_rank():
+    gpu_or_skip()
+    out = run_mpi(1, SCRIPTS / "check_gpu.py", "nccl", timeout=300)
+    assert re.search(r"DONE gpu nccl rank 0/1 checks=\d+", out)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_host_staging_several_ranks_on_one_gpu(n):
+    gpu_or_skip()
+    out = run_mpi(n, SCRIPTS / "check_gpu.py", "host", timeout=300)
+    assert len(re.findall(rf"DONE gpu host rank \d/{n} checks=\d+", out)) == n
+
+
+@pytest.mark.gpu
+def test_gpu_benchmarks_run_and_check_results():
+    gpu_or_skip()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpbench", "bench", "allreduce", "--device", "gpu", "-n", "1",
+         "--sizes", "4K,4M", "--iters", "3", "--format", "json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert all(r["wrong"] == 0 and r["device"] == "gpu" for r in json.loads(proc.stdout))
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpbench", "bench", "scale-kernel", "--sizes", "1M,16M",
+         "--iters", "5", "--format", "json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert all(r["wrong_bytes"] == 0 for r in json.loads(proc.stdout))
