@@ -207,10 +207,10 @@ def scale(buf: np.ndarray, factor: float) -> np.ndarray:
 # --------------------------------------------------------------------------- the ring
 
 
-def _plan_blocks(n: int, p: int, threads: int) -> list[tuple[int, int]]:
+def _plan_blocks(n: int, p: int) -> list[tuple[int, int]]:
+    """Return the column blocks [lo, hi): they depend on (n, p) only, never on the thread
+    count, so data drawn per block (seeded by lo) is the same however the blocks run."""
     cols = max(1, BLOCK_ELEMENTS // p)
-    if threads > 1:
-        cols = min(cols, max(1, -(-n // threads)))
     return [(lo, min(n, lo + cols)) for lo in range(0, n, cols)]
 
 
@@ -317,7 +317,7 @@ def ring_allreduce(x: np.ndarray | Sequence[np.ndarray], op: ReduceOp | str = Re
         lo, hi = block
         out[lo:hi] = _ring_block(x[:, lo:hi], lo, hi, offsets, ufunc, pre, post)
 
-    _map(run, _plan_blocks(n, p, nthreads), nthreads)
+    _map(run, _plan_blocks(n, p), nthreads)
     return out
 
 
@@ -530,7 +530,7 @@ def emulate(source: Callable[[int, int], np.ndarray], world_size: int, n: int, d
                     add(acc, order[k], out=acc)  # op(received partial sum, own value)
             outs[f][lo:hi] = scale(acc, post)
 
-    _map(run, _plan_blocks(n, p, nthreads), nthreads)
+    _map(run, _plan_blocks(n, p), nthreads)
     return Emulation(outs, ref, dtype, p)
 
 
@@ -626,21 +626,28 @@ def mark_safe(rows: list[dict[str, Any]], *, err_ratio: float = 2.0,
               underflow_tol: float = 1e-3) -> list[dict[str, Any]]:
     """Add ``best_rel_l2_err`` and ``safe`` to rows of one or more cells (in place).
 
-    A factor is safe for a cell when it gives no overflow (inf/nan), flushes at most
-    ``underflow_tol`` of the results to zero/subnormal, and its ``rel_l2_err`` is at most
-    max(err_ratio x the best factor's error in the cell, err_ratio x unit roundoff): the
-    factor costs no more than a small constant over the best achievable accuracy.
+    A factor is safe for a cell (dtype, distribution, scale, N) when:
+
+    - it gives no overflow (no inf/nan in the result);
+    - its underflow fraction exceeds the cell's least by at most ``underflow_tol`` (sums
+      that cancel to exactly zero count as underflow at every factor; only the excess is
+      the factor's doing);
+    - its ``rel_l2_err`` is at most max(err_ratio x the best factor's, err_ratio x unit
+      roundoff): the factor costs at most a small constant over the best accuracy the ring
+      can give at this N (which fp16 accumulation itself limits).
     """
     cells: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         cells.setdefault((r["dtype"], r["dist"], r["scale"], r["world_size"]), []).append(r)
     for (dtype, *_), group in cells.items():
-        finite = [r["rel_l2_err"] for r in group if r["overflow"] == 0]
-        best = min(finite) if finite else math.inf
+        finite = [r for r in group if r["overflow"] == 0]
+        best = min((r["rel_l2_err"] for r in finite), default=math.inf)
+        least_uf = min((r["underflow_frac"] for r in finite), default=0.0)
         tol = max(err_ratio * best, err_ratio * unit_roundoff(dtype))
         for r in group:
             r["best_rel_l2_err"] = best
-            r["safe"] = bool(r["overflow"] == 0 and r["underflow_frac"] <= underflow_tol
+            r["safe"] = bool(r["overflow"] == 0
+                             and r["underflow_frac"] <= least_uf + underflow_tol
                              and r["rel_l2_err"] <= tol)
     return rows
 
@@ -683,8 +690,10 @@ def train_least_squares(factor: float | None, *, world_size: int = 1024, dim: in
     gradient is applied as is (no dynamic loss scaling), so overflow shows as divergence.
 
     Returns:
-        ``{"factor", "loss" (per step, fp64), "final_loss", "overflow_steps",
-        "grad_rms0"}`` where ``grad_rms0`` is the RMS of one worker's scaled first gradient.
+        ``{"factor", "loss" (per step, fp64), "final_loss", "overflow_steps", "grad_rms0",
+        "grad_rms_last", "diverged_at"}``: the RMS of the workers' scaled gradients at the
+        first and last step (training shrinks them: a factor must be safe for both), and
+        the first step whose loss is not finite (None if none).
     """
     dt = resolve_dtype(dtype)
     p = check_world_size(world_size)
@@ -701,9 +710,11 @@ def train_least_squares(factor: float | None, *, world_size: int = 1024, dim: in
         y = np.einsum("pbd,d->pb", a, w_star) + 0.01 * rng.standard_normal((p, batch))
         resid = np.einsum("pbd,d->pb", a, w) - y.astype(np.float32)
         grads = np.einsum("pbd,pb->pd", a, resid) / np.float32(batch) * np.float32(loss_scale)
-        g = grads.astype(np.float32).astype(dt)
+        with np.errstate(over="ignore", invalid="ignore"):
+            g = grads.astype(np.float32).astype(dt)
+            grad_rms = float(np.sqrt(np.mean(np.square(g.astype(np.float64)))))
         if grad_rms0 is None:
-            grad_rms0 = float(np.sqrt(np.mean(np.square(g.astype(np.float64)))))
+            grad_rms0 = grad_rms
         if factor is None:
             avg = g.astype(np.float64).mean(axis=0)
         else:
@@ -714,5 +725,7 @@ def train_least_squares(factor: float | None, *, world_size: int = 1024, dim: in
             w = (w - np.float32(lr) * (avg / loss_scale).astype(np.float32)).astype(np.float32)
             err = eval_a @ w.astype(np.float64) - eval_y
             losses.append(float(0.5 * np.mean(err * err)))
+    bad = [i for i, v in enumerate(losses) if not math.isfinite(v)]
     return {"factor": factor, "loss": losses, "final_loss": losses[-1],
-            "overflow_steps": overflow_steps, "grad_rms0": grad_rms0}
+            "overflow_steps": overflow_steps, "grad_rms0": grad_rms0,
+            "grad_rms_last": grad_rms, "diverged_at": bad[0] + 1 if bad else None}

@@ -84,7 +84,7 @@ def test_blocks_and_threads_do_not_change_bits(monkeypatch):
 def test_streamed_emulation_equals_explicit_ring(dist, monkeypatch):
     monkeypatch.setattr(nm, "BLOCK_ELEMENTS", 6 * 40)
     p, n = 6, 203
-    blocks = nm._plan_blocks(n, p, 2)
+    blocks = nm._plan_blocks(n, p)
     assert len(blocks) > 2
     x = np.concatenate([nm.gradient_block(dist, 10.0, p, lo, hi, np.float16, 5)
                         for lo, hi in blocks], axis=1)

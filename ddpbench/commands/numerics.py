@@ -1,0 +1,224 @@
+"""``ddpbench numerics``: predivide-factor numerics of the ring allreduce (emulated).
+
+Subcommands:
+
+- ``sweep [FILE.yaml]``: run the map (world size x factor x dtype x gradients) and write
+  ``results.csv`` and the report (heatmaps, safe-range tables, training) to ``--out``.
+  Without a file, flags describe the sweep (defaults: the shipped experiment's axes).
+- ``query -N 1024 --dtype float16 --scale 1e2``: which factors are safe at one point.
+- ``bench -N 4096 --elements 1048576``: time and peak memory of one emulation.
+- ``render DIR``: re-render DIR/report.md from DIR/results.csv and DIR/experiment.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "predivide-factor numerics of the ring allreduce: maps, safe-factor queries, benchmark"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="numerics_cmd", metavar="ACTION")
+    sw = sub.add_parser("sweep", help="run the error/overflow map and write the report")
+    sw.add_argument("file", nargs="?", help="a kind: numerics experiment YAML (else flags)")
+    sw.add_argument("--out", default="reports/predivide_numerics", help="report folder")
+    sw.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    sw.add_argument("--world-sizes", help="comma list, e.g. 1,2,4,...,4096")
+    sw.add_argument("--dtypes", help="comma list of float16,bfloat16,float32")
+    sw.add_argument("--dist", action="append", metavar="NAME:S1,S2",
+                    help="distribution and scales, e.g. normal:1e-2,1,1e2 (repeatable)")
+    sw.add_argument("--elements", type=int, help="elements per rank")
+    sw.add_argument("--max-exp", type=int, help="largest factor 2^max_exp")
+    sw.add_argument("--step", type=int, help="exponent step of the factor grid")
+    sw.add_argument("--no-training", action="store_true", help="skip the training run")
+
+    q = sub.add_parser("query", help="which predivide factors are safe at one point")
+    q.add_argument("-N", "--world-size", type=int, required=True)
+    q.add_argument("--dtype", default="float16")
+    q.add_argument("--scale", type=float, required=True, help="RMS of one rank's gradient")
+    q.add_argument("--dist", default="normal",
+                   help="normal, correlated, heavy_tailed or layers (default normal)")
+    q.add_argument("--elements", type=int, default=1 << 16)
+    q.add_argument("--factors", help="comma list (default 2^0..2^24 by 4x, sqrt(N), N)")
+
+    b = sub.add_parser("bench", help="time one emulation; print seconds and peak memory")
+    b.add_argument("-N", "--world-size", type=int, default=4096)
+    b.add_argument("--elements", type=int, default=1 << 20)
+    b.add_argument("--dtype", default="float16")
+    b.add_argument("--dist", default="normal")
+    b.add_argument("--scale", type=float, default=1.0)
+    b.add_argument("--factor", type=float, default=64.0)
+    b.add_argument("--threads", type=int, default=None)
+
+    r = sub.add_parser("render", help="re-render a numerics report folder")
+    r.add_argument("dir", help="folder holding results.csv and experiment.json")
+
+
+def _floats(text: str, what: str) -> list[float]:
+    from ddpbench.cli import UsageError
+
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise UsageError(f"{what}: expected comma-separated numbers, got {text!r}") from err
+
+
+def _spec(args: argparse.Namespace):
+    from pathlib import Path
+
+    import yaml
+    from pydantic import ValidationError
+
+    from ddpbench.cli import UsageError
+    from ddpbench.numerics_experiment import Spec
+
+    raw: dict = {}
+    if args.file:
+        try:
+            raw = yaml.safe_load(Path(args.file).read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise UsageError(f"cannot read {args.file}: {err}") from err
+        if not isinstance(raw, dict):
+            raise UsageError(f"{args.file}: expected a mapping at the top level")
+        if raw.get("kind", "numerics") != "numerics":
+            raise UsageError(f"{args.file}: kind is {raw.get('kind')!r}, expected 'numerics'")
+        for key in ("name", "kind", "description"):
+            raw.pop(key, None)
+    if args.world_sizes:
+        raw["world_sizes"] = [int(v) for v in _floats(args.world_sizes, "--world-sizes")]
+    if args.dtypes:
+        raw["dtypes"] = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if args.dist:
+        dists = []
+        for item in args.dist:
+            name, _, scales = item.partition(":")
+            if not scales:
+                raise UsageError(f"--dist {item!r}: expected NAME:S1,S2 (e.g. normal:1e-2,1)")
+            dists.append({"name": name, "scales": _floats(scales, "--dist")})
+        raw["distributions"] = dists
+    if args.elements:
+        raw["elements"] = args.elements
+    grid = dict(raw.get("factors") or {})
+    if args.max_exp is not None:
+        grid["max_exp"] = args.max_exp
+    if args.step is not None:
+        grid["step"] = args.step
+    if grid:
+        raw["factors"] = grid
+    if args.no_training:
+        raw["training"] = None
+    try:
+        return Spec.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise UsageError(f"field {loc!r}: {first['msg']}") from None
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    import sys
+    import time
+    from pathlib import Path
+
+    from ddpbench.numerics_experiment import run_sweep
+
+    spec = _spec(args)
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        print(f"\r{done}/{total} cells, {time.perf_counter() - t0:.0f} s", end="",
+              file=sys.stderr, flush=True)
+
+    paths = run_sweep(spec, Path(args.out), jobs=args.jobs, progress=progress)
+    print(file=sys.stderr)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def _query(args: argparse.Namespace) -> int:
+    from ddpbench import numerics as nm
+    from ddpbench.cli import UsageError
+
+    try:
+        factors = _floats(args.factors, "--factors") if args.factors else None
+        res = nm.predivide_safe_range(args.world_size, args.dtype, scale=args.scale,
+                                      dist=args.dist, n=args.elements, factors=factors)
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from err
+    n = args.world_size
+    print(f"N={n}, {nm.resolve_dtype(args.dtype).name}, {args.dist} gradients, RMS "
+          f"{args.scale:g}, {args.elements} elements per rank, vs the fp64 mean:")
+    print(f"{'factor':>12} {'':>8} {'overflow':>9} {'underflow':>9} {'rel L2 err':>11} "
+          f"{'max rel err':>11}  safe")
+    for r in res["rows"]:
+        print(f"{r['factor']:12.6g} {r['factor_label'] if r['factor_label'] in ('N', 'sqrt(N)') else '':>8} "
+              f"{r['overflow']:9d} {r['underflow']:9d} {r['rel_l2_err']:11.3g} "
+              f"{r['max_rel_err']:11.3g}  {'yes' if r['safe'] else 'no'}")
+    rng = res["range"]
+    if rng is None:
+        print(f"no factor tried is safe for N={n} at this scale")
+    else:
+        print(f"for N={n} and gradients near {args.scale:g}, factors between {rng[0]:g} and "
+              f"{rng[1]:g} are safe")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import resource
+    import time
+
+    from ddpbench import numerics as nm
+    from ddpbench.cli import UsageError
+
+    try:
+        p = nm.check_world_size(args.world_size)
+        dtype = nm.resolve_dtype(args.dtype)
+        factor = nm.check_factor(args.factor)
+        nm.gradient_block(args.dist, args.scale, 1, 0, 1, dtype)
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from err
+    n = args.elements
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    emu = nm.emulate(
+        lambda lo, hi, out: nm.gradient_block(args.dist, args.scale, p, lo, hi, dtype, 0, out),
+        p, n, dtype, [factor], threads=args.threads)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    metrics = emu.metrics(factor)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"emulated N={p} x {n} {dtype.name} ({args.dist}, RMS {args.scale:g}, f={factor:g}): "
+          f"{wall:.1f} s wall, {cpu:.1f} s CPU, {p * n / wall / 1e6:.0f} M elements/s, "
+          f"peak RSS {peak:.0f} MiB (includes drawing the data and the fp64 reference)")
+    print("vs fp64: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                  for k, v in metrics.items()))
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from ddpbench.cli import UsageError
+    from ddpbench.numerics_experiment import Spec, render
+
+    folder = Path(args.dir)
+    try:
+        meta = json.loads((folder / "experiment.json").read_text())
+        df = pd.read_csv(folder / "results.csv")
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot read {folder}: {err}") from err
+    for p in render(df, folder, Spec.model_validate(meta["spec"])):
+        print(p)
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    from ddpbench.cli import UsageError
+
+    actions = {"sweep": _sweep, "query": _query, "bench": _bench, "render": _render}
+    if args.numerics_cmd not in actions:
+        raise UsageError(f"name an action: one of {sorted(actions)}")
+    return actions[args.numerics_cmd](args)

@@ -1,0 +1,586 @@
+"""The ``numerics`` experiment kind: predivide-factor maps of the emulated ring.
+
+An experiment file of ``kind: numerics`` sweeps world size x predivide factor x dtype x
+gradient distribution/scale through :mod:`ddpbench.numerics` and renders error and
+overflow/underflow heatmaps, the safe-range table and a training run (runner plugin:
+CONTRACTS section 6; the interface is documented in :mod:`ddpbench.runner`)::
+
+    name: predivide_numerics
+    kind: numerics
+    world_sizes: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    factors: {max_exp: 24, step: 2}        # 2^0, 2^2, ..., 2^24, plus sqrt(N) and N
+    dtypes: [float16, bfloat16]
+    distributions:
+      - {name: normal, scales: [1.0e-4, 1.0e-2, 1, 100]}
+    elements: 8192                         # per rank
+    training: {world_size: 1024, scale: 100, factors: [1, 32, 1024, 16777216]}
+
+Points are one per (dtype, distribution, scale, N, factor), named like
+``float16[N=64,dist=normal,f=8,scale=1]``. The gradient of a cell (all but the factor) is
+drawn once and every factor of the cell is emulated on it (:func:`run_point` keeps the
+cell's rows in a small per-process cache), so factors compare on equal data.
+``ddpbench numerics sweep`` runs the same points without the runner (:func:`run_sweep`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ddpbench import numerics as nm
+
+__all__ = ["Spec", "expand", "point_name", "render", "run_point", "run_sweep", "train_rows"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FactorGrid(_Frozen):
+    """Predivide factors 2^0, 2^step, ..., 2^max_exp, plus ``extra`` and sqrt(N), N."""
+
+    max_exp: int = Field(24, ge=0, le=60, description="largest factor is 2^max_exp")
+    step: int = Field(2, ge=1, le=60, description="exponent step of the grid")
+    extra: tuple[float, ...] = Field((), description="further factors (> 0)")
+    include_sqrt_n: bool = True
+    include_n: bool = True
+
+    @field_validator("extra")
+    @classmethod
+    def _positive(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        for f in value:
+            nm.check_factor(f, "factors.extra value")
+        return value
+
+    def for_world(self, world_size: int) -> list[float]:
+        """Return the sorted factors used at ``world_size`` ranks."""
+        grid = {float(2.0 ** e) for e in range(0, self.max_exp + 1, self.step)}
+        grid |= {float(f) for f in self.extra}
+        if self.include_sqrt_n:
+            grid.add(math.sqrt(world_size))
+        if self.include_n:
+            grid.add(float(world_size))
+        return sorted(grid)
+
+    def grid(self) -> list[float]:
+        """Return the factors shared by every world size (the heatmaps' columns)."""
+        return sorted({float(2.0 ** e) for e in range(0, self.max_exp + 1, self.step)}
+                      | {float(f) for f in self.extra})
+
+
+class Distribution(_Frozen):
+    """A gradient distribution and the scales (RMS of one rank's element) to sweep."""
+
+    name: Literal["normal", "correlated", "heavy_tailed", "layers"]
+    scales: tuple[float, ...] = Field(min_length=1)
+
+    @field_validator("scales")
+    @classmethod
+    def _positive(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        for s in value:
+            nm.check_factor(s, "distribution scale")
+        return value
+
+
+class SafeCriteria(_Frozen):
+    """When a factor counts as safe (see :func:`ddpbench.numerics.mark_safe`)."""
+
+    err_ratio: float = Field(2.0, ge=1.0, description="allowed error over the cell's best")
+    underflow_tol: float = Field(1e-3, ge=0.0, le=1.0, description="allowed underflow fraction")
+
+
+class Training(_Frozen):
+    """The least-squares training run with fp16 communication (numerics.train_least_squares)."""
+
+    world_size: int = Field(1024, ge=1)
+    scale: float = Field(100.0, gt=0, description="target RMS of one worker's first gradient")
+    factors: tuple[float, ...] = (1.0, 32.0, 1024.0, 16777216.0)
+    steps: int = Field(150, ge=1)
+    dim: int = Field(64, ge=1)
+    dtype: Literal["float16", "bfloat16"] = "float16"
+
+    @field_validator("factors")
+    @classmethod
+    def _positive(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        for f in value:
+            nm.check_factor(f, "training factor")
+        return value
+
+
+class Spec(_Frozen):
+    """The keys of a ``kind: numerics`` experiment file."""
+
+    world_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+    factors: FactorGrid = FactorGrid()
+    dtypes: tuple[Literal["float16", "bfloat16", "float32"], ...] = ("float16", "bfloat16")
+    distributions: tuple[Distribution, ...] = (
+        Distribution(name="normal", scales=(1e-4, 1e-2, 1.0, 100.0)),)
+    elements: int = Field(8192, ge=1, le=1 << 24, description="elements per rank")
+    seed: int = 0
+    safe: SafeCriteria = SafeCriteria()
+    training: Training | None = Training()
+
+    @field_validator("world_sizes")
+    @classmethod
+    def _worlds(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("world_sizes is empty; give at least one world size >= 1")
+        for n in value:
+            nm.check_world_size(n)
+        return tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _nonempty(self) -> Spec:
+        if not self.dtypes or not self.distributions:
+            raise ValueError("dtypes and distributions must each name at least one entry")
+        return self
+
+
+# --------------------------------------------------------------------------- runner plugin
+
+
+def _cells(spec: Spec) -> list[dict[str, Any]]:
+    cells = []
+    for dtype in spec.dtypes:
+        for dist in spec.distributions:
+            for scale in dist.scales:
+                for n in spec.world_sizes:
+                    cells.append({"task": "map", "dtype": dtype, "dist": dist.name,
+                                  "scale": float(scale), "world_size": n})
+    return cells
+
+
+def expand(spec: Spec) -> list[dict[str, Any]]:
+    """Return one point per (dtype, distribution, scale, N, factor), then the training runs."""
+    points = []
+    for cell in _cells(spec):
+        factors = spec.factors.for_world(cell["world_size"])
+        for f in factors:
+            points.append({**cell, "factor": f, "elements": spec.elements, "seed": spec.seed,
+                           "mode": "emulate", "_factors": json.dumps(factors)})
+    if spec.training is not None:
+        t = spec.training
+        for f in (None, *t.factors):
+            points.append({"task": "train", "dtype": t.dtype, "dist": "least_squares",
+                           "scale": t.scale, "world_size": t.world_size,
+                           "factor": float(f) if f is not None else 0.0, "steps": t.steps,
+                           "dim": t.dim, "seed": spec.seed, "mode": "emulate",
+                           "_factors": json.dumps(sorted(float(x) for x in t.factors))})
+    return points
+
+
+def point_name(params: dict[str, Any]) -> str:
+    """Return e.g. ``float16[N=64,dist=normal,f=8,scale=1]`` (``train[...]`` for training;
+    f=0 is the fp64-communication baseline)."""
+    from ddpbench.runner import make_name
+
+    named = {"N": params["world_size"], "f": params["factor"], "scale": params["scale"]}
+    if params.get("task") == "train":
+        return make_name("train", {**named, "dtype": params["dtype"]})
+    return make_name(params["dtype"], {**named, "dist": params["dist"]})
+
+
+@functools.lru_cache(maxsize=4)
+def _cell_rows(dtype: str, dist: str, scale: float, world_size: int, factors: tuple[float, ...],
+               elements: int, seed: int) -> dict[float, dict[str, Any]]:
+    rows = nm.sweep_cell(dtype, dist, scale, world_size, factors, elements, seed, threads=1)
+    return {r["factor"]: r for r in rows}
+
+
+def run_point(params: dict[str, Any]) -> dict[str, Any]:
+    """Emulate one point (its whole cell once per process) or run one training run."""
+    if params.get("task") == "train":
+        return _train_row(params)
+    factors = tuple(json.loads(params["_factors"])) if "_factors" in params else (
+        float(params["factor"]),)
+    rows = _cell_rows(params["dtype"], params["dist"], float(params["scale"]),
+                      int(params["world_size"]), factors, int(params["elements"]),
+                      int(params.get("seed", 0)))
+    row = dict(rows[float(params["factor"])])
+    for key in ("dtype", "dist", "scale", "world_size", "factor", "elements", "seed"):
+        row.pop(key, None)
+    return row
+
+
+def _loss_scale_for(scale: float, world_size: int, dim: int, dtype: str, seed: int) -> float:
+    probe = nm.train_least_squares(None, world_size=min(world_size, 64), dim=dim, steps=1,
+                                   loss_scale=1.0, dtype="float32", seed=seed)
+    return scale / probe["grad_rms0"]
+
+
+def _train_row(params: dict[str, Any]) -> dict[str, Any]:
+    factor = float(params["factor"]) or None
+    n, dim, seed = int(params["world_size"]), int(params["dim"]), int(params.get("seed", 0))
+    loss_scale = _loss_scale_for(float(params["scale"]), n, dim, params["dtype"], seed)
+    res = nm.train_least_squares(factor, world_size=n, dim=dim, steps=int(params["steps"]),
+                                 loss_scale=loss_scale, dtype=params["dtype"], seed=seed)
+    verdicts: dict[str, Any] = {"map_safe_first": None, "map_safe_last": None}
+    if factor is not None:
+        factors = tuple(json.loads(params.get("_factors", "[]"))) or (factor,)
+        for when, rms in (("first", res["grad_rms0"]), ("last", res["grad_rms_last"])):
+            if not (math.isfinite(rms) and rms > 0):
+                continue
+            rows = _cell_rows(params["dtype"], "correlated", float(f"{rms:.3g}"), n, factors,
+                              8192, seed)
+            cell = nm.mark_safe([dict(r) for r in rows.values()])
+            verdicts[f"map_safe_{when}"] = next(r["safe"] for r in cell if r["factor"] == factor)
+    return {"final_loss": res["final_loss"], "overflow_steps": res["overflow_steps"],
+            "diverged_at": res["diverged_at"], "grad_rms0": res["grad_rms0"],
+            "grad_rms_last": res["grad_rms_last"], "loss_scale": loss_scale, **verdicts,
+            "loss_curve": json.dumps(res["loss"])}
+
+
+# --------------------------------------------------------------------------- standalone sweep
+
+
+def _run_cell(args: tuple[dict[str, Any], list[float], int, int]) -> list[dict[str, Any]]:
+    cell, factors, elements, seed = args
+    rows = nm.sweep_cell(cell["dtype"], cell["dist"], cell["scale"], cell["world_size"],
+                         factors, elements, seed, threads=1)
+    for r in rows:
+        r["task"] = "map"
+    return rows
+
+
+def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2,
+              progress: Any = None) -> list[Path]:
+    """Run every point of ``spec`` without the runner; write results.csv and the report.
+
+    Cells run in ``jobs`` processes (one thread each). Returns the files written.
+    """
+    import pandas as pd
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    tasks = [(c, spec.factors.for_world(c["world_size"]), spec.elements, spec.seed)
+             for c in _cells(spec)]
+    # Big world sizes first, so the slowest cells do not finish last on one process.
+    tasks.sort(key=lambda t: -t[0]["world_size"])
+    rows: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for i, cell_rows in enumerate(pool.map(_run_cell, tasks)):
+            rows.extend(cell_rows)
+            if progress:
+                progress(i + 1, len(tasks))
+    rows += train_rows(spec)
+    df = pd.DataFrame(rows)
+    if "status" not in df:
+        df["status"] = "ok"
+    df["status"] = df["status"].fillna("ok")
+    path = outdir / "results.csv"
+    df.to_csv(path, index=False)
+    (outdir / "experiment.json").write_text(json.dumps(
+        {"name": outdir.name, "kind": "numerics", "spec": spec.model_dump(mode="json")},
+        indent=2))
+    return [path, *render(df, outdir, spec)]
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt_f(f: float) -> str:
+    if f >= 1024 and math.log2(f) == int(math.log2(f)):
+        return f"2^{int(math.log2(f))}"
+    return f"{f:g}"
+
+
+def _fmt_scale(s: float) -> str:
+    e = math.log10(s)
+    return f"1e{int(e)}" if e == int(e) else f"{s:g}"
+
+
+def _map_rows(df: Any) -> Any:
+    import pandas as pd
+
+    m = df[(df.get("task", "map") == "map") & (df["status"] == "ok")].copy()
+    if m.empty:
+        return m
+    for col in ("scale", "factor", "rel_l2_err", "max_rel_err", "mean_rel_err",
+                "overflow_frac", "underflow_frac"):
+        m[col] = pd.to_numeric(m[col])
+    for col in ("world_size", "overflow", "underflow"):
+        m[col] = pd.to_numeric(m[col]).astype(int)
+    return m
+
+
+def _mark(m: Any, spec: Spec) -> Any:
+    rows = m.to_dict("records")
+    nm.mark_safe(rows, err_ratio=spec.safe.err_ratio, underflow_tol=spec.safe.underflow_tol)
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Path]:
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    d = m[m["dtype"] == dtype]
+    grid = spec.factors.grid()
+    worlds = list(spec.world_sizes)
+    ncols = max(len(dist.scales) for dist in spec.distributions)
+    nrows = len(spec.distributions)
+    paths = []
+    for which in ("error", "range"):
+        fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols + 1.2, 2.9 * nrows + 0.6),
+                                 squeeze=False, sharex=True, sharey=True)
+        image = None
+        for ax in axes.flat:
+            ax.set_visible(False)
+        for r, dist in enumerate(spec.distributions):
+            for c, s in enumerate(dist.scales):
+                ax = axes[r][c]
+                ax.set_visible(True)
+                cell = d[(d["dist"] == dist.name) & (d["scale"] == s)]
+                err = np.full((len(worlds), len(grid)), np.nan)
+                sign = np.full_like(err, np.nan)
+                safe = np.zeros_like(err, dtype=bool)
+                for _, row in cell.iterrows():
+                    if row["factor"] not in grid or row["world_size"] not in worlds:
+                        continue
+                    i, j = worlds.index(row["world_size"]), grid.index(row["factor"])
+                    err[i, j] = math.log10(max(row["rel_l2_err"], 1e-12))
+                    if row["overflow"] > 0:
+                        err[i, j] = np.nan
+                    sign[i, j] = (math.log10(1e4 * row["overflow_frac"] + 1) if row["overflow"]
+                                  else -math.log10(1e4 * row["underflow_frac"] + 1))
+                    safe[i, j] = bool(row["safe"])
+                if which == "error":
+                    image = ax.imshow(err, origin="lower", aspect="auto", cmap="viridis",
+                                      vmin=-4, vmax=0, interpolation="nearest")
+                    oi, oj = np.nonzero(np.isnan(err) & ~np.isnan(sign))
+                    ax.scatter(oj, oi, marker="x", s=14, c="red", linewidths=1,
+                               label="overflow")
+                else:
+                    image = ax.imshow(sign, origin="lower", aspect="auto", cmap="RdBu_r",
+                                      norm=TwoSlopeNorm(0, -4, 4), interpolation="nearest")
+                si, sj = np.nonzero(safe)
+                ax.scatter(sj, si, marker="o", s=5, facecolors="none", edgecolors="white"
+                           if which == "error" else "black", linewidths=0.6, label="safe")
+                # f = sqrt(N) and f = N as lines across the rows
+                for power, style in ((0.5, ":"), (1.0, "--")):
+                    xs = [math.log2(n ** power) / spec.factors.step for n in worlds]
+                    ax.plot(xs, range(len(worlds)), style, color="orange", lw=1)
+                ax.set_title(f"{dist.name}, scale {_fmt_scale(s)}", fontsize=9)
+                ax.set_xlim(-0.5, len(grid) - 0.5)
+                ax.set_ylim(-0.5, len(worlds) - 0.5)
+        for ax in axes[-1]:
+            ticks = list(range(0, len(grid), max(1, len(grid) // 6)))
+            ax.set_xticks(ticks, [_fmt_f(grid[t]) for t in ticks], fontsize=7)
+            ax.set_xlabel("predivide factor f", fontsize=8)
+        for row_axes in axes:
+            ticks = list(range(0, len(worlds), 2))
+            row_axes[0].set_yticks(ticks, [str(worlds[t]) for t in ticks], fontsize=7)
+            row_axes[0].set_ylabel("world size N", fontsize=8)
+        if which == "error":
+            title = (f"{dtype}: log10 relative L2 error of the ring average vs fp64 "
+                     "(red x: overflow; o: safe; dotted f=sqrt(N), dashed f=N)")
+            label = "log10 rel. L2 error"
+        else:
+            title = (f"{dtype}: overflow (red) / underflow (blue) fraction of results, "
+                     "log scale (o: safe; dotted f=sqrt(N), dashed f=N)")
+            label = "sign x log10(1 + 1e4 x fraction)"
+        fig.suptitle(title, fontsize=10)
+        fig.colorbar(image, ax=axes, shrink=0.8, label=label)
+        path = outdir / f"{which}_{dtype}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _range_text(lo_hi: tuple[float, float] | None, n: int, rows: Any) -> str:
+    if lo_hi is None:
+        return "none"
+    lo, hi = lo_hi
+    safe = set(rows[rows["safe"]]["factor"])
+    gaps = [f for f in rows["factor"] if lo < f < hi and f not in safe]
+    text = f"{_fmt_f(lo)} - {_fmt_f(hi)}"
+    return text + (" (gaps)" if gaps else "")
+
+
+def safe_table(m: Any, spec: Spec, dtype: str, dist: str) -> Any:
+    """Return the safe factor range per world size (rows) and scale (columns)."""
+    import pandas as pd
+
+    d = m[(m["dtype"] == dtype) & (m["dist"] == dist)]
+    table = []
+    for n in spec.world_sizes:
+        row = {"N": n}
+        for s in sorted(d["scale"].unique()):
+            cell = d[(d["world_size"] == n) & (d["scale"] == s)]
+            rng = nm.safe_range(cell.to_dict("records"))
+            row[f"scale {_fmt_scale(s)}"] = _range_text(rng, n, cell)
+        table.append(row)
+    return pd.DataFrame(table)
+
+
+def _reading(m: Any, spec: Spec) -> list[str]:
+    out = []
+    for dtype in spec.dtypes:
+        for dist in spec.distributions:
+            for n in [w for w in (1024, 4096) if w in spec.world_sizes]:
+                parts = []
+                for s in dist.scales:
+                    cell = m[(m["dtype"] == dtype) & (m["dist"] == dist.name)
+                             & (m["world_size"] == n) & (m["scale"] == s)]
+                    if cell.empty:
+                        continue
+                    rng = nm.safe_range(cell.to_dict("records"))
+                    by_f = {r["factor"]: r for r in cell.to_dict("records")}
+                    notes = []
+                    if by_f.get(1.0, {}).get("overflow", 0):
+                        notes.append("f=1 overflows")
+                    if not by_f.get(float(n), {}).get("safe", True):
+                        notes.append("f=N is unsafe")
+                    if rng is None:
+                        parts.append(f"near {_fmt_scale(s)} no factor on the grid is safe")
+                    else:
+                        parts.append(f"near {_fmt_scale(s)} factors {_fmt_f(rng[0])} to "
+                                     f"{_fmt_f(rng[1])} are safe"
+                                     + (f" ({', '.join(notes)})" if notes else ""))
+                if parts:
+                    out.append(f"{dtype}, {dist.name} gradients, N={n}: " + "; ".join(parts) + ".")
+    return out
+
+
+def _training(plt: Any, df: Any, outdir: Path, doc: Any, m: Any) -> list[Path]:
+    import pandas as pd
+
+    t = df[(df.get("task", "map") == "train") & (df["status"] == "ok")].copy()
+    if t.empty:
+        return []
+    t["factor"] = pd.to_numeric(t["factor"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    table = []
+    n = int(t["world_size"].iloc[0])
+    dtype = t["dtype"].iloc[0]
+    rms = float(t["grad_rms0"].iloc[0])
+    base = t[t["factor"] == 0]
+    rms_last = float(base["grad_rms_last"].iloc[0]) if not base.empty else math.nan
+
+    def verdict(value: Any) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        return "safe" if str(value).lower() == "true" else "unsafe"
+
+    for _, row in t.sort_values("factor").iterrows():
+        curve = json.loads(row["loss_curve"])
+        f = float(row["factor"])
+        first, last = verdict(row.get("map_safe_first")), verdict(row.get("map_safe_last"))
+        label = "fp64 average (baseline)" if f == 0 else f"f = {_fmt_f(f)} (map: {first} / {last})"
+        diverged = row.get("diverged_at")
+        if f and diverged == diverged and diverged is not None and str(diverged) != "":
+            label += f", diverged at step {int(float(diverged))}"
+        ax.semilogy(range(1, len(curve) + 1), curve, label=label,
+                    lw=2.5 if f == 0 else 1.2, ls="-" if f == 0 else "--")
+        table.append({"factor": "fp64 baseline" if f == 0 else _fmt_f(f),
+                      "map at first gradient scale": first,
+                      "map at last gradient scale": last,
+                      "overflow steps": int(row["overflow_steps"]),
+                      "final loss": float(row["final_loss"])})
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (fp64 evaluation)")
+    ax.set_title(f"least squares, {n} simulated workers, {dtype} ring; one worker's gradient "
+                 f"RMS {rms:.3g} at the start, {rms_last:.3g} at the end", fontsize=9)
+    ax.legend(fontsize=8)
+    path = outdir / "training.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    doc.heading("Training with fp16 communication")
+    doc.text(
+        f"A least-squares model (w in R^dim, rows a ~ N(0, I), y = a.w* + 0.01 noise) trained "
+        f"with SGD by {n} simulated workers whose fp32 gradients are multiplied by a loss "
+        f"scale (so one worker's first gradient has RMS {rms:.3g}), cast to {dtype} and "
+        "averaged by the emulated ring at each predivide factor; the average is unscaled in "
+        "fp32. No dynamic loss scaling: an overflowed step is applied, so overflow shows as "
+        "divergence. The map columns are the emulator's verdict for correlated gradients at "
+        "this N at the first and at the last step's gradient RMS: training shrinks the "
+        "gradients, so a factor must be safe at both ends. (The issue-6 trainer needs real "
+        "ranks; 1024 workers need the emulator.)")
+    doc.table(pd.DataFrame(table))
+    doc.image(Path(path.name), "training loss per predivide factor")
+    return [path]
+
+
+def train_rows(spec: Spec) -> list[dict[str, Any]]:
+    """Run the spec's training points; return their rows (params + results)."""
+    rows = []
+    for p in expand(spec):
+        if p["task"] == "train":
+            row = {k: v for k, v in p.items() if not k.startswith("_") and k != "mode"}
+            rows.append({**row, **_train_row(p), "status": "ok"})
+    return rows
+
+
+def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
+    """Write report.md/.html with heatmaps, safe-range tables, a reading and the training."""
+    import pandas as pd
+
+    from ddpbench import report
+
+    plt = report.pyplot()
+    outdir.mkdir(parents=True, exist_ok=True)
+    doc = report.Document("Predivide factor numerics of the ring allreduce")
+    m = _map_rows(df)
+    paths: list[Path] = []
+    doc.text(
+        "What `gradient_predivide_factor` f does to half-precision gradient averages: every "
+        "rank multiplies its gradient by 1/f (in fp32, rounded once), the ring sums in the "
+        "gradient's dtype in the exact order of the `horovod` backend, and the sum is "
+        "multiplied by f/N. Emulated (bit-exact with the backend, checked at 2-4 ranks) for "
+        f"N up to {max(spec.world_sizes)}, {spec.elements} elements per rank, against the "
+        "exact fp64 mean of the same inputs. `scale` is the RMS of one rank's gradient element.")
+    doc.bullets([
+        "normal: independent N(0, scale^2) per rank (noise only: sums grow like sqrt(N))",
+        "correlated: a mean shared by all ranks plus equal per-rank noise (sums grow like N)",
+        "heavy_tailed: Student t, 3 degrees of freedom",
+        "layers: correlated, with per-tensor RMS spread over 3 decades (ResNet-50 tensor sizes)",
+        f"safe = no inf/nan, at most {spec.safe.underflow_tol:g} more of the results flushed "
+        "to zero or subnormal (where the fp64 mean is normal) than at the cell's least "
+        f"underflowing factor, and relative L2 error at most "
+        f"{spec.safe.err_ratio:g}x the best factor of the cell (or {spec.safe.err_ratio:g}x the "
+        "unit roundoff, if larger)",
+    ])
+    if not m.empty:
+        m = _mark(m, spec)
+        reading = _reading(m, spec)
+        doc.heading("Reading for users")
+        doc.bullets(reading)
+        for dtype in spec.dtypes:
+            if not (m["dtype"] == dtype).any():
+                continue
+            hm = _heatmaps(plt, m, spec, dtype, outdir)
+            paths += hm
+            doc.heading(f"{dtype}: error and range maps")
+            for p in hm:
+                doc.image(Path(p.name), p.stem)
+            doc.heading(f"{dtype}: safe factor ranges", level=3)
+            for dist in spec.distributions:
+                doc.table(safe_table(m, spec, dtype, dist.name),
+                          caption=f"{dtype}, {dist.name}: safe predivide factors "
+                                  "(smallest - largest on the grid)")
+        summary = m.copy()
+        summary["factor"] = summary.apply(lambda r: nm.factor_label(r["factor"],
+                                                                    r["world_size"]), axis=1)
+        keep = summary[summary["factor"].isin(["1", "sqrt(N)", "N"])]
+        piv = keep.pivot_table(index=["dtype", "dist", "scale", "world_size"], columns="factor",
+                               values="rel_l2_err", aggfunc="first")
+        doc.heading("Relative L2 error at f = 1, sqrt(N), N", level=3)
+        doc.table(piv.reset_index()[[c for c in ("dtype", "dist", "scale", "world_size", "1",
+                                                  "sqrt(N)", "N") if c in piv.reset_index()]]
+                  .query("world_size in [64, 1024, 4096]"))
+        m.to_csv(outdir / "safe.csv", index=False)
+        paths.append(outdir / "safe.csv")
+    paths += _training(plt, df, outdir, doc, m)
+    failed = df[df["status"] != "ok"] if "status" in df else pd.DataFrame()
+    if not failed.empty:
+        doc.heading("Failed points")
+        doc.table(failed[[c for c in ("point", "error") if c in failed]])
+    return paths + doc.write(outdir)

@@ -1,0 +1,105 @@
+"""The ``kind: numerics`` runner plugin and the ``ddpbench numerics`` command."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pandas as pd
+import pytest
+
+from ddpbench import cli, config, runner
+from ddpbench import numerics as nm
+from ddpbench import numerics_experiment as ne
+
+TINY = {
+    "world_sizes": [1, 3, 16],
+    "factors": {"max_exp": 8, "step": 4},
+    "dtypes": ["float16"],
+    "distributions": [{"name": "correlated", "scales": [1e-3, 3000.0]}],
+    "elements": 64,
+    "training": None,
+}
+
+
+def test_spec_rejects_bad_values_with_their_names():
+    with pytest.raises(ValueError, match="world size must be >= 1"):
+        ne.Spec.model_validate({**TINY, "world_sizes": [0, 2]})
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        ne.Spec.model_validate({**TINY, "factors": {"extra": [-1.0]}})
+    with pytest.raises(ValueError, match="dtypes"):
+        ne.Spec.model_validate({**TINY, "dtypes": ["int8"]})
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        ne.Spec.model_validate({**TINY, "colour": "red"})
+    spec = ne.Spec.model_validate(TINY)
+    assert ne.Spec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+def test_expand_names_and_rows_match_the_engine():
+    spec = ne.Spec.model_validate(TINY)
+    points = ne.expand(spec)
+    # factors at N: 1, 16, 256 plus sqrt(N), N (deduplicated)
+    per_n = {n: len(spec.factors.for_world(n)) for n in spec.world_sizes}
+    assert per_n == {1: 3, 3: 5, 16: 4}
+    assert len(points) == 2 * sum(per_n.values())
+    names = [ne.point_name(p) for p in points]
+    assert len(set(names)) == len(names)
+    assert "float16[N=16,dist=correlated,f=4,scale=0.001]" in names
+    p = next(p for p in points if p["world_size"] == 16 and p["factor"] == 1.0
+             and p["scale"] == 3000.0)
+    row = ne.run_point(p)
+    ref = {r["factor"]: r for r in nm.sweep_cell("float16", "correlated", 3000.0, 16,
+                                                  spec.factors.for_world(16), 64)}
+    assert row["overflow"] == ref[1.0]["overflow"] > 0  # 16 x 3000 x |m + z| > 65504
+    assert row["rel_l2_err"] == ref[1.0]["rel_l2_err"] or math.isnan(row["rel_l2_err"])
+
+
+def test_runner_runs_and_renders_the_numerics_kind(tmp_path):
+    text = textwrap.dedent("""\
+        name: tiny_numerics
+        kind: numerics
+        world_sizes: [1, 3, 16]
+        factors: {max_exp: 8, step: 4}
+        dtypes: [float16]
+        distributions:
+          - {name: correlated, scales: [0.001, 3000]}
+        elements: 64
+        training: {world_size: 8, scale: 100, factors: [1, 8], steps: 5, dim: 4}
+        """)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(text)
+    exp = config.load_experiment(path)
+    summary = runner.run_experiment(exp, tmp_path / "out", jobs=1, progress=False)
+    assert summary.failed == 0 and summary.ok == len(ne.expand(exp.spec))
+    out = tmp_path / "out"
+    for name in ("report.md", "error_float16.png", "range_float16.png", "training.png"):
+        assert (out / name).stat().st_size > 0
+    md = (out / "report.md").read_text()
+    safe = pd.read_csv(out / "safe.csv")
+    big = safe[(safe["scale"] == 3000) & (safe["world_size"] == 16)]
+    # 16 ranks x 3000: f = 1 overflows, f = 16 keeps the sum in range
+    assert not big[big["factor"] == 1.0]["safe"].iloc[0]
+    assert big[big["factor"] == 16.0]["safe"].iloc[0]
+    assert "| 16 |" in md and "Reading for users" in md
+
+
+def test_query_command_prints_the_safe_range(capsys):
+    assert cli.main(["numerics", "query", "-N", "64", "--scale", "1e3", "--dist",
+                     "correlated", "--elements", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "for N=64 and gradients near 1000, factors between 4 and" in out
+    assert "sqrt(N)" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["query", "-N", "0", "--scale", "1"], "world size must be >= 1"),
+    (["query", "-N", "8", "--scale", "1", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["query", "-N", "8", "--scale", "1", "--factors", "0,2"], "> 0"),
+    (["query", "-N", "8", "--scale", "-1"], "gradient scale"),
+    (["bench", "-N", "8", "--factor", "0"], "> 0"),
+    (["sweep", "--world-sizes", "0,4", "--out", "/nonexistent"], "world size must be >= 1"),
+    (["sweep", "--dist", "normal", "--out", "/nonexistent"], "NAME:S1,S2"),
+])
+def test_bad_command_input_exits_2_with_a_message(argv, words, capsys):
+    assert cli.main(["numerics", *argv]) == 2
+    assert words in capsys.readouterr().err
