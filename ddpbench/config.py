@@ -16,6 +16,7 @@ An experiment file is a mapping with an envelope read by the runner (``name``, `
     backends:                     # a list of names, or name -> knobs
       kvstore: {}
       p3: {slice_params: [10000, 40000]}   # a knob list is an axis of that backend only
+      byteps: {workers: [2, 4]}            # a common axis here overrides it for byteps
     zip:                          # axes in one group vary together instead of as a grid
       - [bandwidth_gbps, latency_us]
     report: {baseline: kvstore}
@@ -422,7 +423,12 @@ class ThroughputSpec(_Frozen):
             "compute_scale": self.compute_scale, "size_scale": self.size_scale,
         }
         for knob, values in self.backends[backend].items():
-            axes[f"{backend}.{knob}"] = values
+            # A common axis given under a backend overrides it for that backend only.
+            common = "workload" if knob == "workloads" else knob
+            if common in axes:
+                axes[common] = values
+            else:
+                axes[f"{backend}.{knob}"] = values
         return axes
 
 
@@ -503,10 +509,13 @@ def check_throughput(spec: ThroughputSpec, raw: Any, file: Path | str) -> Throug
             raise _err(file, raw, ["backends", name],
                        f"unknown backend {name!r}; valid backends: {sorted(known)}")
         for knob in knobs:
+            if knob in COMMON_AXES or knob == "workloads":
+                continue
             if knob not in known[name]:
                 raise _err(file, raw, ["backends", name, knob],
                            f"unknown knob {knob!r} of backend {name!r}; "
-                           f"valid knobs: {sorted(known[name])}")
+                           f"valid knobs: {sorted(known[name])} (or a common axis to "
+                           f"override for this backend: {list(COMMON_AXES)})")
     valid = _known_workloads()
     for i, w in enumerate(spec.workloads):
         if w not in valid and not (w.endswith((".yaml", ".yml")) and (base / w).is_file()):

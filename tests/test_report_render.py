@@ -1,0 +1,54 @@
+"""Report rendering from rows alone: tables hold the right ratios, HTML is escaped."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ddpbench import config, report
+
+
+def synthetic_rows() -> pd.DataFrame:
+    rows = []
+    # kvstore: 100 samples/s everywhere; p3: 200 at 1 Gbps, 150 at 10, 100 at 30.
+    for bw, p3 in ((1.0, 200.0), (10.0, 150.0), (30.0, 100.0)):
+        for backend, thr in (("kvstore", 100.0), ("p3", p3)):
+            rows.append({"experiment": "s", "kind": "throughput", "mode": "simulate",
+                         "point": f"{backend}[bandwidth_gbps={bw:g}]", "repetition": 0,
+                         "status": "ok", "error": None, "backend": backend, "workload": "w<1>",
+                         "workers": 4, "servers": "colocated", "bandwidth_gbps": bw,
+                         "latency_us": 5.0, "iterations": 3, "warmup": 1,
+                         "compute_scale": 1.0, "size_scale": 1.0,
+                         "iteration_time_s": 1.0 / thr, "throughput": thr})
+    rows.append({**rows[0], "point": "p3[broken]", "backend": "p3", "status": "failed",
+                 "error": "RuntimeError: <boom> | pipe", "throughput": None,
+                 "iteration_time_s": None, "bandwidth_gbps": 2.0})
+    return pd.DataFrame(rows)
+
+
+def test_speedup_highlights_and_tables(tmp_path):
+    spec = config.ThroughputSpec(workloads=["resnet50"], backends=["kvstore", "p3"],
+                                 bandwidth_gbps=[1, 10, 30],
+                                 report={"baseline": "kvstore"})
+    paths = report.render_throughput(synthetic_rows(), tmp_path, spec)
+    md = (tmp_path / "report.md").read_text()
+    assert "p3 on w<1>: 1.50x at 10 Gbps; peak 2.00x at 1 Gbps" in md
+    assert "| w<1> | 30 | 1 |" in md  # speedup table: p3 / kvstore at 30 Gbps
+    assert "RuntimeError: <boom> \\| pipe" in md  # failed point listed, pipe escaped
+    page = (tmp_path / "report.html").read_text()
+    assert "&lt;boom&gt;" in page and "<boom>" not in page and "w&lt;1&gt;" in page
+    names = sorted(p.name for p in paths)
+    assert names == ["report.html", "report.md", "speedup.png", "throughput_vs_bandwidth.png"]
+    for p in paths:
+        assert p.stat().st_size > 0
+
+
+def test_document_markdown_and_html():
+    doc = report.Document("T & <t>")
+    doc.heading("Section")
+    doc.text("see `a<b`")
+    doc.table(pd.DataFrame({"x": [1.0, 2.5], "y": ["a|b", None]}))
+    md = doc.markdown()
+    assert md.splitlines()[0] == "# T & <t>"
+    assert "| 1 | a\\|b |" in md and "| 2.5 |  |" in md
+    page = doc.html()
+    assert "<title>T &amp; &lt;t&gt;</title>" in page and "<code>a&lt;b</code>" in page

@@ -1,0 +1,147 @@
+"""A tiny experiment end to end: simulated in parallel processes, and real at 2 ranks."""
+
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddpbench import config, runner
+from ddpbench.cli import main as cli_main
+
+simulator = pytest.importorskip("simulator")
+
+TINY = """\
+name: tiny
+description: "<b>tiny</b> & co"
+workloads: [seq2seq_lstm]
+workers: 2
+bandwidth_gbps: [5, 20]
+latency_us: 5
+iterations: 2
+backends:
+  kvstore: {}
+  horovod: {fusion_threshold: [1000000, 134217728]}
+report:
+  baseline: kvstore
+  gantt: {backend: horovod, bandwidth_gbps: 20, fusion_threshold: 1000000}
+"""
+
+
+def rows_of(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_simulated_experiment_end_to_end(tmp_path, capsys):
+    exp_file = tmp_path / "tiny.yaml"
+    exp_file.write_text(TINY)
+    out = tmp_path / "reports" / "tiny"
+    assert cli_main(["run", str(exp_file), "--outdir", str(out), "--jobs", "2",
+                     "--no-progress"]) == 0
+    assert "6 ran ok, 0 failed" in capsys.readouterr().out
+    rows = rows_of(out / "results.csv")
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    by_name = {r["point"]: r for r in rows}
+    # Every row is the simulator's own answer for that point (reference: a direct call).
+    for r in rows:
+        knobs = {"fusion_threshold": int(r["fusion_threshold"])} if r["fusion_threshold"] else {}
+        ref = simulator.simulate("seq2seq_lstm", r["backend"], workers=2, servers="colocated",
+                                 bandwidth_gbps=float(r["bandwidth_gbps"]), latency_us=5.0,
+                                 iterations=2, warmup=1, **knobs)
+        assert float(r["iteration_time_s"]) == ref.iteration_time_s
+        assert float(r["throughput"]) == ref.throughput
+        assert float(r["bytes_sent_max"]) == max(ref.bytes_sent.values())
+    gantt_point = ("horovod[bandwidth_gbps=20,fusion_threshold=1000000,iterations=2,latency_us=5,"
+                   "servers=colocated,workers=2,workload=seq2seq_lstm]")
+    assert gantt_point in by_name
+    timeline = json.loads((out / "timelines" / runner.timeline_file(gantt_point)).read_text())
+    assert timeline["point"] == gantt_point and timeline["spans"]
+
+    md = (out / "report.md").read_text()
+    for name in by_name:
+        assert f"| {name} |" in md
+    kv = {r["bandwidth_gbps"]: float(r["throughput"]) for r in rows if r["backend"] == "kvstore"}
+    hv = {r["bandwidth_gbps"]: float(r["throughput"]) for r in rows
+          if r["backend"] == "horovod" and r["fusion_threshold"] == "134217728"}
+    assert f"{hv['5.0'] / kv['5.0']:.4g}" in md  # the speedup table holds the ratio
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == sorted(["throughput_vs_bandwidth.png", "speedup.png",
+                           f"gantt_{Path(runner.timeline_file(gantt_point)).stem}.png"])
+    page = (out / "report.html").read_text()
+    assert "&lt;b&gt;tiny&lt;/b&gt; &amp; co" in page and "<b>tiny</b>" not in page
+
+    # Re-running does nothing; `ddpbench report` re-renders from results.csv alone.
+    before = (out / "results.csv").read_text()
+    assert cli_main(["run", str(exp_file), "--outdir", str(out), "--no-progress"]) == 0
+    assert "0 ran ok, 0 failed, 6 already finished" in capsys.readouterr().out
+    for p in out.glob("*.png"):
+        p.unlink()
+    (out / "report.md").unlink()
+    assert cli_main(["report", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == pngs
+    assert (out / "report.md").read_text() == md
+    assert (out / "results.csv").read_text() == before
+
+
+def test_unavailable_real_backend_becomes_a_failed_row(tmp_path, monkeypatch):
+    import ddpbench
+
+    monkeypatch.setattr(ddpbench, "available", lambda: ["mpi"])
+    exp = config.parse_experiment(textwrap.dedent("""\
+        name: r
+        mode: real
+        workloads: resnet50
+        workers: 2
+        backends: [p3]
+        """))
+    summary = runner.run_experiment(exp, tmp_path / "r", progress=False)
+    assert summary.failed == 1
+    (row,) = rows_of(tmp_path / "r" / "results.csv")
+    assert row["status"] == "failed" and row["mode"] == "real"
+    assert "backend 'p3' is not available for real runs" in row["error"]
+    assert "available: ['mpi']" in row["error"]
+    assert cli_main(["report", str(tmp_path / "r")]) == 0
+    assert "Failed points" in (tmp_path / "r" / "report.md").read_text()
+
+
+@pytest.mark.mpi
+def test_tiny_real_experiment_at_two_ranks_beside_simulation(tmp_path):
+    exp = config.parse_experiment(textwrap.dedent("""\
+        name: tinyreal
+        mode: both
+        workloads: resnet50
+        workers: 2
+        compute_scale: 0.02
+        size_scale: 0.01
+        iterations: 3
+        backends: [mpi, horovod]
+        real: {timeout_s: 60}
+        report: {baseline: mpi}
+        """))
+    out = tmp_path / "tinyreal"
+    summary = runner.run_experiment(exp, out, jobs=1, progress=False)
+    assert summary.failed == 0, summary.failures
+    rows = rows_of(out / "results.csv")
+    assert sorted((r["mode"], r["backend"]) for r in rows) == [
+        ("real", "horovod"), ("real", "mpi"), ("simulate", "horovod"), ("simulate", "mpi")]
+    from ddpbench.realrun import scale_sizes
+
+    workload = scale_sizes(simulator.load_workload("resnet50"), 0.01)
+    for r in rows:
+        if r["mode"] != "real":
+            continue
+        samples = json.loads(r["samples_s"])
+        assert len(samples) == 3 and float(r["iteration_time_s"]) == sorted(samples)[1]
+        # What each worker pushed: the scaled profile's fp32 gradients, all of them.
+        assert int(float(r["bytes_sent_max"])) == 4 * sum(t.numel for t in workload.tensors)
+        # Compute alone takes 0.02 x the profile's time: an iteration can't be shorter.
+        compute = 0.02 * sum(x.fwd_s + x.bwd_s for x in workload.layers)
+        assert float(r["iteration_time_s"]) >= compute
+        assert float(r["throughput"]) == pytest.approx(
+            2 * workload.batch_size / float(r["iteration_time_s"]))
+    assert (out / "sim_vs_real.png").exists()
+    assert "real/sim" in (out / "report.md").read_text()
