@@ -53,8 +53,8 @@ class Dataset:
 
 
 def teacher_student(
-    n_train: int = 4096,
-    n_test: int = 1024,
+    n_train: int = 16384,
+    n_test: int = 4096,
     *,
     features: int = 64,
     num_classes: int = 10,

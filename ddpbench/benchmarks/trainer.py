@@ -1,0 +1,172 @@
+"""``ddpbench bench trainer``: what ``DistributedTrainer.step`` costs over a bare push_pull loop.
+
+For each backend the job times, interleaved step by step on the same gradients:
+
+- ``bare``: the least any data-parallel step must do: ``push_pull_async`` of every gradient
+  in backward order (priority -layer, op AVERAGE), wait for all, then the SGD update
+  ``w -= lr * g / batch`` in NumPy;
+- ``trainer``: the same gradients announced by the backward hooks (``grad_ready``, which
+  makes the trainer send them) and ``trainer.step(batch)``.
+
+No forward or backward compute runs, so the difference is the trainer's own overhead
+(hooks, bookkeeping, handle waits, optimizer object). Timing is OSU-style: barrier,
+``MPI.Wtime`` around one step, the slowest rank's time kept; the table shows medians, and
+the ratio trainer / bare. Both loops' results are checked against each other (the final
+parameters must be equal: the trainer applies the same arithmetic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HELP = "time DistributedTrainer.step against a bare loop of push_pull calls (ratio)"
+
+
+def _model(cfg: dict[str, Any], prefix: str) -> Any:
+    from ddpbench import nn
+
+    if cfg["model"] == "cnn":
+        return nn.cnn(seed=1, prefix=prefix)
+    return nn.mlp(hidden=(cfg["width"],) * cfg["depth"], seed=1, prefix=prefix)
+
+
+def worker(cfg: dict[str, Any]) -> None:
+    from ddpbench.comm import world
+
+    comm = world().role_comm
+    rng = np.random.default_rng(comm.rank)
+    shape = (cfg["batch"], 1, 8, 8) if cfg["model"] == "cnn" else (cfg["batch"], 64)
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = rng.integers(0, 10, cfg["batch"])
+    rows = [_bench_one(spec, cfg, comm, x, y) for spec in cfg["backends"]]
+    if comm.rank == 0:
+        Path(cfg["out"]).write_text(json.dumps(rows))
+
+
+def _bench_one(spec: str, cfg: dict[str, Any], comm: Any, x: Any, y: Any) -> dict[str, Any]:
+    from mpi4py import MPI
+
+    import ddpbench
+    from ddpbench import nn
+
+    name, _, rest = spec.partition(":")
+    opts = {k: json.loads(v) for k, _, v in (o.partition("=") for o in rest.split(",") if o)}
+    kv = ddpbench.create(name, **opts)
+    bare_m, tr_m = _model(cfg, f"bare.{name}."), _model(cfg, f"tr.{name}.")
+    for m in (bare_m, tr_m):
+        _, d = nn.softmax_cross_entropy(m.forward(x), y)
+        m.backward(d)
+    ddpbench.broadcast_parameters(bare_m.parameters(), kv=kv)
+    ddpbench.broadcast_parameters(tr_m.parameters(), kv=kv)
+    lr, b = np.float32(cfg["lr"]), cfg["batch"]
+    trainer = ddpbench.DistributedTrainer(tr_m.parameters(), nn.SGD(lr=cfg["lr"]), kv=kv)
+    bare_ps, tr_ps = bare_m.parameters(), tr_m.parameters()
+    grads = [p.grad.copy() for p in bare_ps]  # the same gradients every step
+    scale = np.float32(1.0 / b)
+
+    def bare_step() -> None:
+        for p, g in zip(bare_ps, grads):
+            p.grad[...] = g
+        handles = [kv.push_pull_async(p.name, p.grad, priority=-p.layer, op="average")
+                   for p in reversed(bare_ps)]
+        for h in handles:
+            h.wait()
+        for p in bare_ps:
+            p.data -= lr * (p.grad * scale)
+
+    def trainer_step() -> None:
+        for p, g in zip(tr_ps, grads):
+            p.grad[...] = g
+        for p in reversed(tr_ps):
+            p.grad_ready()
+        trainer.step(b)
+
+    samples: dict[str, list[float]] = {"bare": [], "trainer": []}
+    for it in range(cfg["warmup"] + cfg["iters"]):
+        for label, fn in (("bare", bare_step), ("trainer", trainer_step)):
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            fn()
+            dt = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
+            if it >= cfg["warmup"]:
+                samples[label].append(dt)
+    diff = max(float(np.max(np.abs(p.data - q.data))) for p, q in zip(bare_ps, tr_ps))
+    trainer.close()
+    kv.close()
+    return {
+        "backend": spec, "ranks": comm.size, "tensors": len(bare_ps),
+        "params": int(sum(p.data.size for p in bare_ps)),
+        "bare_us": 1e6 * float(np.median(samples["bare"])),
+        "trainer_us": 1e6 * float(np.median(samples["trainer"])),
+        "bare_min_us": 1e6 * min(samples["bare"]),
+        "trainer_min_us": 1e6 * min(samples["trainer"]),
+        "max_param_diff": diff,
+    }
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backends", default="mpi,horovod,collective",
+                        help="comma-separated; options as name:key=value (default "
+                             "mpi,horovod,collective)")
+    parser.add_argument("-n", "--ranks", type=int, default=2, help="worker ranks (default 2)")
+    parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    parser.add_argument("--width", type=int, default=256, help="MLP hidden units (default 256)")
+    parser.add_argument("--depth", type=int, default=2, help="MLP hidden layers (default 2)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--format", choices=["table", "json"], default="table")
+    parser.add_argument("--timeout", type=float, default=600.0)
+
+
+def main(args: argparse.Namespace) -> int:
+    import ddpbench
+    from ddpbench.cli import UsageError
+    from ddpbench.launch import launch
+
+    if args.ranks < 1 or args.iters < 1 or args.warmup < 0 or args.width < 1 or args.depth < 1:
+        raise UsageError("need --ranks, --iters, --width, --depth >= 1 and --warmup >= 0")
+    backends = [b for b in args.backends.split(",") if b]
+    for spec in backends:
+        try:
+            ddpbench.api.backend_class(spec.partition(":")[0])
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cfg = {"backends": backends, "model": args.model, "width": args.width,
+               "depth": args.depth, "batch": args.batch, "lr": args.lr,
+               "warmup": args.warmup, "iters": args.iters, "out": str(out)}
+        print(f"# ddpbench bench trainer: {args.ranks} ranks, {args.model}, "
+              f"{', '.join(backends)}", file=sys.stderr, flush=True)
+        rc = launch([sys.executable, "-m", "ddpbench.benchmarks.trainer", json.dumps(cfg)],
+                    args.ranks, timeout=args.timeout)
+        rows = json.loads(out.read_text()) if out.exists() else []
+    if rc != 0 or not rows:
+        print(f"ddpbench bench trainer: the benchmark job failed (exit {rc})", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"{'backend':<22} {'n':>2} {'tensors':>7} {'params':>9} {'bare_us':>9} "
+              f"{'trainer_us':>10} {'ratio':>6} {'overhead_us':>11} {'max|dw|':>8}")
+        for r in rows:
+            print(f"{r['backend']:<22} {r['ranks']:>2} {r['tensors']:>7} {r['params']:>9} "
+                  f"{r['bare_us']:>9.1f} {r['trainer_us']:>10.1f} "
+                  f"{r['trainer_us'] / r['bare_us']:>6.3f} "
+                  f"{r['trainer_us'] - r['bare_us']:>11.1f} {r['max_param_diff']:>8.2g}")
+        print("\n# ratio = trainer step / bare push_pull loop (median of the slowest rank per "
+              "step, same run, interleaved); max|dw| = final parameter difference")
+    return 1 if any(r["max_param_diff"] != 0 for r in rows) else 0
+
+
+if __name__ == "__main__":
+    worker(json.loads(sys.argv[1]))

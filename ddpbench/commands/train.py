@@ -1,0 +1,274 @@
+"""``ddpbench train``: train a zoo model data-parallel through a real backend and report accuracy.
+
+The command launches its own ranks (``ddpbench.launch``). Every worker seeds its model
+differently on purpose (seed + 1000 x rank): :func:`ddpbench.broadcast_parameters` makes
+them equal at the first forward, and the job checks at the end that the replicas agree.
+Worker 0 evaluates its replica on the test set every ``--eval-every`` steps and writes the
+curve as JSON, which the parent prints (or the accuracy experiment stores).
+
+Example:
+    ddpbench train --model mlp --backend horovod -n 4 --steps 300
+    ddpbench train --model cnn --backend collective -n 2 --local-sgd-period 4 --compression fp16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "train a small model data-parallel with a real backend; print the accuracy curve"
+
+DEFAULTS: dict[str, Any] = {
+    "model": "mlp", "dataset": "synthetic", "backend": "mpi", "workers": 2, "servers": None,
+    "knobs": {}, "steps": 300, "batch_size": 32, "lr": 0.1, "momentum": 0.0,
+    "compression": "none", "predivide": 1.0, "local_sgd_period": 0, "update_on_kvstore": False,
+    "seed": 0, "eval_every": 20,
+}
+PS_BACKENDS = ("kvstore", "p3", "byteps")
+
+
+def _knob(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--knob takes KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    parser.add_argument("--model", default=d["model"], help="mlp (default) or cnn")
+    parser.add_argument("--dataset", default=d["dataset"],
+                        help="synthetic (default, teacher-student) or digits (needs scikit-learn)")
+    parser.add_argument("--backend", default=d["backend"], help="a name from 'ddpbench list'")
+    parser.add_argument("-n", "--workers", type=int, default=d["workers"], help="worker ranks")
+    parser.add_argument("--servers", default=None,
+                        help="parameter-server backends: a number of server ranks, or "
+                             "'colocated' (default: colocated)")
+    parser.add_argument("--knob", action="append", type=_knob, default=[], metavar="KEY=VALUE",
+                        help="a backend option, e.g. --knob fusion_threshold=0 (repeatable)")
+    parser.add_argument("--steps", type=int, default=d["steps"])
+    parser.add_argument("--batch-size", type=int, default=d["batch_size"],
+                        help="samples per worker per step (default 32)")
+    parser.add_argument("--lr", type=float, default=d["lr"])
+    parser.add_argument("--momentum", type=float, default=d["momentum"])
+    parser.add_argument("--compression", choices=["none", "fp16"], default=d["compression"])
+    parser.add_argument("--predivide", type=float, default=d["predivide"],
+                        help="gradient_predivide_factor (default 1)")
+    parser.add_argument("--local-sgd-period", type=int, default=0,
+                        help="collective backend: average parameters every P steps (local SGD)")
+    parser.add_argument("--nrings", type=int, default=None, help="collective backend: rings")
+    parser.add_argument("--update-on-kvstore", action="store_true",
+                        help="run the optimizer on the servers (kvstore)")
+    parser.add_argument("--seed", type=int, default=d["seed"])
+    parser.add_argument("--eval-every", type=int, default=d["eval_every"])
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the job is killed")
+    parser.add_argument("--out", default=None, help="also write the result JSON here")
+    parser.add_argument("--format", choices=["table", "json"], default="table")
+
+
+def make_config(**kw: Any) -> dict[str, Any]:
+    """Return a full, validated training config from ``DEFAULTS`` updated by ``kw``.
+
+    Raises:
+        ValueError: an unknown key, model, dataset or backend, or a bad number.
+    """
+    import ddpbench
+    from ddpbench.data import DATASETS
+    from ddpbench.nn import MODELS
+
+    unknown = sorted(set(kw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown training setting {unknown[0]!r}; valid: {sorted(DEFAULTS)}")
+    cfg = {**DEFAULTS, **kw}
+    if cfg["model"] not in MODELS:
+        raise ValueError(f"unknown model {cfg['model']!r}; valid models: {sorted(MODELS)}")
+    if cfg["dataset"] not in DATASETS:
+        raise ValueError(f"unknown dataset {cfg['dataset']!r}; valid: {sorted(DATASETS)}")
+    ddpbench.api.backend_class(cfg["backend"])  # unknown backend: lists the available ones
+    for key in ("workers", "steps", "batch_size", "eval_every"):
+        if int(cfg[key]) < 1:
+            raise ValueError(f"{key} must be >= 1, got {cfg[key]}")
+    if cfg["local_sgd_period"] < 0:
+        raise ValueError(f"local_sgd_period must be >= 0 (0 = off), got {cfg['local_sgd_period']}")
+    knobs = dict(cfg["knobs"])
+    if cfg["local_sgd_period"]:
+        if cfg["backend"] != "collective":
+            raise ValueError(f"local SGD is a mode of the 'collective' backend, not of "
+                             f"{cfg['backend']!r}")
+        knobs.update(mode="local_sgd", local_sgd_period=int(cfg["local_sgd_period"]))
+    if cfg["backend"] in PS_BACKENDS and cfg["servers"] is None:
+        cfg["servers"] = "colocated"
+    if cfg["servers"] not in (None, "colocated"):
+        cfg["servers"] = int(cfg["servers"])
+        if cfg["servers"] < 0:
+            raise ValueError(f"servers must be >= 0 or 'colocated', got {cfg['servers']}")
+    ddpbench.api.backend_class(cfg["backend"]).parse_options(
+        {k: v for k, v in knobs.items() if k != "servers"})
+    cfg["knobs"] = knobs
+    return cfg
+
+
+def run_training(cfg: dict[str, Any], *, timeout: float = 600.0) -> dict[str, Any]:
+    """Launch the job for ``cfg`` (from :func:`make_config`) and return worker 0's result.
+
+    Raises:
+        RuntimeError: the job failed (the failing rank's message is included).
+        TimeoutError: it ran past ``timeout`` seconds.
+    """
+    import subprocess
+
+    from ddpbench.launch import launch
+
+    servers = cfg["servers"] if isinstance(cfg["servers"], int) else 0
+    with tempfile.TemporaryDirectory(prefix="ddpbench-train-") as tmp:
+        out = Path(tmp) / "result.json"
+        log = Path(tmp) / "log.txt"
+        cmd = [sys.executable, "-m", "ddpbench.commands.train", json.dumps(cfg), str(out)]
+        with open(log, "w") as f:
+            rc = launch(cmd, int(cfg["workers"]), servers, timeout=timeout,
+                        stdout=f, stderr=subprocess.STDOUT)
+        text = log.read_text(errors="replace")
+        if rc == 124:
+            raise TimeoutError(f"training did not finish in {timeout:g} s: {_tail(text)}")
+        if rc != 0 or not out.exists():
+            raise RuntimeError(f"training job failed (exit {rc}): {_tail(text)}")
+        return json.loads(out.read_text())
+
+
+def _tail(text: str, lines: int = 4) -> str:
+    kept = [ln for ln in text.strip().splitlines() if ln.strip()]
+    errs = [ln for ln in kept if "Error" in ln or "error" in ln]
+    return " | ".join((errs or kept)[-lines:]) or "no output"
+
+
+# -- worker side ------------------------------------------------------------------------------
+def worker(cfg: dict[str, Any], out: str) -> None:
+    """Train on this rank; worker 0 writes the result JSON to ``out``."""
+    import numpy as np
+
+    import ddpbench
+    from ddpbench import nn
+    from ddpbench.comm import engine, world
+    from ddpbench.data import ShardedLoader, load_dataset
+
+    w = world()
+    knobs = dict(cfg["knobs"])
+    if cfg["backend"] in PS_BACKENDS:
+        knobs["servers"] = cfg["servers"]
+    kv = ddpbench.create(cfg["backend"], **knobs)  # a server rank serves and exits here
+    rank, size = kv.rank, kv.num_workers
+    ds = load_dataset(cfg["dataset"], seed=cfg["seed"])
+    if cfg["model"] == "cnn":
+        ds = ds.as_images()
+    model = nn.create_model(cfg["model"], num_classes=ds.num_classes,
+                            seed=cfg["seed"] + 1000 * rank)
+    ddpbench.broadcast_parameters(model.parameters(), root_rank=0, kv=kv)
+    optimizer = nn.SGD(lr=cfg["lr"], momentum=cfg["momentum"])
+    trainer = ddpbench.DistributedTrainer(
+        model.parameters(), optimizer, kv=kv,
+        gradient_predivide_factor=float(cfg["predivide"]),
+        compression=None if cfg["compression"] == "none" else cfg["compression"],
+        update_on_kvstore=bool(cfg["update_on_kvstore"]),
+    )
+    loader = ShardedLoader(ds.x_train, ds.y_train, cfg["batch_size"], rank=rank,
+                           num_workers=size, seed=cfg["seed"])
+    curve: dict[str, list] = {"step": [], "test_acc": [], "test_loss": [], "train_loss": []}
+    step_times = []
+    window = np.zeros(2, np.float64)  # loss sum and sample count since the last evaluation
+    running = float("nan")
+
+    def evaluate(step: int) -> None:
+        logits = model.forward(ds.x_test)
+        loss, _ = nn.softmax_cross_entropy(logits, ds.y_test)
+        curve["step"].append(step)
+        curve["test_acc"].append(100.0 * nn.accuracy(logits, ds.y_test))
+        curve["test_loss"].append(loss / len(ds.y_test))
+        curve["train_loss"].append(running)
+
+    t_start = time.perf_counter()
+    for step in range(cfg["steps"]):
+        x, y = loader.batch(step)
+        t0 = time.perf_counter()
+        loss, d = nn.softmax_cross_entropy(model.forward(x), y)
+        model.backward(d)
+        trainer.step(cfg["batch_size"])
+        step_times.append(time.perf_counter() - t0)
+        window += (loss, len(y))
+        last = step + 1 == cfg["steps"]
+        if (step + 1) % cfg["eval_every"] == 0 or last:
+            # Through the store, not a blocking MPI call on this thread: with colocated
+            # parameter servers this process's engine must keep serving the others.
+            total = kv.push_pull("train.loss_window", window.copy(), op="sum")
+            running, window[:] = float(total[0] / total[1]), 0.0
+            if rank == 0:
+                evaluate(step + 1)
+    wall = time.perf_counter() - t_start
+    flat = np.concatenate([p.data.reshape(-1) for p in model.parameters() if not p.distributed])
+    kv.close()
+    comm = w.role_comm
+    views = engine().call(lambda: comm.gather(flat, root=0)).wait()
+    if rank == 0:
+        diff = max(float(np.max(np.abs(v - views[0]))) for v in views)
+        result = {
+            "config": cfg, "curve": curve, "final_test_acc": curve["test_acc"][-1],
+            "final_test_loss": curve["test_loss"][-1], "final_train_loss": running,
+            "replica_max_diff": diff, "wall_s": wall,
+            "step_time_ms": 1e3 * float(np.median(step_times)),
+            "parameters": int(flat.size),
+        }
+        Path(out).write_text(json.dumps(result))
+
+
+# -- parent side ------------------------------------------------------------------------------
+def main(args: argparse.Namespace) -> int:
+    from ddpbench.cli import UsageError
+
+    knobs = dict(args.knob)
+    if args.nrings is not None:
+        knobs["nrings"] = args.nrings
+    try:
+        cfg = make_config(
+            model=args.model, dataset=args.dataset, backend=args.backend, workers=args.workers,
+            servers=args.servers, knobs=knobs, steps=args.steps, batch_size=args.batch_size,
+            lr=args.lr, momentum=args.momentum, compression=args.compression,
+            predivide=args.predivide, local_sgd_period=args.local_sgd_period,
+            update_on_kvstore=args.update_on_kvstore, seed=args.seed, eval_every=args.eval_every,
+        )
+        if cfg["dataset"] == "digits":
+            from ddpbench.data import digits
+
+            digits()  # fail here, with the install hint, rather than on every rank
+    except (ValueError, ImportError) as err:
+        raise UsageError(str(err)) from None
+    print(f"# ddpbench train: {cfg['model']} on {cfg['dataset']}, backend {cfg['backend']} "
+          f"{cfg['knobs'] or ''}, {cfg['workers']} workers", file=sys.stderr, flush=True)
+    try:
+        result = run_training(cfg, timeout=args.timeout)
+    except (RuntimeError, TimeoutError) as err:
+        print(f"ddpbench train: {err}", file=sys.stderr)
+        return 1
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.format == "json":
+        print(json.dumps(result, indent=1))
+        return 0
+    c = result["curve"]
+    print(f"{'step':>6} {'train_loss':>10} {'test_loss':>10} {'test_acc%':>9}")
+    for s, tl, vl, a in zip(c["step"], c["train_loss"], c["test_loss"], c["test_acc"]):
+        print(f"{s:>6} {tl:>10.4f} {vl:>10.4f} {a:>9.2f}")
+    print(f"\nfinal test accuracy {result['final_test_acc']:.2f}% after {cfg['steps']} steps; "
+          f"median step {result['step_time_ms']:.2f} ms; replicas differ by at most "
+          f"{result['replica_max_diff']:.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    worker(json.loads(sys.argv[1]), sys.argv[2])
