@@ -187,6 +187,23 @@ def _scale_table(dtype_name: str, factor: float) -> np.ndarray:
     return table
 
 
+# Elements per table lookup: np.take converts the uint16 indices to a temporary intp array;
+# kept at 128 Ki elements (1 MiB) it stays in cache, which makes a lookup ~3x faster.
+_TAKE_ELEMENTS = 1 << 17
+
+
+def _lookup(table: np.ndarray, idx: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Return ``table[idx]`` (into ``out``), in cache-sized groups of rows."""
+    if out is None:
+        out = np.empty(idx.shape, table.dtype)
+    if idx.ndim < 2 or idx.size <= _TAKE_ELEMENTS:
+        return table.take(idx, out=out, mode="wrap")
+    rows = max(1, _TAKE_ELEMENTS // max(1, idx.shape[1]))
+    for r in range(0, idx.shape[0], rows):
+        table.take(idx[r:r + rows], out=out[r:r + rows], mode="wrap")
+    return out
+
+
 def scale(buf: np.ndarray, factor: float) -> np.ndarray:
     """Return ``buf`` scaled as the ``horovod`` backend scales its fused buffer.
 
@@ -197,7 +214,7 @@ def scale(buf: np.ndarray, factor: float) -> np.ndarray:
         return buf
     dtype = buf.dtype
     if _is16(dtype) and dtype.kind in "fV":
-        return _scale_table(dtype.name, float(factor)).take(buf.view(np.uint16), mode="wrap")
+        return _lookup(_scale_table(dtype.name, float(factor)), buf.view(np.uint16))
     out = np.array(buf, copy=True)
     with np.errstate(over="ignore", invalid="ignore"):
         scale_(out, factor)
@@ -404,8 +421,8 @@ def gradient_block(dist: str, scale_: float, world_size: int, lo: int, hi: int, 
     if out is None:
         out = np.empty((p, cols), dtype)
     rng = np.random.default_rng([seed, p, lo])
-    # Rows are drawn in groups of <= 1 Mi elements so temporaries stay small (no page faults).
-    group = max(1, (1 << 20) // max(cols, 1))
+    # Rows are drawn in groups of <= 128 Ki elements so temporaries stay in cache.
+    group = max(1, _TAKE_ELEMENTS // max(cols, 1))
     if dist == "normal":
         table = _normal_values(s, dtype.name)
         for r in range(0, p, group):
@@ -539,9 +556,7 @@ def _scale_into(x: np.ndarray, factor: float, out: np.ndarray) -> np.ndarray:
     if factor == 1.0:
         return x
     if _is16(x.dtype):
-        table = _scale_table(x.dtype.name, float(factor))
-        table.take(x.view(np.uint16), out=out, mode="wrap")
-        return out
+        return _lookup(_scale_table(x.dtype.name, float(factor)), x.view(np.uint16), out)
     return scale(x, factor)
 
 
