@@ -156,10 +156,8 @@ def worker(cfg: dict[str, Any], out: str) -> None:
 
     import ddpbench
     from ddpbench import nn
-    from ddpbench.comm import engine, world
     from ddpbench.data import ShardedLoader, load_dataset
 
-    w = world()
     knobs = dict(cfg["knobs"])
     if cfg["backend"] in PS_BACKENDS:
         knobs["servers"] = cfg["servers"]
@@ -211,12 +209,17 @@ def worker(cfg: dict[str, Any], out: str) -> None:
             if rank == 0:
                 evaluate(step + 1)
     wall = time.perf_counter() - t_start
+    # Do the replicas agree? Root's values through the store, then every rank's largest
+    # difference as a SUM of one-hot slots (an op every backend has). All of it through
+    # the store: after close() this process makes no MPI call of its own.
     flat = np.concatenate([p.data.reshape(-1) for p in model.parameters() if not p.distributed])
+    root = kv.broadcast("train.replica_check", flat.copy(), root_rank=0)
+    diffs = np.zeros(size, np.float64)
+    diffs[rank] = float(np.max(np.abs(root - flat), initial=0.0))
+    diffs = kv.push_pull("train.replica_diffs", diffs, op="sum")
     kv.close()
-    comm = w.role_comm
-    views = engine().call(lambda: comm.gather(flat, root=0)).wait()
     if rank == 0:
-        diff = max(float(np.max(np.abs(v - views[0]))) for v in views)
+        diff = float(diffs.max())
         result = {
             "config": cfg, "curve": curve, "final_test_acc": curve["test_acc"][-1],
             "final_test_loss": curve["test_loss"][-1], "final_train_loss": running,
