@@ -64,13 +64,18 @@ __all__ = [
     "default_factors",
     "emulate",
     "error_metrics",
+    "factor_label",
     "gradient_block",
+    "mark_safe",
     "predivide_allreduce",
+    "predivide_safe_range",
     "resolve_dtype",
     "ring_allreduce",
+    "safe_range",
     "scale",
     "sweep_cell",
     "train_least_squares",
+    "unit_roundoff",
 ]
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -259,12 +264,18 @@ def _ring_block(xb: np.ndarray, lo: int, hi: int, offsets: np.ndarray, ufunc: np
         order = work if work is not None else np.empty((p, cols), xb.dtype)
         _step_order(xs, lo, hi, offsets, order)
         del xs
-        acc = order[0].copy()
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            for k in range(1, p):
-                # The backend computes op(received partial sum, own value).
-                ufunc(acc, order[k], out=acc)
+        acc = _accumulate(order, ufunc)
     return scale(acc, postscale)
+
+
+def _accumulate(order: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """Return the ring's reduce-scatter result of a block in step order (p - 1 vector ops)."""
+    acc = order[0].copy()
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for k in range(1, order.shape[0]):
+            # The backend computes op(received partial sum, own value), in the dtype.
+            ufunc(acc, order[k], out=acc)
+    return acc
 
 
 def _offsets(n: int, p: int) -> np.ndarray:
@@ -540,11 +551,7 @@ def emulate(source: Callable[[int, int], np.ndarray], world_size: int, n: int, d
         del xb
         for f in facs:
             pre, post = _scales(ReduceOp.AVERAGE, p, 1.0 / f, f)
-            order = _scale_into(rot, pre, work)
-            acc = order[0].copy()
-            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                for k in range(1, p):
-                    add(acc, order[k], out=acc)  # op(received partial sum, own value)
+            acc = _accumulate(_scale_into(rot, pre, work), add)
             outs[f][lo:hi] = scale(acc, post)
 
     _map(run, _plan_blocks(n, p), nthreads)

@@ -579,6 +579,18 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         m.to_csv(outdir / "safe.csv", index=False)
         paths.append(outdir / "safe.csv")
     paths += _training(plt, df, outdir, doc, m)
+    doc.heading("Metrics and how to reproduce")
+    doc.bullets([
+        "rel_l2_err = ||out - mean|| / ||mean|| over finite outputs: the error an optimizer "
+        "step sees; it decides 'safe'.",
+        "max_rel_err / mean_rel_err are element-wise |out - mean| / |mean| (in safe.csv): "
+        "large wherever the ranks' gradients cancel (mean near 0), at every factor.",
+        "overflow = inf/nan results; underflow = results zero or subnormal where the fp64 "
+        "mean is a normal number of the dtype.",
+        "`ddpbench numerics query -N 1024 --dtype float16 --scale 1e2 --dist correlated` "
+        "answers one point; `ddpbench numerics sweep FILE` or `ddpbench run FILE` the map; "
+        "`ddpbench numerics bench` times the emulator.",
+    ])
     failed = df[df["status"] != "ok"] if "status" in df else pd.DataFrame()
     if not failed.empty:
         doc.heading("Failed points")
