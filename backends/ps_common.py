@@ -150,7 +150,7 @@ class Msg:
 
     __slots__ = ("kind", "src", "dst", "key", "part", "priority", "root", "count", "dtype",
                  "op", "postscale", "flags", "payload", "t_start", "t_enq", "gate", "cost",
-                 "after_send", "seq")
+                 "after_send", "seq", "label")
 
     def __init__(self, kind: int, dst: int, key: int = 0, part: int = 0, *, priority: int = 0,
                  payload: Any = None, dtype: str = "uint8", op: str = "sum",
@@ -165,6 +165,7 @@ class Msg:
         self.cost = 1.0
         self.after_send: Callable[[], None] | None = None
         self.seq = 0
+        self.label = KIND_NAMES[kind]  # what the trace calls it
 
     @property
     def nbytes(self) -> int:
@@ -231,7 +232,8 @@ class SendRecord:
     """One data message as sent: times are ``time.monotonic()`` seconds.
 
     ``end`` is ``start + bytes / bandwidth`` when pacing (else equal to ``start``); ``kind``
-    is "push" (worker to server), "pull" (server to worker) or "broadcast" (root to server).
+    is "push" (worker to server), "pull" (server to worker) or "broadcast" (root to server,
+    server to the other workers).
     """
 
     start: float
@@ -336,7 +338,7 @@ class Transport(Protocol):
             msg.t_start = start
             self.bytes_sent += nbytes
             if self.trace:
-                self.records.append(SendRecord(start, end, KIND_NAMES[msg.kind], msg.key,
+                self.records.append(SendRecord(start, end, msg.label, msg.key,
                                                msg.part, msg.priority, nbytes,
                                                self.host_of(self.me), self.host_of(msg.dst)))
             self._isend(msg)
@@ -463,15 +465,18 @@ class Server:
             slot = self.slots[(msg.key, msg.part)] = _Slot()
         return slot
 
-    def _reply(self, dst: int, like: Msg, kind: int, payload: Any = None) -> None:
+    def _reply(self, dst: int, like: Msg, kind: int, payload: Any = None,
+               label: str | None = None) -> None:
         flags = FLAG_DATA if kind == REPLY else 0
         if kind == ERROR:
             payload = np.frombuffer(str(payload).encode(), np.uint8)
         elif kind == REPLY and dst == self.t.me:
             payload = payload.copy()  # the local worker copies it out later; rounds move on
-        self.t.send(Msg(kind, dst, like.key, like.part, priority=like.priority,
-                        payload=payload, dtype=like.dtype if kind == REPLY else "uint8",
-                        flags=flags))
+        msg = Msg(kind, dst, like.key, like.part, priority=like.priority, payload=payload,
+                  dtype=like.dtype if kind == REPLY else "uint8", flags=flags)
+        if label is not None:
+            msg.label = label
+        self.t.send(msg)
 
     def _mismatch(self, msgs: dict[int, Msg]) -> str | None:
         ranks = sorted(msgs)
@@ -587,7 +592,7 @@ class Server:
                 self._reply(w, m, DONE)
             else:
                 m.dtype = slot.store.dtype.name
-                self._reply(w, m, REPLY, slot.store)
+                self._reply(w, m, REPLY, slot.store, label="broadcast")
 
     def _on_config(self, msg: Msg) -> None:
         cfg = _json_of(msg)
@@ -757,6 +762,11 @@ class PSStore(KVStore):
     ``push_pull`` (completes when every worker has pushed every part) -> ``close``
     (collective; when every worker has closed, server ranks exit). All workers must use
     names in the same order of first use: placement counters follow it.
+
+    Colocated, this process's engine thread also serves the other workers: while the store
+    is open, do not run blocking MPI calls on the engine (``engine().call(comm.Barrier)``);
+    another worker may be waiting for this process's server. Synchronise through the store
+    (a ``push_pull`` of a tiny array) or after ``close``.
 
     Subclasses set ``Options`` and implement :meth:`split` and :meth:`schedule`.
     """

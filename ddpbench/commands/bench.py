@@ -13,6 +13,7 @@ BENCHES = {
     "sim": "simulator.bench",
     "scale-kernel": "ddpbench.benchmarks.scale_kernel",
     "trainer": "ddpbench.benchmarks.trainer",
+    "ps": "ddpbench.benchmarks.ps",
 }
 
 

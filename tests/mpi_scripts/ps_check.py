@@ -30,7 +30,7 @@ def check_sums(kv, keys, tag):
     """push_pull of rank-dependent tensors sums exactly, single names and lists."""
     w, r = kv.num_workers, kv.rank
     tri = w * (w + 1) // 2
-    for i, (key, n, dtype) in enumerate(keys):
+    for key, n, dtype in keys:
         x = pattern(n, dtype) * dtype(r + 1)
         out = kv.push_pull(key, x.copy())
         ref = pattern(n, np.float64) * tri
@@ -197,7 +197,6 @@ def case_colocated():
     got = [(rec.key, rec.part, rec.dst, rec.bytes) for rec in sends(p3)]
     assert got == want, (got, want)
     pulls = sum(rec.bytes for rec in sends(p3, "pull"))
-    total = 4 * sum(s for _, s in sizes)
     sent = sum(rec.bytes for rec in p3.trace_records)
     assert sent == p3.bytes_sent
     # each host sends the others' slices of what it serves, and its own non-local slices
@@ -218,12 +217,15 @@ def case_colocated():
 
 
 def case_die():
-    """Worker 1 is killed mid-run; the job must end, not hang."""
-    kv = ddpbench.create("kvstore")
-    for i in range(1000):
-        kv.push_pull(0, np.ones(10, np.float32))
+    """Worker 1 dies mid-run (SIGKILL, or an exception); the job must end, not hang."""
+    how = sys.argv[2]
+    kv = ddpbench.create("p3", slice_params=100)
+    for i in range(100_000):
+        kv.push_pull(0, np.ones(1000, np.float32))
         if kv.rank == 1 and i == 3:
-            os.kill(os.getpid(), signal.SIGKILL)
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("worker 1 fails on purpose")
     kv.close()
 
 
