@@ -61,15 +61,16 @@ class Spec(BaseModel):
     steps: int = Field(400, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.1, gt=0)
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
     momentum: float = Field(0.9, ge=0)
     seed: int = 0
     eval_every: int = Field(20, ge=1)
-    repetitions: int = Field(1, ge=1)
+    repetitions: int = Field(1, ge=1, description="runs per point, seeds seed, seed+1, ...")
     timeout_s: float = Field(600.0, gt=0)
     variants: list[Variant] = Field(min_length=1)
 
 
-_RUN_KEYS = ("model", "dataset", "workers", "servers", "steps", "batch_size", "lr",
+_RUN_KEYS = ("model", "dataset", "workers", "servers", "steps", "batch_size", "lr", "lr_schedule",
              "momentum", "seed", "eval_every", "timeout_s")
 _NAMED_DEFAULTS = {"compression": "none", "predivide": 1.0, "local_sgd_period": 0}
 
@@ -134,9 +135,12 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
         servers=servers if servers == "colocated" else int(servers),
         knobs=json.loads(params.get("knobs") or "{}"), steps=int(params["steps"]),
         batch_size=int(params["batch_size"]), lr=float(params["lr"]),
+        lr_schedule=str(params.get("lr_schedule", "cosine")),
         momentum=float(params["momentum"]), compression=params["compression"],
         predivide=float(params["predivide"]), local_sgd_period=int(params["local_sgd_period"]),
-        seed=int(params["seed"]), eval_every=int(params["eval_every"]),
+        # Repetition r is an independent run: seed + r for the data order and the init.
+        seed=int(params["seed"]) + int(params.get("repetition", 0)),
+        eval_every=int(params["eval_every"]),
     )
     if cfg["backend"] not in ("kvstore", "p3", "byteps"):
         cfg["servers"] = None
@@ -170,7 +174,8 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     doc = Document("Accuracy: one model, every backend and setting")
     doc.text(
         f"`{spec.model}` on the `{spec.dataset}` dataset, {spec.workers} workers x batch "
-        f"{spec.batch_size}, {spec.steps} steps of SGD (lr {spec.lr}, momentum "
+        f"{spec.batch_size}, {spec.steps} steps of SGD (lr {spec.lr}, {spec.lr_schedule} "
+        f"schedule, momentum "
         f"{spec.momentum}), seed {spec.seed}; every worker seeded differently and made equal "
         f"by `broadcast_parameters`. Test accuracy of worker 0's replica (local SGD: at "
         f"averaging steps when the period divides eval_every={spec.eval_every})."
@@ -186,6 +191,7 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         ok = ok.groupby("point", sort=False, as_index=False).agg(
             backend=("backend", "first"), setting=("setting", "first"),
             final_test_acc=("final_test_acc", "mean"),
+            runs=("final_test_acc", "size"),
             replica_max_diff=("replica_max_diff", "max"),
             step_time_ms=("step_time_ms", "median"),
             curve_step=("curve_step", "first"), curve_test_acc=("curve_test_acc", "first"),
@@ -195,6 +201,7 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         table = pd.DataFrame({
             "backend": ok["backend"], "setting": ok["setting"],
             "final test acc (%)": ok["final_test_acc"].round(2),
+            "runs": ok["runs"],
             "vs fp32 ref (points)": (ok["final_test_acc"] - ref_acc).round(2),
             "replicas max |diff|": ok["replica_max_diff"].astype(float),
             "median step (ms)": ok["step_time_ms"].astype(float).round(2),
@@ -263,11 +270,13 @@ def _plots(ok: Any, outdir: Path, plt: Any) -> list[Path]:
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"Accuracy vs step: {title}", fontsize=10)
         ax.grid(alpha=0.3)
-        last = part["final_test_acc"].astype(float)
-        lo, hi = float(last.min()), float(last.max())
-        n = len(_series(part.iloc[0]["curve_step"]))
-        zoom.set_xlim(_series(part.iloc[0]["curve_step"])[max(0, n // 2)], None)
-        zoom.set_ylim(lo - 2.0, hi + 1.0)
+        first = _series(part.iloc[0]["curve_step"])
+        half = first[len(first) // 2]
+        tail = [a for _, row in part.iterrows()
+                for s, a in zip(_series(row["curve_step"]), _series(row["curve_test_acc"]))
+                if s >= half]
+        zoom.set_xlim(half, None)
+        zoom.set_ylim(min(tail) - 0.3, max(tail) + 0.3)
         zoom.set_xlabel("step (second half, zoomed)")
         zoom.grid(alpha=0.3)
         zoom.legend(fontsize=7, loc="lower right")

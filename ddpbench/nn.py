@@ -210,6 +210,11 @@ class Layer:
         for p in self.params:
             if not p.initialised:
                 p.initialise(shapes.get(p.name.rsplit(".", 1)[-1]), seed=self.seed, xp=xp)
+            elif array_module(p.data) is not xp:
+                # Parameters made at construction live in NumPy; they follow the input to
+                # the GPU (CuPy) at the first forward there, hooks and names unchanged.
+                p.data = xp.asarray(p.data)
+                p.grad = xp.zeros_like(p.data)
 
 
 class Dense(Layer):

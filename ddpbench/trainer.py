@@ -32,12 +32,14 @@ otherwise                                  locally, from the reduced gradient
 from __future__ import annotations
 
 import atexit
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from ddpbench.api import Handle, KVStore, NotSupportedError, ReduceOp, create
 from ddpbench.nn import Parameter
+from ddpbench.tensor_ops import array_module
 
 __all__ = ["DistributedTrainer", "broadcast_parameters"]
 
@@ -192,7 +194,8 @@ class DistributedTrainer:
         if self.compression == "fp16":
             wire = self._wire.get(p.name)
             if wire is None or wire.shape != p.grad.shape:
-                wire = self._wire[p.name] = np.empty(p.grad.shape, np.float16)
+                xp = array_module(p.grad)
+                wire = self._wire[p.name] = xp.empty(p.grad.shape, np.float16)
             wire[...] = p.grad
             buf = wire
         f = self.predivide
@@ -242,6 +245,25 @@ class DistributedTrainer:
             self.kv.sync_parameters(names, [p.data for p in self._reduced],
                                     compression=self.compression)
         self.steps += 1
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.optimizer.lr)
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Use ``lr`` from the next step on (Gluon's ``Trainer.set_learning_rate``).
+
+        With updates on the servers this sends the optimizer again, so it is collective.
+        """
+        if not lr > 0:
+            raise ValueError(f"learning rate must be > 0, got {lr!r}")
+        if dataclasses.is_dataclass(self.optimizer):
+            self.optimizer = dataclasses.replace(self.optimizer, lr=float(lr))
+        else:
+            self.optimizer.lr = float(lr)
+        if self.update_on_kvstore:
+            spec = getattr(self.optimizer, "server_spec", None)
+            self.kv.set_optimizer(spec() if callable(spec) else self.optimizer)
 
     def _step_on_servers(self, batch_size: int) -> None:
         # The servers sum the pushed gradients and apply the optimizer once, so each worker

@@ -159,3 +159,22 @@ def test_digits_needs_the_optional_extra():
     else:
         ds = load_dataset("digits")
         assert ds.x_train.shape[1] == 64 and len(ds.x_train) + len(ds.x_test) == 1797
+
+
+@pytest.mark.gpu
+def test_layers_on_cupy_match_numpy():
+    from conftest import gpu_or_skip
+
+    gpu_or_skip()
+    import cupy as cp
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 4)
+    cpu, gpu = nn.cnn(seed=2), nn.cnn(seed=2)
+    for m, xs, ys in ((cpu, x, y), (gpu, cp.asarray(x), cp.asarray(y))):
+        _, d = nn.softmax_cross_entropy(m.forward(xs), ys)
+        m.backward(d)
+    for p, q in zip(cpu.parameters(), gpu.parameters()):
+        assert isinstance(q.grad, cp.ndarray)
+        np.testing.assert_allclose(cp.asnumpy(q.grad), p.grad, rtol=1e-4, atol=1e-5)

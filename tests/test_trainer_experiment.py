@@ -77,7 +77,8 @@ def test_train_command_matches_single_process_accuracy(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(
         [sys.executable, "-m", "ddpbench", "train", "--backend", "collective", "-n", "2",
-         "--steps", "30", "--batch-size", "16", "--eval-every", "10", "--out", str(out)],
+         "--steps", "30", "--batch-size", "16", "--eval-every", "10", "--lr-schedule",
+         "constant", "--out", str(out)],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -25,7 +26,8 @@ HELP = "train a small model data-parallel with a real backend; print the accurac
 
 DEFAULTS: dict[str, Any] = {
     "model": "mlp", "dataset": "synthetic", "backend": "mpi", "workers": 2, "servers": None,
-    "knobs": {}, "steps": 300, "batch_size": 32, "lr": 0.1, "momentum": 0.0,
+    "knobs": {}, "steps": 300, "batch_size": 32, "lr": 0.1, "lr_schedule": "cosine",
+    "momentum": 0.0,
     "compression": "none", "predivide": 1.0, "local_sgd_period": 0, "update_on_kvstore": False,
     "seed": 0, "eval_every": 20,
 }
@@ -58,6 +60,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=d["batch_size"],
                         help="samples per worker per step (default 32)")
     parser.add_argument("--lr", type=float, default=d["lr"])
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine decay from --lr to 0 over the steps (default), or constant")
     parser.add_argument("--momentum", type=float, default=d["momentum"])
     parser.add_argument("--compression", choices=["none", "fp16"], default=d["compression"])
     parser.add_argument("--predivide", type=float, default=d["predivide"],
@@ -96,6 +100,11 @@ def make_config(**kw: Any) -> dict[str, Any]:
     for key in ("workers", "steps", "batch_size", "eval_every"):
         if int(cfg[key]) < 1:
             raise ValueError(f"{key} must be >= 1, got {cfg[key]}")
+    if cfg["lr_schedule"] not in ("cosine", "constant"):
+        raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {cfg['lr_schedule']!r}")
+    if cfg["lr_schedule"] == "cosine" and cfg["update_on_kvstore"]:
+        raise ValueError("update_on_kvstore runs a fixed optimizer on the servers: use "
+                         "lr_schedule='constant' with it")
     if cfg["local_sgd_period"] < 0:
         raise ValueError(f"local_sgd_period must be >= 0 (0 = off), got {cfg['local_sgd_period']}")
     knobs = dict(cfg["knobs"])
@@ -194,6 +203,11 @@ def worker(cfg: dict[str, Any], out: str) -> None:
     t_start = time.perf_counter()
     for step in range(cfg["steps"]):
         x, y = loader.batch(step)
+        if cfg["lr_schedule"] == "cosine":
+            # Decaying to 0 makes the final accuracy a property of the run, not of where
+            # the last noisy step happened to land.
+            trainer.set_learning_rate(
+                cfg["lr"] * 0.5 * (1 + math.cos(math.pi * step / cfg["steps"])) or 1e-12)
         t0 = time.perf_counter()
         loss, d = nn.softmax_cross_entropy(model.forward(x), y)
         model.backward(d)
@@ -241,7 +255,8 @@ def main(args: argparse.Namespace) -> int:
         cfg = make_config(
             model=args.model, dataset=args.dataset, backend=args.backend, workers=args.workers,
             servers=args.servers, knobs=knobs, steps=args.steps, batch_size=args.batch_size,
-            lr=args.lr, momentum=args.momentum, compression=args.compression,
+            lr=args.lr, lr_schedule=args.lr_schedule, momentum=args.momentum,
+            compression=args.compression,
             predivide=args.predivide, local_sgd_period=args.local_sgd_period,
             update_on_kvstore=args.update_on_kvstore, seed=args.seed, eval_every=args.eval_every,
         )
