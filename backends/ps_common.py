@@ -303,9 +303,11 @@ class Transport(Protocol):
         """Return ``cost`` to ``gate`` (an arrival was acknowledged); requeue what now fits."""
         gate.used -= cost
         moved = 0.0
+        now = time.monotonic()
         while gate.blocked and gate.fits(gate.blocked[0][2].cost, moved):
             entry = heapq.heappop(gate.blocked)
             moved += entry[2].cost
+            entry[2].t_enq = now  # it could not have started before the gate let it go
             heapq.heappush(self.ready, entry)
 
     def _pop(self) -> Msg | None:
@@ -934,6 +936,9 @@ class PSStore(KVStore):
             h.wait()
 
     def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+        if not -(2**31) <= priority < 2**31:
+            raise ValueError(f"priority {priority} for {name!r} must fit in 32 bits "
+                             f"(trainers pass -layer_index)")
         plan = self._plan(name, tensor)
         if op is ReduceOp.AVERAGE:
             postscale, op = postscale / self.num_workers, ReduceOp.SUM

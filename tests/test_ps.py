@@ -6,12 +6,15 @@ closed forms (see its docstring); a failing rank aborts the job and fails the te
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 from mpiutil import run_mpi
+
+from backends.ps_common import merge_chrome_traces
 
 SCRIPT = Path(__file__).resolve().parent / "mpi_scripts" / "ps_check.py"
 pytestmark = pytest.mark.mpi
@@ -54,10 +57,17 @@ def test_colocated_three_workers():
 
 
 @pytest.mark.parametrize("backend", ["kvstore", "byteps"])
-def test_shutdown_leaves_no_process(backend):
+def test_shutdown_leaves_no_process(backend, tmp_path):
     marker = f"psmark{uuid.uuid4().hex[:12]}"
-    out = run_mpi(3, SCRIPT, "shutdown", backend, marker, timeout=60, env=roles(2, 1))
+    out = run_mpi(3, SCRIPT, "shutdown", backend, marker, tmp_path, timeout=60, env=roles(2, 1))
     assert "shutdown: closed" in oks(out)
+    files = sorted(p.name for p in tmp_path.glob("sends.*.json"))
+    assert files == ["sends.server0.json", "sends.worker0.json", "sends.worker1.json"]
+    merged = json.loads(merge_chrome_traces(tmp_path, tmp_path / "all.json").read_text())
+    spans = [(e["cat"], e["args"]["peer"], e["args"]["bytes"]) for e in merged["traceEvents"]
+             if e["ph"] == "X"]
+    want = [("push", "server0", 40)] * 2 + [("pull", "worker0", 40), ("pull", "worker1", 40)]
+    assert sorted(spans) == sorted(want), spans
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
     assert left.strip() == "", f"processes left behind: {left}"
 

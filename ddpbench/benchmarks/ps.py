@@ -100,12 +100,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "number of dedicated server ranks")
     parser.add_argument("--backends", default="kvstore,p3,byteps",
                         help="comma-separated; the first is the baseline of the ratios")
-    parser.add_argument("--bandwidth-gbps", type=float, default=1.0)
+    parser.add_argument("--bandwidth-gbps", type=float, default=0.25,
+                        help="pacing per direction per process (default 0.25: communication dominates)")
     parser.add_argument("--latency-us", type=float, default=0.0,
                         help="added one-way delay per message, real and simulated")
     parser.add_argument("--model-scale", type=float, default=32.0,
                         help="divide every tensor's element count by this")
-    parser.add_argument("--compute-scale", type=float, default=0.05,
+    parser.add_argument("--compute-scale", type=float, default=0.2,
                         help="multiply every layer's compute time by this")
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)

@@ -230,7 +230,7 @@ def case_die():
 
 
 def case_shutdown():
-    kv = ddpbench.create(sys.argv[2])
+    kv = ddpbench.create(sys.argv[2], trace=sys.argv[4])  # every process writes its sends
     kv.push_pull("g", np.ones(10, np.float32))
     kv.close()
     say(kv, "shutdown: closed")
