@@ -123,20 +123,25 @@ class _CollectiveProtocol(Protocol):
 
         did = False
         for ring in self.rings:
-            if ring.current is None and ring.queue:
-                req = ring.queue.popleft()
-                ring.current, ring.steps, ring.reqs = req, self._run(ring, req), []
-            if ring.current is None or (ring.reqs and not MPI.Request.Testall(ring.reqs)):
-                continue
-            did = True
-            try:
-                ring.reqs = next(ring.steps)  # type: ignore[arg-type]
-            except StopIteration:
-                self._finish(ring, None)
-            except Exception as err:
-                self._finish(ring, err)
-        active = sum(r.current is not None for r in self.rings)
-        self.max_active = max(self.max_active, active)
+            # Step this ring for as long as its requests complete at once (small messages
+            # usually do), so a tensor does not wait one engine poll per ring step.
+            while True:
+                if ring.current is None:
+                    if not ring.queue:
+                        break
+                    req = ring.queue.popleft()
+                    ring.current, ring.steps, ring.reqs = req, self._run(ring, req), []
+                    self.max_active = max(self.max_active,
+                                          sum(r.current is not None for r in self.rings))
+                if ring.reqs and not MPI.Request.Testall(ring.reqs):
+                    break
+                did = True
+                try:
+                    ring.reqs = next(ring.steps)  # type: ignore[arg-type]
+                except StopIteration:
+                    self._finish(ring, None)
+                except Exception as err:
+                    self._finish(ring, err)
         return did
 
     def _finish(self, ring: _Ring, error: BaseException | None) -> None:

@@ -210,6 +210,10 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         if ref is not None:
             doc.text(f"Reference: `{ref['point']}` at {ref_acc:.2f}%.")
         doc.table(table)
+        doc.text("`replicas max |diff|`: the largest difference of any parameter between a "
+                 "worker and worker 0 at the end. `median step`: wall time of one training "
+                 "step on worker 0, ranks oversubscribing the machine's cores; it shows "
+                 "that every point ran, not how fast a backend is (see `ddpbench bench`).")
         doc.heading("Targets")
         doc.bullets(_checks(ok))
         paths += _plots(ok, outdir, pyplot())
@@ -260,8 +264,9 @@ def _plots(ok: Any, outdir: Path, plt: Any) -> list[Path]:
             steps, acc = _series(row["curve_step"]), _series(row["curve_test_acc"])
             label = row["backend"] if row["setting"] == "fp32" else \
                 f"{row['backend']} ({row['setting']})"
+            color = plt.cm.tab20(i % 20)  # more than 10 lines: tab10 would repeat colours
             for a in (ax, zoom):
-                a.plot(steps, acc, styles[i % 4], lw=1.4, label=label)
+                a.plot(steps, acc, styles[i % 4], lw=1.4, label=label, color=color)
         if ref is not None and part is not groups[0][1]:
             for a in (ax, zoom):
                 a.plot(_series(ref["curve_step"]), _series(ref["curve_test_acc"]), "k-", lw=2.2,

@@ -59,23 +59,24 @@ def teacher_student(
     features: int = 64,
     num_classes: int = 10,
     hidden: int = 32,
+    noise: float = 0.0,
     seed: int = 0,
 ) -> Dataset:
     """Return a teacher-student task: labels are the argmax of a random ReLU network.
 
-    The teacher's logits get a little Gaussian noise (std 0.1 of their spread) so that the
-    task is not perfectly separable by construction but a student can still reach high
-    accuracy. Same arguments, same arrays, on every machine.
+    The teacher's logits get Gaussian noise (std ``noise`` times their spread; 0 = labels
+    exactly the teacher's) so that the task need not be perfectly separable. Same
+    arguments, same arrays, on every machine.
     """
-    if min(n_train, n_test, features, num_classes, hidden) < 1:
+    if min(n_train, n_test, features, num_classes, hidden) < 1 or noise < 0:
         raise ValueError("teacher_student needs n_train, n_test, features, num_classes and "
-                         "hidden >= 1")
+                         "hidden >= 1, and noise >= 0")
     rng = np.random.default_rng([seed, 7919])
     w1 = rng.normal(0, 1 / np.sqrt(features), (features, hidden))
     w2 = rng.normal(0, 1 / np.sqrt(hidden), (hidden, num_classes))
     x = rng.normal(0, 1, (n_train + n_test, features))
     logits = np.maximum(x @ w1, 0) @ w2
-    logits += rng.normal(0, 0.1 * logits.std(), logits.shape)
+    logits += rng.normal(0, noise * logits.std(), logits.shape)
     y = logits.argmax(axis=1).astype(np.int64)
     x = x.astype(np.float32)
     return Dataset("synthetic", x[:n_train], y[:n_train], x[n_train:], y[n_train:],
