@@ -37,6 +37,7 @@ def test_local_sgd_communicates_every_period(n):
     spec = "collective:mode=local_sgd;local_sgd_period=3"
     out = run_mpi(n, SCRIPTS / "trainer_check.py", "local_sgd", spec, timeout=60)
     assert "communicated only on steps [3, 6] (12 operations = 2 averages x 6" in out
+    assert "fp16 deltas: ranks identical, within (p+1) 2^-11 max|delta|" in out
     # period 1 averages every step: the same as averaging gradients, for plain SGD
     out = run_mpi(n, SCRIPTS / "trainer_check.py", "reference",
                   "collective:mode=local_sgd;local_sgd_period=1", timeout=60)

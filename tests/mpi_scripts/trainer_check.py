@@ -210,6 +210,39 @@ def case_local_sgd(kv, backend: str) -> None:
         f"steps {list(range(period, 2 * period + 2, period))} ({total} operations = "
         f"{total // n} averages x {n} parameters); ranks identical exactly after each average")
 
+    # fp16 compression of the averaged deltas: one period, against the fp32 average. Each
+    # delta is rounded to fp16 (2^-11 relative), summed in fp16 over p ranks and scaled in
+    # fp32, so |w16 - w32| <= (p + 1) 2^-11 max|delta| (+ fp32 rounding of snapshot + delta).
+    def one_period(compression):
+        m = model("mlp", seed=100 + kv.rank)
+        ddpbench.broadcast_parameters(m.parameters(), kv=kv)
+        tr = ddpbench.DistributedTrainer(m.parameters(), nn.SGD(lr=LR), kv=kv,
+                                         compression=compression)
+        m.forward(loader.batch(0)[0])
+        start = [p.data.copy() for p in m.parameters()]
+        for step in range(period):
+            x, y = loader.batch(step)
+            _, d = nn.softmax_cross_entropy(m.forward(x), y)
+            m.backward(d)
+            # this rank's delta as the average will see it (plain SGD: the local update)
+            own = [p.data - np.float32(LR) * (p.grad * np.float32(1 / B)) - s0
+                   for p, s0 in zip(m.parameters(), start)]
+            tr.step(B)
+        return m, start, own
+
+    m32, start, deltas = one_period(None)
+    m16, _, _ = one_period("fp16")
+    p_ = kv.num_workers
+    for p, q, d in zip(m16.parameters(), m32.parameters(), deltas):
+        gather_equal(p.data, f"local_sgd fp16 {p.name}")
+        own = np.array([np.max(np.abs(d))], np.float32)
+        dmax = float(kv.allreduce_max(f"dmax.{p.name}", own)[0])
+        err = float(np.max(np.abs(p.data - q.data)))
+        bound = (p_ + 1) * 2.0 ** -11 * dmax + 1e-6 * float(np.max(np.abs(q.data)))
+        assert err <= bound, f"fp16 local SGD {p.name}: error {err} > bound {bound}"
+    log(f"local_sgd {backend} fp16 deltas: ranks identical, within (p+1) 2^-11 max|delta| "
+        f"of the fp32 average")
+
 
 def case_onserver(kv, backend: str) -> None:
     """update_on_kvstore=True: the servers run the optimizer; same parameters as the
