@@ -698,7 +698,7 @@ def predivide_safe_range(world_size: int, dtype: Any = "float16", *, scale: floa
 
 
 def train_least_squares(factor: float | None, *, world_size: int = 1024, dim: int = 64,
-                        batch: int = 4, steps: int = 150, lr: float = 0.1,
+                        batch: int = 16, steps: int = 150, lr: float = 0.1,
                         loss_scale: float = 1024.0, dtype: Any = "float16",
                         seed: int = 0) -> dict[str, Any]:
     """Train a least-squares model with gradients communicated through the emulated ring.

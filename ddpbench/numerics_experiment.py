@@ -103,6 +103,7 @@ class Training(_Frozen):
     factors: tuple[float, ...] = (1.0, 32.0, 1024.0, 16777216.0)
     steps: int = Field(150, ge=1)
     dim: int = Field(64, ge=1)
+    batch: int = Field(16, ge=1, description="samples per worker and step")
     dtype: Literal["float16", "bfloat16"] = "float16"
 
     @field_validator("factors")
@@ -170,7 +171,7 @@ def expand(spec: Spec) -> list[dict[str, Any]]:
             points.append({"task": "train", "dtype": t.dtype, "dist": "least_squares",
                            "scale": t.scale, "world_size": t.world_size,
                            "factor": float(f) if f is not None else 0.0, "steps": t.steps,
-                           "dim": t.dim, "seed": spec.seed, "mode": "emulate",
+                           "dim": t.dim, "batch": t.batch, "seed": spec.seed, "mode": "emulate",
                            "_factors": json.dumps(sorted(float(x) for x in t.factors))})
     return points
 
@@ -208,18 +209,20 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _loss_scale_for(scale: float, world_size: int, dim: int, dtype: str, seed: int) -> float:
-    probe = nm.train_least_squares(None, world_size=min(world_size, 64), dim=dim, steps=1,
-                                   loss_scale=1.0, dtype="float32", seed=seed)
+def _loss_scale_for(scale: float, world_size: int, dim: int, batch: int, seed: int) -> float:
+    probe = nm.train_least_squares(None, world_size=min(world_size, 64), dim=dim, batch=batch,
+                                   steps=1, loss_scale=1.0, dtype="float32", seed=seed)
     return scale / probe["grad_rms0"]
 
 
 def _train_row(params: dict[str, Any]) -> dict[str, Any]:
     factor = float(params["factor"]) or None
     n, dim, seed = int(params["world_size"]), int(params["dim"]), int(params.get("seed", 0))
-    loss_scale = _loss_scale_for(float(params["scale"]), n, dim, params["dtype"], seed)
-    res = nm.train_least_squares(factor, world_size=n, dim=dim, steps=int(params["steps"]),
-                                 loss_scale=loss_scale, dtype=params["dtype"], seed=seed)
+    batch = int(params.get("batch", 16))
+    loss_scale = _loss_scale_for(float(params["scale"]), n, dim, batch, seed)
+    res = nm.train_least_squares(factor, world_size=n, dim=dim, batch=batch,
+                                 steps=int(params["steps"]), loss_scale=loss_scale,
+                                 dtype=params["dtype"], seed=seed)
     verdicts: dict[str, Any] = {"map_safe_first": None, "map_safe_last": None}
     if factor is not None:
         factors = tuple(json.loads(params.get("_factors", "[]"))) or (factor,)
@@ -318,7 +321,6 @@ def _mark(m: Any, spec: Spec) -> Any:
 
 def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Path]:
     import numpy as np
-    from matplotlib.colors import TwoSlopeNorm
 
     d = m[m["dtype"] == dtype]
     grid = spec.factors.grid()
@@ -327,15 +329,16 @@ def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Pa
     nrows = len(spec.distributions)
     paths = []
     for which in ("error", "range"):
-        fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols + 1.2, 2.9 * nrows + 0.6),
+        fig, axes = plt.subplots(nrows, ncols, figsize=(3.1 * ncols + 1.4, 2.6 * nrows + 0.7),
                                  squeeze=False, sharex=True, sharey=True)
+        fig.subplots_adjust(left=0.08, right=0.8, top=0.92, bottom=0.07, wspace=0.08,
+                            hspace=0.28)
         image = None
-        for ax in axes.flat:
-            ax.set_visible(False)
+        used = set()
         for r, dist in enumerate(spec.distributions):
             for c, s in enumerate(dist.scales):
                 ax = axes[r][c]
-                ax.set_visible(True)
+                used.add((r, c))
                 cell = d[(d["dist"] == dist.name) & (d["scale"] == s)]
                 err = np.full((len(worlds), len(grid)), np.nan)
                 sign = np.full_like(err, np.nan)
@@ -354,14 +357,15 @@ def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Pa
                     image = ax.imshow(err, origin="lower", aspect="auto", cmap="viridis",
                                       vmin=-4, vmax=0, interpolation="nearest")
                     oi, oj = np.nonzero(np.isnan(err) & ~np.isnan(sign))
-                    ax.scatter(oj, oi, marker="x", s=14, c="red", linewidths=1,
-                               label="overflow")
+                    if oi.size:
+                        ax.scatter(oj, oi, marker="x", s=14, c="red", linewidths=1)
                 else:
                     image = ax.imshow(sign, origin="lower", aspect="auto", cmap="RdBu_r",
-                                      norm=TwoSlopeNorm(0, -4, 4), interpolation="nearest")
+                                      vmin=-4, vmax=4, interpolation="nearest")
                 si, sj = np.nonzero(safe)
-                ax.scatter(sj, si, marker="o", s=5, facecolors="none", edgecolors="white"
-                           if which == "error" else "black", linewidths=0.6, label="safe")
+                if si.size:
+                    ax.scatter(sj, si, marker="o", s=5, facecolors="none", linewidths=0.6,
+                               edgecolors="white" if which == "error" else "black")
                 # f = sqrt(N) and f = N as lines across the rows
                 for power, style in ((0.5, ":"), (1.0, "--")):
                     xs = [math.log2(n ** power) / spec.factors.step for n in worlds]
@@ -369,10 +373,17 @@ def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Pa
                 ax.set_title(f"{dist.name}, scale {_fmt_scale(s)}", fontsize=9)
                 ax.set_xlim(-0.5, len(grid) - 0.5)
                 ax.set_ylim(-0.5, len(worlds) - 0.5)
-        for ax in axes[-1]:
+        for c in range(ncols):
+            # the lowest panel of each column carries the factor axis
+            r = max(r for r in range(nrows) if (r, c) in used)
             ticks = list(range(0, len(grid), max(1, len(grid) // 6)))
-            ax.set_xticks(ticks, [_fmt_f(grid[t]) for t in ticks], fontsize=7)
-            ax.set_xlabel("predivide factor f", fontsize=8)
+            axes[r][c].set_xticks(ticks, [_fmt_f(grid[t]) for t in ticks], fontsize=7)
+            axes[r][c].xaxis.set_tick_params(labelbottom=True)
+            axes[r][c].set_xlabel("predivide factor f", fontsize=8)
+        for r in range(nrows):
+            for c in range(ncols):
+                if (r, c) not in used:
+                    fig.delaxes(axes[r][c])
         for row_axes in axes:
             ticks = list(range(0, len(worlds), 2))
             row_axes[0].set_yticks(ticks, [str(worlds[t]) for t in ticks], fontsize=7)
@@ -382,16 +393,27 @@ def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Pa
                      "(red x: overflow; o: safe; dotted f=sqrt(N), dashed f=N)")
             label = "log10 rel. L2 error"
         else:
-            title = (f"{dtype}: overflow (red) / underflow (blue) fraction of results, "
-                     "log scale (o: safe; dotted f=sqrt(N), dashed f=N)")
-            label = "sign x log10(1 + 1e4 x fraction)"
+            title = (f"{dtype}: overflow (red) / underflow (blue) fraction of results "
+                     "(o: safe; dotted f=sqrt(N), dashed f=N)")
+            label = "fraction of results that overflow (red) or underflow (blue)"
         fig.suptitle(title, fontsize=10)
-        fig.colorbar(image, ax=axes, shrink=0.8, label=label)
+        bar = fig.colorbar(image, cax=fig.add_axes((0.83, 0.25, 0.015, 0.5)), label=label)
+        if which == "range":
+            fracs = (1e-3, 1e-2, 1e-1, 1.0)
+            ticks = [-math.log10(1e4 * f + 1) for f in reversed(fracs)] + [0.0] + [
+                math.log10(1e4 * f + 1) for f in fracs]
+            labels = [f"under {f:g}" for f in reversed(fracs)] + ["none"] + [
+                f"over {f:g}" for f in fracs]
+            bar.set_ticks(ticks, labels=labels)
         path = outdir / f"{which}_{dtype}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=90)
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+# A cell whose best factor still errs by more than this is flagged: no factor helps there.
+POOR_ERROR = 0.01
 
 
 def _range_text(lo_hi: tuple[float, float] | None, n: int, rows: Any) -> str:
@@ -400,8 +422,11 @@ def _range_text(lo_hi: tuple[float, float] | None, n: int, rows: Any) -> str:
     lo, hi = lo_hi
     safe = set(rows[rows["safe"]]["factor"])
     gaps = [f for f in rows["factor"] if lo < f < hi and f not in safe]
-    text = f"{_fmt_f(lo)} - {_fmt_f(hi)}"
-    return text + (" (gaps)" if gaps else "")
+    text = f"{_fmt_f(lo)} - {_fmt_f(hi)}" + (" (gaps)" if gaps else "")
+    best = float(rows["best_rel_l2_err"].min())
+    if best > POOR_ERROR:
+        text += f" [best err {best:.0%}]"
+    return text
 
 
 def safe_table(m: Any, spec: Spec, dtype: str, dist: str) -> Any:
@@ -421,32 +446,62 @@ def safe_table(m: Any, spec: Spec, dtype: str, dist: str) -> Any:
 
 
 def _reading(m: Any, spec: Spec) -> list[str]:
+    """Return one plain sentence per (dtype, distribution, N in {1024, 4096})."""
     out = []
     for dtype in spec.dtypes:
         for dist in spec.distributions:
             for n in [w for w in (1024, 4096) if w in spec.world_sizes]:
-                parts = []
+                parts, worst = [], 0.0
                 for s in dist.scales:
                     cell = m[(m["dtype"] == dtype) & (m["dist"] == dist.name)
                              & (m["world_size"] == n) & (m["scale"] == s)]
                     if cell.empty:
                         continue
                     rng = nm.safe_range(cell.to_dict("records"))
-                    by_f = {r["factor"]: r for r in cell.to_dict("records")}
-                    notes = []
-                    if by_f.get(1.0, {}).get("overflow", 0):
-                        notes.append("f=1 overflows")
-                    if not by_f.get(float(n), {}).get("safe", True):
-                        notes.append("f=N is unsafe")
-                    if rng is None:
-                        parts.append(f"near {_fmt_scale(s)} no factor on the grid is safe")
-                    else:
-                        parts.append(f"near {_fmt_scale(s)} factors {_fmt_f(rng[0])} to "
-                                     f"{_fmt_f(rng[1])} are safe"
-                                     + (f" ({', '.join(notes)})" if notes else ""))
-                if parts:
-                    out.append(f"{dtype}, {dist.name} gradients, N={n}: " + "; ".join(parts) + ".")
+                    worst = max(worst, float(cell["best_rel_l2_err"].min()))
+                    parts.append(f"near {_fmt_scale(s)}: " + (
+                        "none" if rng is None else f"{_fmt_f(rng[0])} to {_fmt_f(rng[1])}"))
+                if not parts:
+                    continue
+                text = (f"{dtype}, {dist.name} gradients, N={n}: safe factors "
+                        + "; ".join(parts) + ".")
+                if worst > POOR_ERROR:
+                    text += (f" Even the best factor leaves up to {worst:.0%} relative error "
+                             f"here: {dtype} accumulation over {n} ranks, not range, limits "
+                             "accuracy, and no factor fixes that.")
+                out.append(text)
     return out
+
+
+def _choices(m: Any, spec: Spec) -> Any:
+    """Return a table: are f = 1, sqrt(N), N safe at N = 1024 and 4096, and why not."""
+    import pandas as pd
+
+    rows = []
+    worlds = [w for w in (256, 1024, 4096) if w in spec.world_sizes]
+    for dtype in spec.dtypes:
+        for dist in spec.distributions:
+            for s in dist.scales:
+                row = {"dtype": dtype, "gradients": dist.name, "scale": _fmt_scale(s)}
+                for n in worlds:
+                    cell = m[(m["dtype"] == dtype) & (m["dist"] == dist.name)
+                             & (m["world_size"] == n) & (m["scale"] == s)]
+                    by_f = {r["factor"]: r for r in cell.to_dict("records")}
+                    for label, f in (("1", 1.0), ("sqrt(N)", math.sqrt(n)), ("N", float(n))):
+                        r = by_f.get(f)
+                        if r is None:
+                            verdict = ""
+                        elif r["safe"]:
+                            verdict = "ok"
+                        elif r["overflow"]:
+                            verdict = "OVERFLOW"
+                        elif r["underflow_frac"] > spec.safe.underflow_tol:
+                            verdict = "underflow"
+                        else:
+                            verdict = f"err x{r['rel_l2_err'] / r['best_rel_l2_err']:.0f}"
+                        row[f"N={n} f={label}"] = verdict
+                rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _training(plt: Any, df: Any, outdir: Path, doc: Any, m: Any) -> list[Path]:
@@ -466,28 +521,32 @@ def _training(plt: Any, df: Any, outdir: Path, doc: Any, m: Any) -> list[Path]:
 
     def verdict(value: Any) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            return ""
+            return "-"
         return "safe" if str(value).lower() == "true" else "unsafe"
 
     for _, row in t.sort_values("factor").iterrows():
         curve = json.loads(row["loss_curve"])
         f = float(row["factor"])
         first, last = verdict(row.get("map_safe_first")), verdict(row.get("map_safe_last"))
-        label = "fp64 average (baseline)" if f == 0 else f"f = {_fmt_f(f)} (map: {first} / {last})"
+        label = "fp64 average (baseline)" if f == 0 else f"f = {_fmt_f(f)} ({first} / {last})"
         diverged = row.get("diverged_at")
         if f and diverged == diverged and diverged is not None and str(diverged) != "":
             label += f", diverged at step {int(float(diverged))}"
-        ax.semilogy(range(1, len(curve) + 1), curve, label=label,
-                    lw=2.5 if f == 0 else 1.2, ls="-" if f == 0 else "--")
+        finite = [v for v in curve if v == v and v not in (math.inf, -math.inf)]
+        steps = range(1, len(curve) + 1) if finite else []
+        ax.plot(steps, curve if finite else [], label=label,
+                lw=2.5 if f == 0 else 1.2, ls="-" if f == 0 else "--")
         table.append({"factor": "fp64 baseline" if f == 0 else _fmt_f(f),
-                      "map at first gradient scale": first,
-                      "map at last gradient scale": last,
+                      "map at first gradient scale": first if f else "",
+                      "map at last gradient scale": last if f else "",
                       "overflow steps": int(row["overflow_steps"]),
                       "final loss": float(row["final_loss"])})
+    ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (fp64 evaluation)")
-    ax.set_title(f"least squares, {n} simulated workers, {dtype} ring; one worker's gradient "
-                 f"RMS {rms:.3g} at the start, {rms_last:.3g} at the end", fontsize=9)
+    ax.set_title(f"least squares, {n} simulated workers, {dtype} ring\none worker's gradient "
+                 f"RMS {rms:.3g} at the start, {rms_last:.3g} at the end; map verdict: "
+                 "first / last step", fontsize=9)
     ax.legend(fontsize=8)
     path = outdir / "training.png"
     fig.tight_layout()
@@ -500,7 +559,10 @@ def _training(plt: Any, df: Any, outdir: Path, doc: Any, m: Any) -> list[Path]:
         f"scale (so one worker's first gradient has RMS {rms:.3g}), cast to {dtype} and "
         "averaged by the emulated ring at each predivide factor; the average is unscaled in "
         "fp32. No dynamic loss scaling: an overflowed step is applied, so overflow shows as "
-        "divergence. The map columns are the emulator's verdict for correlated gradients at "
+        "divergence (a run that diverges at step 1 leaves no curve). The least-squares "
+        "gradients share a mean across workers but are noisier than the map's 'correlated' "
+        "model, so the map's verdict is a conservative guide here, not a prediction; "
+        "the map columns are the emulator's verdict for correlated gradients at "
         "this N at the first and at the last step's gradient RMS: training shrinks the "
         "gradients, so a factor must be safe at both ends. (The issue-6 trainer needs real "
         "ranks; 1024 workers need the emulator.)")
@@ -552,7 +614,22 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         m = _mark(m, spec)
         reading = _reading(m, spec)
         doc.heading("Reading for users")
+        doc.text(
+            "A factor f is a range tool: dividing by f before the sum keeps partial sums "
+            "below 65504 (fp16's largest value) and multiplying by f/N afterwards restores "
+            "the mean. It costs nothing while every prescaled value g/f stays a normal "
+            "number (>= 6.1e-5 in fp16); below that, values lose bits as subnormals and "
+            "under 6e-8 they vanish. So: pick f large enough that N x (typical |g|) / f "
+            "stays well below 65504 when gradients share a sign across ranks (with pure "
+            "noise the sum only grows like sqrt(N)), and small enough that the smallest "
+            "gradients you care about stay above ~6e-5 x f. Check the gradient scale at the "
+            "end of training too: it shrinks as the loss falls. bfloat16 has fp32's range, so "
+            "no factor is needed, but its 8-bit significand makes long ring sums inaccurate.")
         doc.bullets(reading)
+        doc.table(_choices(m, spec),
+                  caption="The common choices, checked (ok = safe; OVERFLOW = inf/nan; "
+                          "underflow = results flushed; err xK = K times the best factor's "
+                          "error):")
         for dtype in spec.dtypes:
             if not (m["dtype"] == dtype).any():
                 continue
@@ -576,7 +653,10 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         doc.table(piv.reset_index()[[c for c in ("dtype", "dist", "scale", "world_size", "1",
                                                   "sqrt(N)", "N") if c in piv.reset_index()]]
                   .query("world_size in [64, 1024, 4096]"))
-        m.to_csv(outdir / "safe.csv", index=False)
+        cols = ["dtype", "dist", "scale", "world_size", "factor", "factor_label", "overflow",
+                "underflow", "rel_l2_err", "best_rel_l2_err", "max_rel_err", "mean_rel_err",
+                "safe"]
+        m[cols].to_csv(outdir / "safe.csv", index=False, float_format="%.4g")
         paths.append(outdir / "safe.csv")
     paths += _training(plt, df, outdir, doc, m)
     doc.heading("Metrics and how to reproduce")
