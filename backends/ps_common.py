@@ -6,10 +6,15 @@ in which order parts leave the worker (CONTRACTS.md section 3). Everything else 
 - :class:`Transport`: the process's one :class:`~ddpbench.comm.Protocol`. It owns the
   process's uplink (a priority queue of data messages drained in order of (-priority,
   sequence), with optional gates: P3's water mark per destination, BytePS's credit), the
-  optional pacing (``bandwidth_gbps``: each data message holds the sender's uplink and the
-  receiver's downlink for ``bytes / bandwidth``, a token bucket per direction) and the send
-  trace. Control messages (acknowledgements, pull requests, shutdown) bypass the queue and
-  the pacing, but never overtake earlier messages from the same sender.
+  optional pacing (``bandwidth_gbps``) and the send trace. Pacing is the simulator's
+  network model (``simulator/network.py``): a data message holds the sender's uplink for
+  ``bytes / bandwidth`` (a token bucket), then the sender moves on; it enters the
+  receiver's downlink, the switch's output port, when it starts (cut-through), and the port
+  carries one message at a time for ``bytes / bandwidth``, taking the best waiting one by
+  (priority, arrival, sequence); delivery is ``latency`` after the port has carried it.
+  Control messages (acknowledgements, pull requests, shutdown) bypass the queue and the
+  pacing and arrive ``latency`` after they are sent; except acknowledgements, they never
+  overtake earlier messages from the same sender (a kvstore pull stays behind its push).
 - :class:`Server`: the summation server. A server rank runs it on its engine thread until
   every worker has closed (:func:`serve`), then exits; in colocated mode every worker process
   also runs one, and a part whose server is the local process costs no MPI message.
@@ -271,6 +276,13 @@ class Transport(Protocol):
         self.arrived: list[tuple[float, int, Msg]] = []
         self.local: collections.deque[Msg] = collections.deque()
         self.last_delivery: dict[int, float] = {}
+        # The downlink (switch output port): paced data received but not yet carried, by
+        # arrival time, and those waiting at the port at its next choice, by priority.
+        self.port_new: list[tuple[float, int, list]] = []
+        self.port_queue: list[tuple[int, float, int, list]] = []
+        # Per source, in receive order: [msg, delivery time or None while the port has not
+        # carried it yet, already scheduled]; keeps control messages behind earlier data.
+        self.order: dict[int, collections.deque[list]] = collections.defaultdict(collections.deque)
         self.up_free = self.down_free = 0.0
         self.seq = itertools.count()
         self.records: list[SendRecord] = []
@@ -376,15 +388,54 @@ class Transport(Protocol):
         return did
 
     def _arrive(self, msg: Msg, now: float) -> None:
-        at = now
+        if msg.kind == ACK:  # no order to keep: the ack handler looks the part up by key
+            heapq.heappush(self.arrived, (now + self.latency_s, next(self.seq), msg))
+            return
+        if self.bytes_per_s is not None and msg.flags & FLAG_DATA:
+            entry = [msg, None, True]
+            # Cut-through: the message reached the port when its sender started it (the
+            # MPI message itself may be received a little later).
+            heapq.heappush(self.port_new, (min(msg.t_start, now), next(self.seq), entry))
+        else:
+            entry = [msg, now + self.latency_s, False]
+        self.order[msg.src].append(entry)
+        self._schedule_in_order(msg.src)
+
+    def _serve_port(self, now: float) -> bool:
+        """Let the downlink carry what it has chosen by ``now`` (the simulator's Port)."""
         bw = self.bytes_per_s
-        if bw is not None and msg.flags & FLAG_DATA:
-            begin = max(min(msg.t_start, now), self.down_free)
-            self.down_free = begin + msg.nbytes / bw
-            at = self.down_free + self.latency_s
-        at = max(at, self.last_delivery.get(msg.src, 0.0))
-        self.last_delivery[msg.src] = at
-        heapq.heappush(self.arrived, (at, next(self.seq), msg))
+        new, queue = self.port_new, self.port_queue
+        did = False
+        while new or queue:
+            # The port chooses when it is free and something has reached it; what reaches
+            # it later, even at the same priority, waits for the next choice.
+            t = self.down_free if queue else max(self.down_free, new[0][0])
+            if t > now:
+                break
+            while new and new[0][0] <= t:
+                avail, seq, entry = heapq.heappop(new)
+                heapq.heappush(queue, (-entry[0].priority, avail, seq, entry))
+            entry = heapq.heappop(queue)[3]
+            msg = entry[0]
+            self.down_free = t + msg.nbytes / bw
+            entry[1] = self.down_free + self.latency_s
+            heapq.heappush(self.arrived, (entry[1], next(self.seq), msg))
+            self._schedule_in_order(msg.src)
+            did = True
+        return did
+
+    def _schedule_in_order(self, src: int) -> None:
+        # Data messages keep the port's order; a control message waits for every earlier
+        # message from its sender.
+        queue = self.order[src]
+        last = self.last_delivery.get(src, 0.0)
+        while queue and queue[0][1] is not None:
+            msg, at, scheduled = queue.popleft()
+            if not scheduled:
+                at = max(at, last)
+                heapq.heappush(self.arrived, (at, next(self.seq), msg))
+            last = max(last, at)
+        self.last_delivery[src] = last
 
     # -- Protocol -----------------------------------------------------------------------
     def accept(self, item: Callable[[], None]) -> None:
@@ -392,11 +443,13 @@ class Transport(Protocol):
 
     def busy(self) -> bool:
         return bool(self.keep_polling or self.ready or self.sends or self.arrived or self.local
+                    or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
     def progress(self) -> bool:
         now = time.monotonic()
         did = self._receive(now)
+        did |= self._serve_port(now)
         while self.arrived and self.arrived[0][0] <= now:
             msg = heapq.heappop(self.arrived)[2]
             self.handlers[msg.kind](msg)
@@ -416,6 +469,7 @@ class Transport(Protocol):
     def idle(self) -> bool:
         """True when nothing is queued, in flight or waiting for delivery."""
         return not (self.ready or self.sends or self.arrived or self.local
+                    or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
     def fail(self, error: BaseException) -> None:
@@ -990,11 +1044,12 @@ class PSStore(KVStore):
                 op.handle.set_result(op.output)
 
     def _on_ack(self, msg: Msg) -> None:
-        op = self._inflight.get((msg.key, msg.part))
-        if op is None:  # the reply overtook nothing: acks come first from the same server
-            raise RuntimeError(f"worker {self.rank}: stray ack for key {msg.key}")
-        p = op.plan.parts[msg.part]
-        _, gate, cost = self.schedule(0, p, p.count * np.dtype(op.flat.dtype).itemsize)
+        # The reply may come first (the port orders data by priority; acks keep no order).
+        plan = self._plans.get(msg.key)
+        if plan is None or not 0 <= msg.part < len(plan.parts):
+            raise RuntimeError(f"worker {self.rank}: stray ack for key {msg.key} part {msg.part}")
+        p = plan.parts[msg.part]
+        _, gate, cost = self.schedule(0, p, p.count * _np_dtype(plan.dtype).itemsize)
         if gate is not None:
             self._transport.release(gate, cost)
 

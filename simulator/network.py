@@ -1,11 +1,19 @@
-"""The network: full-duplex host NICs on a non-blocking switch, one message at a time per link.
+"""The network: full-duplex host NICs on a non-blocking switch with output-port queues.
 
-A transfer occupies the sender's uplink and the receiver's downlink for ``nbytes / bandwidth``
-and arrives ``latency`` later (cut-through switching: the switch adds no store-and-forward
-delay). The unit of transfer is one message (a slice, a partition, a ring chunk); there are
-no packets. Each host's uplink is a :class:`Sender` process serving a priority queue; a
-receiver's downlink is a :class:`Port`, granted to waiting senders by (priority, sequence).
-Every tie breaks on ``(time, priority, sequence number)``, so a run is deterministic.
+A message (a slice, a partition, a ring chunk; there are no packets) leaves its sender's
+uplink in ``nbytes / bandwidth`` and the sender moves on to its next message: the switch
+buffers what the receiver cannot take yet, as a switch with large buffers does. Each host's
+uplink is a :class:`Sender` process serving a priority queue (larger priority first, then
+FIFO). Each host's downlink is a :class:`Port`, the switch's output port towards that host:
+it carries one message at a time for ``nbytes / bandwidth``, cut-through (a message can
+start down as soon as it starts up), and when it frees it takes the best message waiting
+there by (priority, arrival time, sequence number); there is no preemption inside a
+message. A message is delivered ``latency`` after the port has carried it. Every tie breaks
+on (time, priority, sequence number), so a run is deterministic.
+
+``backends/ps_common.py`` paces the real transport with the same model (a token bucket per
+uplink, a priority queue per downlink, latency after the downlink), so that simulated and
+real runs of the parameter-server backends can be compared message for message.
 """
 
 from __future__ import annotations
@@ -60,37 +68,59 @@ class Link:
             self.busy = False
 
 
-class Port:
-    """A host's downlink: granted to one sender at a time.
+class _PortTurn(simpy.Event):
+    """Fires ``delay`` from now after every ordinary event of that instant.
 
-    Idle senders whose best message for this host found it busy register here with that
-    message's priority and the sequence number of when it started waiting; on release the
-    port goes straight to the best sender still waiting (higher priority first, then the one
-    waiting longest: round robin among equals, as fair switch arbitration gives), so a freed
-    downlink never idles while someone has data for it.
+    simpy orders events of one instant by priority (URGENT 0, NORMAL 1); at 2, the port
+    chooses only once every message that reaches it at that instant has arrived.
     """
 
-    __slots__ = ("host", "busy", "_waiters")
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        super().__init__(env)
+        self._ok, self._value = True, None  # triggered at once, as a Timeout is
+        env.schedule(self, 2, delay)  # type: ignore[arg-type]
 
-    def __init__(self, host: int) -> None:
-        self.host = host
-        self.busy = False
-        self._waiters: list[tuple[float, int, int, Sender]] = []
 
-    def register(self, key: float, seq: int, sender: Sender) -> None:
-        heapq.heappush(self._waiters, (key, seq, sender.gen, sender))
+class Port:
+    """A host's downlink: the switch's output port towards ``host``, a priority queue.
 
-    def release(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            _, _, gen, sender = heapq.heappop(waiters)
-            if sender.gen == gen:
-                if sender.waiting:
-                    sender.wake(self)
-                else:  # busy sending: the port waits for it (at most one message time)
-                    sender._reserved.append(self)
-                return
-        self.busy = False
+    A message arrives when its sender starts sending it. An idle port starts carrying it at
+    once; a busy one queues it, and when it frees takes the best message that has reached
+    it by then (higher priority first, then earliest arrival, then sequence number). Only
+    a contended port costs an event of its own: a free port's message needs just its
+    delivery event.
+    """
+
+    __slots__ = ("net", "host", "free_at", "_queue", "_deciding")
+
+    def __init__(self, net: Network, host: int) -> None:
+        self.net, self.host = net, host
+        self.free_at = 0.0
+        self._queue: list[tuple[float, float, int, Message]] = []
+        self._deciding = False
+
+    def arrive(self, msg: Message) -> None:
+        env = self.net.env
+        if not self._deciding and env.now >= self.free_at:
+            self._carry(msg)
+            return
+        heapq.heappush(self._queue, (-msg.priority, env.now, msg.seq, msg))
+        if not self._deciding:
+            self._deciding = True
+            _PortTurn(env, self.free_at - env.now).callbacks.append(self._decide)
+
+    def _carry(self, msg: Message) -> None:
+        net = self.net
+        tx = msg.nbytes / net.bandwidth
+        self.free_at = net.env.now + tx
+        net.env.timeout(tx + net.latency, msg).callbacks.append(_deliver)
+
+    def _decide(self, _ev: simpy.Event) -> None:
+        self._carry(heapq.heappop(self._queue)[3])
+        if self._queue:
+            _PortTurn(self.net.env, self.free_at - self.net.env.now).callbacks.append(self._decide)
+        else:
+            self._deciding = False
 
 
 class Gate:
@@ -126,7 +156,7 @@ class Message:
     """One transfer: ``on_arrive(msg)`` runs at the receiver when it has fully arrived."""
 
     __slots__ = ("src", "dst", "nbytes", "priority", "seq", "kind", "layer", "gate", "cost",
-                 "on_arrive", "data", "waiting_since")
+                 "on_arrive", "data")
 
     def __init__(self, src: int, dst: int, nbytes: int, priority: float, kind: str, layer: int,
                  on_arrive: Callable[[Message], None], data: Any = None,
@@ -135,27 +165,21 @@ class Message:
         self.kind, self.layer, self.on_arrive, self.data = kind, layer, on_arrive, data
         self.gate, self.cost = gate, cost
         self.seq = 0
-        self.waiting_since = 0
 
 
 class Sender:
     """A host's uplink: a generator process sending its queued messages one at a time.
 
-    Messages wait in one priority queue per destination (virtual output queues, as one
-    connection per peer gives), so a busy receiver does not hold up traffic to others. The
-    sender sends the best message (larger ``priority`` first, then oldest) among those whose
-    receiver's downlink is free; when every receiver it has data for is busy, it registers
-    at each of their ports and the first one freed is granted to it. A message more urgent
-    than the one being sent registers too, reserving its receiver's next turn.
+    The best queued message (larger ``priority`` first, then oldest) whose gate lets it
+    pass holds the uplink for ``nbytes / bandwidth``; it enters its receiver's :class:`Port`
+    when it starts (cut-through), and the sender goes on with its next message whether or
+    not the receiver's downlink is free.
     """
 
     def __init__(self, net: Network, host: int) -> None:
         self.net, self.host = net, host
-        self._voq: dict[int, list[tuple[float, int, Message]]] = {}
-        self.waiting = False
-        self.gen = 0
+        self._queue: list[tuple[float, int, Message]] = []
         self._ev: simpy.Event | None = None
-        self._reserved: list[Port] = []
         net.env.process(self._run())
 
     def send(self, msg: Message) -> None:
@@ -164,96 +188,38 @@ class Sender:
         self.requeue((-msg.priority, msg.seq, msg))
 
     def requeue(self, entry: tuple[float, int, Message]) -> None:
-        heap = self._voq.get(entry[2].dst)
-        if heap is None:
-            heap = self._voq[entry[2].dst] = []
-        heapq.heappush(heap, entry)
-        if self.waiting:
-            self.wake(None)
+        heapq.heappush(self._queue, entry)
+        if self._ev is not None:
+            ev, self._ev = self._ev, None
+            ev.succeed()
 
-    def wake(self, port: Port | None) -> None:
-        """Resume the idle sender, granting it ``port`` (or None: a new message came)."""
-        self.waiting = False
-        self.gen += 1
-        ev, self._ev = self._ev, None
-        ev.succeed(port)
-
-    @staticmethod
-    def _head(heap: list[tuple[float, int, Message]]) -> tuple[float, int, Message] | None:
-        while heap:
-            entry = heap[0]
+    def _next(self) -> Message | None:
+        queue = self._queue
+        while queue:
+            entry = heapq.heappop(queue)
             msg = entry[2]
             gate = msg.gate
-            if gate is not None and not gate.fits(msg.cost):
-                heapq.heappop(heap)
-                heapq.heappush(gate.blocked, entry)
-                continue
-            return entry
+            if gate is not None:
+                if not gate.fits(msg.cost):
+                    heapq.heappush(gate.blocked, entry)
+                    continue
+                gate.used += msg.cost
+            return msg
         return None
 
     def _run(self):
         net = self.net
-        env, down, voq = net.env, net.down, self._voq
+        env, down = net.env, net.down
         while True:
-            self.gen += 1  # registrations made before this choice are stale from now on
-            best = port = None
-            if self._reserved:
-                reserved, self._reserved = self._reserved, []
-                for p in reserved:
-                    entry = self._head(voq[p.host])
-                    if entry is not None and (best is None or entry < best):
-                        if port is not None:
-                            port.release()
-                        best, port = entry, p
-                    else:
-                        p.release()
-            if best is None:
-                heads = []
-                for heap in voq.values():
-                    entry = self._head(heap)
-                    if entry is not None:
-                        heads.append(entry)
-                        if not down[entry[2].dst].busy and (best is None or entry < best):
-                            best = entry
-                if best is None:
-                    for entry in heads:
-                        self._register(entry)
-                    self.waiting = True
-                    self._ev = env.event()
-                    port = yield self._ev
-                    if port is None:
-                        continue
-                    best = self._head(voq[port.host])
-                    if best is None:
-                        port.release()
-                        continue
-                else:
-                    port = down[best[2].dst]
-                    port.busy = True
-                    for entry in heads:
-                        # A strictly more urgent message waits for a busy receiver: reserve
-                        # that receiver's next turn (P3's priorities hold across senders).
-                        if entry[0] < best[0] and down[entry[2].dst].busy:
-                            self._register(entry)
-            heapq.heappop(voq[port.host])
-            msg = best[2]
-            if msg.gate is not None:
-                msg.gate.used += msg.cost
+            msg = self._next()
+            if msg is None:
+                self._ev = env.event()
+                yield self._ev
+                continue
             start = env.now
+            down[msg.dst].arrive(msg)
             yield env.timeout(msg.nbytes / net.bandwidth)
-            port.release()
             net.record(msg, start, env.now)
-            env.timeout(net.latency, msg).callbacks.append(_deliver)
-            # Choose the next message only after every transmission ending now has released
-            # its port; otherwise the first sender to finish sees ports as busy that are
-            # free at this same instant and skips ahead to another receiver.
-            yield env.timeout(0)
-
-    def _register(self, entry: tuple[float, int, Message]) -> None:
-        msg = entry[2]
-        if not msg.waiting_since:
-            msg.waiting_since = self.net.next_seq()
-        self.net.down[msg.dst].register(entry[0], msg.waiting_since, self)
 
 
 def _deliver(ev: simpy.Event) -> None:
@@ -268,8 +234,10 @@ class Network:
         env: the simulation environment.
         nhosts: number of hosts.
         bandwidth: bytes per second per direction, > 0.
-        latency: seconds from the end of a transmission to its arrival, >= 0.
-        record: ``record(msg, start, end)`` is called for each finished transmission.
+        latency: seconds from the end of a message on the receiver's downlink to its
+            delivery, >= 0.
+        record: ``record(msg, start, end)`` is called when a message has left its sender's
+            uplink (``start`` to ``end``: the sender's transmission).
     """
 
     def __init__(self, env: simpy.Environment, nhosts: int, bandwidth: float, latency: float,
@@ -280,7 +248,7 @@ class Network:
             raise ValueError(f"latency must be >= 0 s, got {latency}")
         self.env, self.bandwidth, self.latency, self.record = env, bandwidth, latency, record
         self._seq = 0
-        self.down = [Port(h) for h in range(nhosts)]
+        self.down = [Port(self, h) for h in range(nhosts)]
         self.senders = [Sender(self, h) for h in range(nhosts)]
 
     def next_seq(self) -> int:
