@@ -203,6 +203,7 @@ class CollectiveStore(KVStore):
     """
 
     Options = _Options
+    options: _Options
     capabilities = frozenset({"broadcast", "push_pull", "reduce_kinds"})
 
     def __init__(self, **options: Any) -> None:
@@ -220,8 +221,12 @@ class CollectiveStore(KVStore):
         self._snapshots: dict[Any, np.ndarray] = {}
         self._local_steps = 0
         self.syncs = 0
-        if self.options.mode == "local_sgd":
-            self.capabilities = self.capabilities | {"local_sgd"}
+
+    def is_capable(self, capability: str) -> bool:
+        """``'local_sgd'`` only in mode ``local_sgd``; otherwise as declared."""
+        if capability == "local_sgd":
+            return self.options.mode == "local_sgd"
+        return super().is_capable(capability)
 
     @property
     def rank(self) -> int:

@@ -15,7 +15,7 @@ of the shards of one step is exactly the batch a single process would see.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +105,7 @@ def digits(*, test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     return Dataset("digits", x[train], y[train], x[test], y[test], 10)
 
 
-DATASETS = {"synthetic": teacher_student, "digits": digits}
+DATASETS: dict[str, Callable[..., Dataset]] = {"synthetic": teacher_student, "digits": digits}
 
 
 def load_dataset(name: str, *, seed: int = 0) -> Dataset:

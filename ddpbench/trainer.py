@@ -232,9 +232,10 @@ class DistributedTrainer:
         elif not self.local_sgd:
             self.allreduce_grads()
         local = [p for p in self.params if p.distributed or not self.update_on_kvstore]
+        local_sgd_kv: Any = self.kv  # the local-SGD calls of the 'collective' store
         if self.local_sgd:
             names = [p.name for p in self._reduced]
-            self.kv.snapshot_parameters(names, [p.data for p in self._reduced],
+            local_sgd_kv.snapshot_parameters(names, [p.data for p in self._reduced],
                                         reset=self.steps == 0)
         for p in local:
             state = self._states.get(p.name)
@@ -242,7 +243,7 @@ class DistributedTrainer:
                 state = self._states[p.name] = self.optimizer.create_state(p.data)
             self.optimizer.update(p.data, p.grad * scale.astype(p.grad.dtype), state)
         if self.local_sgd:
-            self.kv.sync_parameters(names, [p.data for p in self._reduced],
+            local_sgd_kv.sync_parameters(names, [p.data for p in self._reduced],
                                     compression=self.compression)
         self.steps += 1
 
@@ -257,8 +258,9 @@ class DistributedTrainer:
         """
         if not lr > 0:
             raise ValueError(f"learning rate must be > 0, got {lr!r}")
-        if dataclasses.is_dataclass(self.optimizer):
-            self.optimizer = dataclasses.replace(self.optimizer, lr=float(lr))
+        opt: Any = self.optimizer
+        if dataclasses.is_dataclass(opt) and not isinstance(opt, type):
+            self.optimizer = dataclasses.replace(opt, lr=float(lr))
         else:
             self.optimizer.lr = float(lr)
         if self.update_on_kvstore:

@@ -143,7 +143,7 @@ def run_training(cfg: dict[str, Any], *, timeout: float = 600.0) -> dict[str, An
         cmd = [sys.executable, "-m", "ddpbench.commands.train", json.dumps(cfg), str(out)]
         with open(log, "w") as f:
             rc = launch(cmd, int(cfg["workers"]), servers, timeout=timeout,
-                        stdout=f, stderr=subprocess.STDOUT)
+                        stdout=f.fileno(), stderr=subprocess.STDOUT)
         text = log.read_text(errors="replace")
         if rc == 124:
             raise TimeoutError(f"training did not finish in {timeout:g} s: {_tail(text)}")
