@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import ddpbench
 from ddpbench import accuracy_experiment as acc
 from ddpbench import nn
 from ddpbench.commands.train import make_config
@@ -70,30 +71,46 @@ def test_render_checks_targets(tmp_path):
                                        "final_accuracy.png", "report.md"}
 
 
-@pytest.mark.mpi
-def test_train_command_matches_single_process_accuracy(tmp_path):
-    """2 workers x batch 16 for 30 steps reach the same test accuracy as one process on the
-    full batch of 32 (the parameters agree to ~1e-7, so no test prediction flips)."""
-    out = tmp_path / "r.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddpbench", "train", "--backend", "collective", "-n", "2",
-         "--steps", "30", "--batch-size", "16", "--eval-every", "10", "--lr-schedule",
-         "constant", "--out", str(out)],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(out.read_text())
+def _reference_accuracy(steps: int, batch: int) -> float:
     ds = load_dataset("synthetic")
     m = nn.create_model("mlp", seed=0)
     opt = nn.SGD(lr=0.1)
-    loader = ShardedLoader(ds.x_train, ds.y_train, 32, seed=0)
-    for step in range(30):
+    loader = ShardedLoader(ds.x_train, ds.y_train, batch, seed=0)
+    for step in range(steps):
         x, y = loader.batch(step)
         _, d = nn.softmax_cross_entropy(m.forward(x), y)
         m.backward(d)
         for p in m.parameters():
-            opt.update(p.data, p.grad * np.float32(1 / 32), None)
-    ref = 100 * nn.accuracy(m.forward(ds.x_test), ds.y_test)
-    assert res["final_test_acc"] == pytest.approx(ref, abs=1e-9)
+            opt.update(p.data, p.grad * np.float32(1 / batch), None)
+    return 100 * nn.accuracy(m.forward(ds.x_test), ds.y_test)
+
+
+def _train(tmp_path, *args):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpbench", "train", "-n", "2", "--steps", "30",
+         "--batch-size", "16", "--eval-every", "10", "--lr-schedule", "constant",
+         "--out", str(out), *args],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "final test accuracy" in proc.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.mark.mpi
+def test_train_command_matches_single_process_accuracy(tmp_path):
+    """2 workers x batch 16 for 30 steps reach the same test accuracy as one process on the
+    full batch of 32 (the parameters agree to ~1e-7, so no test prediction flips)."""
+    res = _train(tmp_path, "--backend", "collective")
+    assert res["final_test_acc"] == pytest.approx(_reference_accuracy(30, 32), abs=1e-9)
     assert res["replica_max_diff"] == 0.0
     assert res["curve"]["step"] == [10, 20, 30]
-    assert "final test accuracy" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_train_command_update_on_kvstore_dedicated_server(tmp_path):
+    if "kvstore" not in ddpbench.available():
+        pytest.skip("backend 'kvstore' is not written yet")
+    res = _train(tmp_path, "--backend", "kvstore", "--servers", "1", "--update-on-kvstore")
+    assert res["final_test_acc"] == pytest.approx(_reference_accuracy(30, 32), abs=1e-9)
+    assert res["replica_max_diff"] == 0.0

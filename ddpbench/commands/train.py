@@ -217,8 +217,11 @@ def worker(cfg: dict[str, Any], out: str) -> None:
         last = step + 1 == cfg["steps"]
         if (step + 1) % cfg["eval_every"] == 0 or last:
             # Through the store, not a blocking MPI call on this thread: with colocated
-            # parameter servers this process's engine must keep serving the others.
-            total = kv.push_pull("train.loss_window", window.copy(), op="sum")
+            # parameter servers this process's engine must keep serving the others. With
+            # an optimizer on the servers every push updates weights, so then the loss is
+            # this worker's own.
+            total = window if trainer.update_on_kvstore else \
+                kv.push_pull("train.loss_window", window.copy(), op="sum")
             running, window[:] = float(total[0] / total[1]), 0.0
             if rank == 0:
                 evaluate(step + 1)
@@ -227,6 +230,8 @@ def worker(cfg: dict[str, Any], out: str) -> None:
     # difference as a SUM of one-hot slots (an op every backend has). All of it through
     # the store: after close() this process makes no MPI call of its own.
     flat = np.concatenate([p.data.reshape(-1) for p in model.parameters() if not p.distributed])
+    if trainer.update_on_kvstore:
+        kv.set_optimizer(None)  # plain reductions again (collective)
     root = kv.broadcast("train.replica_check", flat.copy(), root_rank=0)
     diffs = np.zeros(size, np.float64)
     diffs[rank] = float(np.max(np.abs(root - flat), initial=0.0))
