@@ -24,9 +24,11 @@ cell's rows in a small per-process cache), so factors compare on equal data.
 
 from __future__ import annotations
 
+import datetime as _dt
 import functools
 import json
 import math
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ddpbench import numerics as nm
 
-__all__ = ["Spec", "expand", "point_name", "render", "run_point", "run_sweep", "train_rows"]
+__all__ = ["Spec", "expand", "point_name", "render", "run_point", "run_sweep"]
 
 
 class _Frozen(BaseModel):
@@ -242,45 +244,72 @@ def _train_row(params: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- standalone sweep
 
 
-def _run_cell(args: tuple[dict[str, Any], list[float], int, int]) -> list[dict[str, Any]]:
+def _run_cell(args: tuple[dict[str, Any], list[float], int, int]) -> tuple[dict, list, float]:
     cell, factors, elements, seed = args
+    t0 = time.perf_counter()
     rows = nm.sweep_cell(cell["dtype"], cell["dist"], cell["scale"], cell["world_size"],
                          factors, elements, seed, threads=1)
-    for r in rows:
-        r["task"] = "map"
-    return rows
+    return cell, rows, time.perf_counter() - t0
 
 
-def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2,
+def _runner_row(name: str, point: dict[str, Any], result: dict[str, Any],
+                seconds: float) -> dict[str, Any]:
+    """Return a row as ``ddpbench run`` writes it, so either tool can resume the other."""
+    from ddpbench.runner import RUNNER_COLUMNS
+
+    row = dict.fromkeys(RUNNER_COLUMNS, "")
+    row.update({"experiment": name, "kind": "numerics", "mode": point["mode"],
+                "point": point_name(point), "repetition": 0, "status": "ok"})
+    row.update({k: v for k, v in point.items() if not k.startswith("_") and k not in row})
+    row.update({k: v for k, v in result.items() if not k.startswith("_") and k not in row})
+    row["wall_s"] = round(seconds, 4)
+    row["finished_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return row
+
+
+def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = None,
+              description: str = "", source: str = "<flags>",
               progress: Any = None) -> list[Path]:
     """Run every point of ``spec`` without the runner; write results.csv and the report.
 
-    Cells run in ``jobs`` processes (one thread each). Returns the files written.
+    Cells (all factors of one dtype, distribution, scale and N) run in ``jobs`` processes,
+    one thread each. results.csv and experiment.json are written as ``ddpbench run``
+    writes them, so ``ddpbench report`` re-renders the folder and ``ddpbench run`` finds
+    every point finished. Returns the files written.
     """
     import pandas as pd
 
     outdir.mkdir(parents=True, exist_ok=True)
+    name = name or outdir.name
     tasks = [(c, spec.factors.for_world(c["world_size"]), spec.elements, spec.seed)
              for c in _cells(spec)]
     # Big world sizes first, so the slowest cells do not finish last on one process.
     tasks.sort(key=lambda t: -t[0]["world_size"])
-    rows: list[dict[str, Any]] = []
+    done: dict[tuple, tuple[dict[float, dict[str, Any]], float]] = {}
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for i, cell_rows in enumerate(pool.map(_run_cell, tasks)):
-            rows.extend(cell_rows)
+        for i, (cell, rows, seconds) in enumerate(pool.map(_run_cell, tasks)):
+            key = (cell["dtype"], cell["dist"], cell["scale"], cell["world_size"])
+            done[key] = ({r["factor"]: r for r in rows}, seconds / max(1, len(rows)))
             if progress:
                 progress(i + 1, len(tasks))
-    rows += train_rows(spec)
-    df = pd.DataFrame(rows)
-    if "status" not in df:
-        df["status"] = "ok"
-    df["status"] = df["status"].fillna("ok")
+    out_rows = []
+    for point in expand(spec):
+        t0 = time.perf_counter()
+        if point["task"] == "map":
+            by_f, seconds = done[(point["dtype"], point["dist"], point["scale"],
+                                  point["world_size"])]
+            result = {k: v for k, v in by_f[point["factor"]].items() if k not in point}
+        else:
+            result = _train_row(point)
+            seconds = time.perf_counter() - t0
+        out_rows.append(_runner_row(name, point, result, seconds))
+    df = pd.DataFrame(out_rows)
     path = outdir / "results.csv"
     df.to_csv(path, index=False)
-    (outdir / "experiment.json").write_text(json.dumps(
-        {"name": outdir.name, "kind": "numerics", "spec": spec.model_dump(mode="json")},
-        indent=2))
-    return [path, *render(df, outdir, spec)]
+    doc = {"name": name, "kind": "numerics", "description": description, "source": source,
+           "spec": spec.model_dump(mode="json")}
+    (outdir / "experiment.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return [path, outdir / "experiment.json", *render(df, outdir, spec)]
 
 
 # --------------------------------------------------------------------------- report
@@ -569,16 +598,6 @@ def _training(plt: Any, df: Any, outdir: Path, doc: Any, m: Any) -> list[Path]:
     doc.table(pd.DataFrame(table))
     doc.image(Path(path.name), "training loss per predivide factor")
     return [path]
-
-
-def train_rows(spec: Spec) -> list[dict[str, Any]]:
-    """Run the spec's training points; return their rows (params + results)."""
-    rows = []
-    for p in expand(spec):
-        if p["task"] == "train":
-            row = {k: v for k, v in p.items() if not k.startswith("_") and k != "mode"}
-            rows.append({**row, **_train_row(p), "status": "ok"})
-    return rows
 
 
 def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:

@@ -54,8 +54,7 @@ def test_expand_names_and_rows_match_the_engine():
     assert row["rel_l2_err"] == ref[1.0]["rel_l2_err"] or math.isnan(row["rel_l2_err"])
 
 
-def test_runner_runs_and_renders_the_numerics_kind(tmp_path):
-    text = textwrap.dedent("""\
+TINY_YAML = textwrap.dedent("""\
         name: tiny_numerics
         kind: numerics
         world_sizes: [1, 3, 16]
@@ -66,8 +65,11 @@ def test_runner_runs_and_renders_the_numerics_kind(tmp_path):
         elements: 64
         training: {world_size: 8, scale: 100, factors: [1, 8], steps: 5, dim: 4}
         """)
+
+
+def test_runner_runs_and_renders_the_numerics_kind(tmp_path):
     path = tmp_path / "tiny.yaml"
-    path.write_text(text)
+    path.write_text(TINY_YAML)
     exp = config.load_experiment(path)
     summary = runner.run_experiment(exp, tmp_path / "out", jobs=1, progress=False)
     assert summary.failed == 0 and summary.ok == len(ne.expand(exp.spec))
@@ -81,6 +83,22 @@ def test_runner_runs_and_renders_the_numerics_kind(tmp_path):
     assert not big[big["factor"] == 1.0]["safe"].iloc[0]
     assert big[big["factor"] == 16.0]["safe"].iloc[0]
     assert "| 16 |" in md and "Reading for users" in md
+
+
+def test_numerics_sweep_writes_what_the_runner_resumes(tmp_path, capsys):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_YAML)
+    out = tmp_path / "out"
+    assert cli.main(["numerics", "sweep", str(path), "--out", str(out), "--jobs", "1"]) == 0
+    exp = config.load_experiment(path)
+    summary = runner.run_experiment(exp, out, jobs=1, progress=False)
+    assert summary.ok == 0 and summary.skipped == len(ne.expand(exp.spec))
+    df = runner.read_results(out / "results.csv")
+    row = df[df["point"] == "float16[N=16,dist=correlated,f=1,scale=3000]"].iloc[0]
+    ref = nm.sweep_cell("float16", "correlated", 3000.0, 16,
+                        exp.spec.factors.for_world(16), 64)
+    assert row["overflow"] == next(r["overflow"] for r in ref if r["factor"] == 1.0) > 0
+    assert runner.load_saved_experiment(out).spec == exp.spec
 
 
 def test_query_command_prints_the_safe_range(capsys):

@@ -13,6 +13,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 HELP = "predivide-factor numerics of the ring allreduce: maps, safe-factor queries, benchmark"
 
@@ -63,27 +64,25 @@ def _floats(text: str, what: str) -> list[float]:
         raise UsageError(f"{what}: expected comma-separated numbers, got {text!r}") from err
 
 
-def _spec(args: argparse.Namespace):
-    from pathlib import Path
-
-    import yaml
+def _spec(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
+    """Return the validated Spec (file, then flags over it) and the envelope."""
     from pydantic import ValidationError
 
+    from ddpbench import config
     from ddpbench.cli import UsageError
     from ddpbench.numerics_experiment import Spec
 
-    raw: dict = {}
+    raw: dict[str, Any] = {}
+    envelope = {"name": "predivide_numerics", "description": "", "source": "<flags>"}
     if args.file:
         try:
-            raw = yaml.safe_load(Path(args.file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as err:
-            raise UsageError(f"cannot read {args.file}: {err}") from err
-        if not isinstance(raw, dict):
-            raise UsageError(f"{args.file}: expected a mapping at the top level")
-        if raw.get("kind", "numerics") != "numerics":
-            raise UsageError(f"{args.file}: kind is {raw.get('kind')!r}, expected 'numerics'")
-        for key in ("name", "kind", "description"):
-            raw.pop(key, None)
+            exp = config.load_experiment(args.file)
+        except (config.ExperimentError, OSError) as err:
+            raise UsageError(str(err)) from None
+        if exp.kind != "numerics":
+            raise UsageError(f"{args.file}: kind is {exp.kind!r}, expected 'numerics'")
+        raw = exp.spec.model_dump(mode="json")
+        envelope = {"name": exp.name, "description": exp.description, "source": str(args.file)}
     if args.world_sizes:
         raw["world_sizes"] = [int(v) for v in _floats(args.world_sizes, "--world-sizes")]
     if args.dtypes:
@@ -108,7 +107,7 @@ def _spec(args: argparse.Namespace):
     if args.no_training:
         raw["training"] = None
     try:
-        return Spec.model_validate(raw)
+        return Spec.model_validate(raw), envelope
     except ValidationError as err:
         first = err.errors()[0]
         loc = ".".join(str(x) for x in first["loc"])
@@ -120,16 +119,19 @@ def _sweep(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
+    from ddpbench.cli import UsageError
     from ddpbench.numerics_experiment import run_sweep
 
-    spec = _spec(args)
+    spec, envelope = _spec(args)
     t0 = time.perf_counter()
 
     def progress(done: int, total: int) -> None:
         print(f"\r{done}/{total} cells, {time.perf_counter() - t0:.0f} s", end="",
               file=sys.stderr, flush=True)
 
-    paths = run_sweep(spec, Path(args.out), jobs=args.jobs, progress=progress)
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    paths = run_sweep(spec, Path(args.out), jobs=args.jobs, progress=progress, **envelope)
     print(file=sys.stderr)
     for p in paths:
         print(p)
