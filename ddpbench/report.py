@@ -236,7 +236,7 @@ _MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
 def _line_plot(
     plt: Any, data: Any, x: str, y: str, path: Path, title: str, *,
-    ylabel: str, logx: bool = False, hline: float | None = None,
+    ylabel: str, logx: bool = False, logy: bool = False, hline: float | None = None,
     series: Sequence[str] = ("variant",), note: str | None = None,
     colors: dict[str, Any] | None = None, zero: bool = True,
 ) -> Path:
@@ -270,8 +270,10 @@ def _line_plot(
         ax.set_title(str(workload))
         ax.set_xlabel(AXIS_LABELS.get(x, x))
         ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if zero:
+        ax.grid(alpha=0.3, which="both" if logy else "major")
+        if logy:
+            ax.set_yscale("log")
+        elif zero:
             ax.set_ylim(bottom=0)
     fig.suptitle(title + (f"\n({note})" if note else ""), fontsize=11)
     ncol = min(len(handles), 4)
@@ -496,7 +498,7 @@ def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
         if not sp.empty:
             doc.heading(f"Speedup over {baseline}")
             doc.bullets(_speedup_highlights(sp, baseline))
-            x = "bandwidth_gbps" if sp["bandwidth_gbps"].nunique() > 1 else "workers"
+            x = _speedup_x(sp)
             cols = [c for c in ("workload", "workers", "bandwidth_gbps", "latency_us")
                     if c == x or c == "workload" or sp[c].nunique() > 1]
             table = sp.pivot_table(index=cols, columns="variant", values="speedup",
@@ -523,7 +525,7 @@ def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
         written.append(p)
     if "speedup" in plots and baseline and baseline in set(sim["backend"]):
         sp = _speedups(sim, baseline)
-        x = "bandwidth_gbps" if sp["bandwidth_gbps"].nunique() > 1 else "workers"
+        x = _speedup_x(sp)
         if not sp.empty and sp[x].nunique() > 1:
             series = ["variant", *_varying(sp, [c for c in ("workers", "bandwidth_gbps",
                                                             "latency_us") if c != x])]
@@ -538,7 +540,8 @@ def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
         series = ["variant", *_varying(sim, ("bandwidth_gbps", "latency_us", "servers"))]
         p = _line_plot(plt, sim, "workers", "throughput", outdir / "scaling.png",
                        f"Throughput vs number of workers ({shown})",
-                       ylabel=AXIS_LABELS["throughput"], logx=True, series=series,
+                       ylabel="throughput (samples/s, log scale)", logx=True,
+                       logy=True, series=series,
                        note=_fixed_note(sim, ["workers", *series]), colors=palette)
         doc.image(p.relative_to(outdir), "scaling")
         written.append(p)
@@ -581,6 +584,14 @@ def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
     return doc.write(outdir) + written
 
 
+def _speedup_x(sp: Any) -> str:
+    """Plot speedup against the axis swept most finely (bandwidth on a tie)."""
+    if sp.empty:
+        return "bandwidth_gbps"
+    return "workers" if sp["workers"].nunique() > sp["bandwidth_gbps"].nunique() \
+        else "bandwidth_gbps"
+
+
 def _efficiency(sim: Any) -> Any:
     keys = ["variant", "workload", *[c for c in ("bandwidth_gbps", "latency_us", "servers")
                                      if c in sim.columns]]
@@ -617,18 +628,22 @@ def _gantt_points(df: Any, spec: Any) -> list[str]:
 
 
 def _speedup_highlights(sp: Any, baseline: str) -> list[str]:
+    """One line per variant and workload: the speedup at 10 Gbps and where it peaks."""
+    x = _speedup_x(sp)
+    others = _varying(sp, [c for c in ("workers", "bandwidth_gbps", "latency_us") if c != x])
     lines = []
-    for (variant, workload, *rest), grp in sp.groupby(
-        ["variant", "workload", *_varying(sp, ("workers", "latency_us"))], sort=False
-    ):
+    for (variant, workload, *rest), grp in sp.groupby(["variant", "workload", *others],
+                                                      sort=False):
         best = grp.loc[grp["speedup"].idxmax()]
-        where = (f"{best['bandwidth_gbps']:g} Gbps" if grp["bandwidth_gbps"].nunique() > 1
-                 else f"{int(best['workers'])} workers")
-        at10 = grp[grp["bandwidth_gbps"] == 10]
-        ten = f"{at10['speedup'].iloc[0]:.2f}x at 10 Gbps; " if len(at10) == 1 and \
-            grp["bandwidth_gbps"].nunique() > 1 else ""
-        ctx = "".join(f", {v}" for v in rest)
-        lines.append(f"{variant} on {workload}{ctx}: {ten}peak {best['speedup']:.2f}x at {where}")
+        where = _series_label(x, best[x])
+        ten = ""
+        if x == "bandwidth_gbps":
+            at10 = grp[grp["bandwidth_gbps"] == 10]
+            if len(at10) == 1:
+                ten = f"{at10['speedup'].iloc[0]:.2f}x at 10 Gbps; "
+        ctx = "".join(f", {_series_label(c, v)}" for c, v in zip(others, rest))
+        lines.append(f"{variant} on {workload}{ctx}: {ten}peak {best['speedup']:.2f}x at "
+                     f"{where}")
     return lines
 
 

@@ -145,3 +145,25 @@ def test_tiny_real_experiment_at_two_ranks_beside_simulation(tmp_path):
             2 * workload.batch_size / float(r["iteration_time_s"]))
     assert (out / "sim_vs_real.png").exists()
     assert "real/sim" in (out / "report.md").read_text()
+
+
+@pytest.mark.mpi
+def test_mpi_executor_gives_the_same_rows_as_local(tmp_path):
+    exp = config.parse_experiment(textwrap.dedent("""\
+        name: ex
+        workloads: seq2seq_lstm
+        workers: 2
+        bandwidth_gbps: [5, 20]
+        backends: [horovod, kvstore]
+        """))
+    local = runner.run_experiment(exp, tmp_path / "local", jobs=1, progress=False,
+                                  render_report=False)
+    viampi = runner.run_experiment(exp, tmp_path / "mpi", jobs=2, executor="mpi",
+                                   progress=False, render_report=False)
+    assert local.ok == viampi.ok == 4
+
+    def table(d):
+        return sorted((r["point"], r["iteration_time_s"], r["throughput"])
+                      for r in rows_of(d / "results.csv"))
+
+    assert table(tmp_path / "local") == table(tmp_path / "mpi")

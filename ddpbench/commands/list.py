@@ -59,7 +59,8 @@ def main(args: argparse.Namespace) -> int:
         for path in sorted(folder.glob("*.yaml")) if folder else []:
             try:
                 exp = config.load_experiment(path)
-                desc = exp.description.splitlines()[0] if exp.description else ""
+                desc = exp.description.split(". ")[0].strip()
+                desc = desc if len(desc) <= 70 else desc[:67] + "..."
                 print(f"  {path.name:26s} kind={exp.kind:10s} {desc}")
             except config.ExperimentError as err:
                 print(f"  {path.name:26s} INVALID: {err}")
