@@ -5,6 +5,13 @@ design): the caller's thread only queues requests and waits on handles, so backw
 compute overlaps communication. Backends plug into the engine as :class:`Protocol`
 objects; the engine hands each protocol the items queued for it and polls its progress.
 
+Rule for user code: make no MPI calls of your own on other threads while a store is open.
+MPI is initialised with MPI_THREAD_MULTIPLE, but a collective of yours (a gather, a
+barrier) blocks its thread while this rank's engine may be serving other ranks' requests
+(a colocated server, a coordinator) that those ranks need to reach the same collective;
+two hangs of that kind were seen. Run such a call on the engine instead:
+``engine().call(lambda: comm.allgather(x)).wait()``, or reduce through the store.
+
 Roles: ``ddpbench launch -n W --servers S`` starts W + S ranks; world ranks 0..W-1 are
 workers and W..W+S-1 servers (``DDPBENCH_NUM_WORKERS``/``DDPBENCH_NUM_SERVERS``). Under a
 plain ``mpiexec`` every rank is a worker.
