@@ -392,7 +392,7 @@ class Transport(Protocol):
             heapq.heappush(self.arrived, (now + self.latency_s, next(self.seq), msg))
             return
         if self.bytes_per_s is not None and msg.flags & FLAG_DATA:
-            entry = [msg, None, True]
+            entry: list[Any] = [msg, None, True]
             # Cut-through: the message reached the port when its sender started it (the
             # MPI message itself may be received a little later).
             heapq.heappush(self.port_new, (min(msg.t_start, now), next(self.seq), entry))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import simpy
 
@@ -223,7 +223,7 @@ class Sender:
 
 
 def _deliver(ev: simpy.Event) -> None:
-    msg = ev.value
+    msg = cast(Message, ev.value)
     msg.on_arrive(msg)
 
 
