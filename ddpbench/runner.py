@@ -590,7 +590,9 @@ def _make_executor(kind: str, jobs: int) -> cf.Executor:
             from mpi4py.futures import MPIPoolExecutor
         except ImportError as err:
             raise RuntimeError(f"--executor mpi needs mpi4py.futures: {err}") from None
-        return MPIPoolExecutor(max_workers=jobs)
+        # main=False: workers need only ddpbench.runner, not the caller's __main__ (which
+        # for `python -m ddpbench` would run the CLI again in every worker).
+        return MPIPoolExecutor(max_workers=jobs, main=False)
     import multiprocessing as mp
 
     # fork would copy the runner's state (tqdm, open files); spawn workers start clean.
