@@ -271,6 +271,9 @@ class Transport(Protocol):
         self.host_of = host_of
         self.handlers: dict[int, Callable[[Msg], None]] = {}
         self.ready: list[tuple[int, int, Msg]] = []
+        # Data messages not yet offered to the uplink, by the time they were queued: when
+        # pacing, the link chooses only among those queued by the time it came free.
+        self.queued: list[tuple[float, int, tuple[int, int, Msg]]] = []
         self.sends: list[tuple[Any, np.ndarray]] = []
         self.recvs: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self.arrived: list[tuple[float, int, Msg]] = []
@@ -306,7 +309,7 @@ class Transport(Protocol):
                 msg.after_send()
         elif msg.flags & FLAG_DATA:
             msg.t_enq = time.monotonic()
-            heapq.heappush(self.ready, (-msg.priority, msg.seq, msg))
+            heapq.heappush(self.queued, (msg.t_enq, msg.seq, (-msg.priority, msg.seq, msg)))
         else:
             msg.t_start = time.monotonic()
             self._isend(msg)
@@ -320,7 +323,7 @@ class Transport(Protocol):
             entry = heapq.heappop(gate.blocked)
             moved += entry[2].cost
             entry[2].t_enq = now  # it could not have started before the gate let it go
-            heapq.heappush(self.ready, entry)
+            heapq.heappush(self.queued, (now, entry[1], entry))
 
     def _pop(self) -> Msg | None:
         while self.ready:
@@ -338,14 +341,27 @@ class Transport(Protocol):
     def _drain_ready(self, now: float) -> bool:
         did = False
         bw = self.bytes_per_s
-        while self.ready and (bw is None or self.up_free <= now):
-            msg = self._pop()
-            if msg is None:
+        queued, ready = self.queued, self.ready
+        while queued or ready:
+            # The link chooses when it comes free (or, idle, when the next message is
+            # queued) among the messages queued by then, as the simulator's sender does:
+            # polling late must neither cost bandwidth nor let a message queued after that
+            # instant overtake (P3 would starve a reply behind the next iteration's pushes).
+            if bw is None:
+                t = now
+            elif ready:
+                t = self.up_free
+            else:
+                t = max(self.up_free, queued[0][0])
+            if t > now:
                 break
+            while queued and queued[0][0] <= t:
+                heapq.heappush(ready, heapq.heappop(queued)[2])
+            msg = self._pop()
+            if msg is None:  # all gated: the link waits for what is queued next
+                continue
             nbytes = msg.nbytes
-            # The link could have started this message when it became free or when the
-            # message was queued, whichever is later: polling late must not cost bandwidth.
-            start = max(self.up_free, msg.t_enq) if bw is not None else now
+            start = t if bw is not None else now
             end = start + nbytes / bw if bw is not None else start
             if bw is not None:
                 self.up_free = end
@@ -442,8 +458,8 @@ class Transport(Protocol):
         item()
 
     def busy(self) -> bool:
-        return bool(self.keep_polling or self.ready or self.sends or self.arrived or self.local
-                    or self.port_new or self.port_queue
+        return bool(self.keep_polling or self.ready or self.queued or self.sends or self.arrived
+                    or self.local or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
     def progress(self) -> bool:
@@ -468,7 +484,7 @@ class Transport(Protocol):
 
     def idle(self) -> bool:
         """True when nothing is queued, in flight or waiting for delivery."""
-        return not (self.ready or self.sends or self.arrived or self.local
+        return not (self.ready or self.queued or self.sends or self.arrived or self.local
                     or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
