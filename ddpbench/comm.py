@@ -198,17 +198,19 @@ class Engine:
 
     Callers use :meth:`submit` (an item for a protocol) and :meth:`call` (a function to run
     on the engine thread, for blocking collectives such as a communicator ``Dup``). While a
-    protocol is busy the engine polls, backing off from yielding to sleeping up to
-    ``max_poll_s``; when nothing is in flight it sleeps until work is queued.
+    protocol is busy the engine polls: it spins (yielding the GIL) for ``spin_s`` after
+    its last progress, then sleeps ``max_poll_s`` between polls, and 1 ms after 10 ms of
+    quiet; when nothing is in flight it sleeps until work is queued.
     """
 
-    def __init__(self, max_poll_s: float = 5e-5) -> None:
+    def __init__(self, max_poll_s: float = 5e-5, spin_s: float = 1e-3) -> None:
         self._cond = threading.Condition()
         self._queue: list[tuple[Protocol | None, Any]] = []
         self._protocols: list[Protocol] = []
         self._stopping = False
         self._error: BaseException | None = None
         self._max_poll_s = max_poll_s
+        self._spin_s = spin_s
         self._thread = threading.Thread(target=self._run, name="ddpbench-engine", daemon=True)
         self._thread.start()
 
@@ -254,20 +256,22 @@ class Engine:
 
     # -- engine thread ----------------------------------------------------------------
     def _run(self) -> None:
-        idle_polls, last_active = 0, 0.0
+        _precise_timers()
+        last_active = 0.0
         while True:
             with self._cond:
                 busy = any(p.busy() for p in self._protocols)
+                idle_s = time.monotonic() - last_active
                 if not self._queue:
                     if self._stopping and not busy:
                         return
                     if not busy:
                         self._cond.wait(timeout=0.5)
-                    elif idle_polls > 20:
-                        # Poll tightly right after activity (a reply is likely soon), then
-                        # relax so an idle coordinator does not burn a core.
-                        cap = self._max_poll_s if time.monotonic() - last_active < 0.01 else 1e-3
-                        self._cond.wait(timeout=min(cap, 1e-6 * 2 ** min(idle_polls - 20, 16)))
+                    elif idle_s > self._spin_s:
+                        # Right after activity a reply is likely soon: spin (below). Later,
+                        # poll every max_poll_s, and after 10 ms every 1 ms, so that an
+                        # idle coordinator does not burn a core.
+                        self._cond.wait(timeout=self._max_poll_s if idle_s < 0.01 else 1e-3)
                 items, self._queue = self._queue, []
             try:
                 did = bool(items)
@@ -287,12 +291,21 @@ class Engine:
                     p.fail(err)
                 raise
             if did:
-                idle_polls = 0
                 last_active = time.monotonic()
-            else:
-                idle_polls += 1
-                if idle_polls <= 20:
-                    time.sleep(0)  # yield the GIL to the caller's thread
+            elif busy and idle_s <= self._spin_s:
+                time.sleep(0)  # yield the GIL (and the core) between polls
+
+
+def _precise_timers() -> None:
+    """Make this thread's short timed waits short: Linux stretches them by the timer slack
+    (50 us by default), which would add that much to every polled reply."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in ns
+        except (OSError, AttributeError):
+            pass
 
 
 _ENGINE: Engine | None = None
