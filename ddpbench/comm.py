@@ -203,7 +203,7 @@ class Engine:
     quiet; when nothing is in flight it sleeps until work is queued.
     """
 
-    def __init__(self, max_poll_s: float = 5e-5, spin_s: float = 1e-3) -> None:
+    def __init__(self, max_poll_s: float = 5e-5, spin_s: float = 1e-4) -> None:
         self._cond = threading.Condition()
         self._queue: list[tuple[Protocol | None, Any]] = []
         self._protocols: list[Protocol] = []
