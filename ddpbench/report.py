@@ -364,7 +364,7 @@ def _gantt(plt: Any, timeline: dict[str, Any], path: Path) -> Path:
     layers = [int(s["layer"]) for s in spans if s.get("layer") not in (None, "")]
     n_layers = max(layers) + 1 if layers else 1
     cmap = plt.get_cmap("viridis")
-    fig, ax = plt.subplots(figsize=(12, 0.32 * len(rows) + 2.4))
+    fig, ax = plt.subplots(figsize=(12, 0.32 * len(rows) + 3.2))
     kinds = sorted({k for _, k in rows}, key=lambda k: (_KIND_ORDER.get(k, 9), k))
     hatches = {k: h for k, h in zip(kinds, ["", "", "////", "\\\\", "....", "xx", "++"])}
     by_row: dict[tuple[str, str], list[dict]] = {}
@@ -380,26 +380,29 @@ def _gantt(plt: Any, timeline: dict[str, Any], path: Path) -> Path:
                        edgecolor="none", linewidth=0)
     if iter_s:
         ax.axvline(iter_s * 1e3, color="red", ls="--", lw=1)
-        ax.text(iter_s * 1e3, -0.6, " next iteration's forward may start", color="red",
-                fontsize=8, va="bottom")
+        ax.text(iter_s * 1e3, -0.75, "next iteration's forward may start ", color="red",
+                fontsize=8, va="center", ha="right")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{h}: {k}" for h, k in rows], fontsize=7)
     ax.set_ylim(len(rows) - 0.5, -1.2)
     ax.set_xlabel("time since the start of the iteration's forward pass (ms)")
     ax.set_ylabel("host: activity")
-    ax.set_title(f"One iteration (the last simulated) of {timeline.get('point', '?')}\n"
+    import textwrap
+
+    point = textwrap.fill(str(timeline.get("point", "?")).replace(",", ", "), 110)
+    ax.set_title(f"One iteration (the last simulated) of\n{point}\n"
                  f"iteration time {iter_s * 1e3:.1f} ms; colour = layer (dark = input side, "
-                 f"yellow = output side)", fontsize=10)
+                 f"yellow = output side)", fontsize=9)
     from matplotlib.patches import Patch
 
     legend = [Patch(facecolor="lightgrey", edgecolor="black", hatch=hatches[k], label=k)
               for k in kinds]
-    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.09, 1.0), fontsize=8,
-              title="activity", framealpha=0.9)
+    fig.legend(handles=legend, loc="lower center", fontsize=8, ncol=len(legend),
+               title="activity (hatching)", title_fontsize=8, frameon=False)
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, n_layers - 1))
     fig.colorbar(sm, ax=ax, label="layer index (0 = input)", pad=0.01)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.75 / fig.get_size_inches()[1], 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -422,28 +425,32 @@ def _sim_vs_real(plt: Any, agg: Any, path: Path) -> tuple[Path, Any] | None:
     pairs = sim.merge(real, on=keys, suffixes=("_sim", "_real"))
     if pairs.empty:
         return None
-    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
     backends = list(dict.fromkeys(pairs["variant"]))
-    workloads = list(dict.fromkeys(pairs["workload"]))
+    # Marker shape tells apart what else varies: workloads, else worker counts.
+    shape_col = "workload" if pairs["workload"].nunique() > 1 else "workers"
+    shapes = list(dict.fromkeys(pairs[shape_col]))
     for _, r in pairs.iterrows():
         ax.scatter(r["iteration_time_ms_sim"], r["iteration_time_ms_real"],
                    color=plt.get_cmap("tab10")(backends.index(r["variant"]) % 10),
-                   marker=_MARKERS[workloads.index(r["workload"]) % len(_MARKERS)], s=40)
+                   marker=_MARKERS[shapes.index(r[shape_col]) % len(_MARKERS)], s=45)
     hi = 1.1 * max(pairs["iteration_time_ms_sim"].max(), pairs["iteration_time_ms_real"].max())
     ax.plot([0, hi], [0, hi], color="grey", ls=":", lw=1)
     ax.set_xlim(0, hi)
     ax.set_ylim(0, hi)
     ax.set_xlabel("simulated iteration time (ms)")
     ax.set_ylabel("measured iteration time (ms)")
-    ax.set_title("Simulator prediction vs real run (points on the dotted line agree)")
+    ax.set_title("Simulator prediction vs real run (points on the dotted line agree)",
+                 fontsize=10)
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], color=plt.get_cmap("tab10")(i % 10), marker="o", ls="",
                       label=v) for i, v in enumerate(backends)]
     handles += [Line2D([], [], color="black", marker=_MARKERS[i % len(_MARKERS)], ls="",
-                       label=w) for i, w in enumerate(workloads)]
+                       label=_series_label(shape_col, w) if shape_col == "workers" else w)
+                for i, w in enumerate(shapes)]
     handles.append(Line2D([], [], color="grey", ls=":", label="real = simulated"))
-    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -492,11 +499,12 @@ def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
                for i, v in enumerate(dict.fromkeys(agg["variant"]))}
     baseline = opts.baseline
 
+    shown = "simulated" if (sim["mode"] == "simulate").all() else "measured"
     # Headline numbers first: what a reader came for.
     if baseline and baseline in set(agg["backend"]):
         sp = _speedups(sim, baseline)
         if not sp.empty:
-            doc.heading(f"Speedup over {baseline}")
+            doc.heading(f"Speedup over {baseline} ({shown})")
             doc.bullets(_speedup_highlights(sp, baseline))
             x = _speedup_x(sp)
             cols = [c for c in ("workload", "workers", "bandwidth_gbps", "latency_us")
