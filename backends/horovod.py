@@ -85,8 +85,11 @@ class StallWarning(UserWarning):
     """Some ranks submitted a tensor that others have not, for longer than stall_timeout."""
 
 
-def _ring_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp) -> None:
+def _ring_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp,
+                    scratch: list[np.ndarray] | None = None) -> None:
     """Reduce the 1-D ``buf`` in place over ``comm`` with a ring: reduce-scatter, allgather.
+
+    ``scratch``, a one-element list, keeps the receive buffer between calls.
 
     Reduce-scatter step s: rank r sends chunk (r - s) mod p right and combines chunk
     (r - s - 1) mod p from the left into its own, in the buffer's dtype. So chunk c is
@@ -102,8 +105,15 @@ def _ring_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp) -> None:
     ufunc = reduce_ufunc(op)
     raw = buf.view(np.uint8)
     size = buf.itemsize
-    tmp = np.empty(chunks[0][1], buf.dtype)
-    tmp_raw = tmp.view(np.uint8)
+    # The receive buffer is reused across calls (``scratch`` holds it): a fresh one of
+    # megabytes costs a page fault per 4 KiB on first touch, every call.
+    need = chunks[0][1] * size
+    if scratch is None:
+        scratch = [np.empty(0, np.uint8)]
+    if scratch[0].nbytes < need:
+        scratch[0] = np.empty(need, np.uint8)
+    tmp_raw = scratch[0][:need]
+    tmp = tmp_raw.view(buf.dtype)
 
     def part(c: int) -> tuple[int, int]:
         off, cnt = chunks[c]
@@ -144,6 +154,7 @@ class _HorovodProtocol(Protocol):
         self.outbox: list[Meta] = []
         self.sends: list[Any] = []
         self.fusion = np.empty(0, np.uint8)
+        self.scratch = [np.empty(0, np.uint8)]
         self.closed_handle: Handle | None = None
         # coordinator state
         self.table: dict[Any, dict[int, Meta]] = {}
@@ -356,7 +367,7 @@ class _HorovodProtocol(Protocol):
                 off += r.tensor.size
         # Scaling happens on the fused buffer, halves in float32 (tensor_ops.scale_).
         scale_(buf, meta.prescale)
-        _ring_allreduce(self.data, buf, ReduceOp(meta.op))
+        _ring_allreduce(self.data, buf, ReduceOp(meta.op), self.scratch)
         scale_(buf, meta.postscale)
         if self.size > 1:
             # Rank r sends every chunk but (r+1) in the reduce-scatter, every chunk but
@@ -406,7 +417,7 @@ class _HorovodProtocol(Protocol):
             if op is None:
                 self.data.Bcast(byte_view(host), root=root)
             else:
-                _ring_allreduce(self.data, host, op)
+                _ring_allreduce(self.data, host, op, self.scratch)
             gpu.HostStage.to_device(host, buf)
             return
         if self.nccl is None:
