@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import abc
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ddpbench.api import Handle, ReduceOp
+from ddpbench.api import Handle, KVStore, ReduceOp
+from ddpbench.comm import Protocol, engine, world
 from ddpbench.tensor_ops import BFLOAT16
 
 SUPPORTED_KINDS = "fiu"
@@ -109,3 +111,95 @@ class Request:
     output: Any
     handle: Handle
     priority: int = 0
+
+
+class EngineStore(KVStore):
+    """Base of the real backends: the process's World and engine, handles, close.
+
+    Subclasses build their protocol after ``super().__init__()`` and implement
+    ``_release()``, which ``close()`` calls once outstanding work has finished (or failed),
+    exactly once. Backends that run servers set ``server_role`` and handle server ranks
+    themselves; the others refuse to start on one.
+    """
+
+    server_role: ClassVar[bool] = False
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._world = world()
+        if self._world.is_server and not self.server_role:
+            raise RuntimeError(
+                f"backend {self.type!r} has no server role; launch without --servers"
+            )
+        self._engine = engine()
+        self._pending: list[Handle] = []
+        self._closed = False
+
+    @property
+    def rank(self) -> int:
+        return self._world.role_rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._world.num_workers
+
+    def _track(self, handle: Handle) -> Handle:
+        """Remember ``handle`` for ``synchronize``; refuse new work once closed."""
+        if self._closed:
+            raise RuntimeError(f"backend {self.type!r} is closed")
+        self._pending = [h for h in self._pending if not h.done()]
+        self._pending.append(handle)
+        return handle
+
+    def synchronize(self) -> None:
+        """Wait for every operation started here; raise the first error nobody has seen."""
+        pending, self._pending = self._pending, []
+        errors = [e for e in (h.join() for h in pending) if e is not None]
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """Finish outstanding work, then release communication resources; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.synchronize()
+        finally:
+            self._release()
+
+    @abc.abstractmethod
+    def _release(self) -> None:
+        """Release what this store holds (protocols, communicators); called once."""
+
+
+class RequestStore(EngineStore):
+    """A store whose protocol takes one :class:`Request` per tensor (mpi, horovod,
+    collective): broadcast and push_pull become metadata the protocol can check across
+    ranks."""
+
+    _proto: Protocol
+
+    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
+        check_dtype(meta.name, meta.dtype)
+        handle = self._track(Handle(meta.name))
+        self._engine.submit(self._proto, Request(meta, tensor, output, handle, priority))
+        return handle
+
+    def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
+        handles = [
+            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank,
+                              device=device_of(t)), t, t)
+            for n, t in zip(names, tensors)
+        ]
+        for h in handles:
+            h.wait()
+
+    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+        if op is ReduceOp.AVERAGE:
+            # Horovod folds the division into the postscale, with the size read now.
+            postscale = postscale / self.num_workers
+            op = ReduceOp.SUM
+        meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
+                    prescale, postscale, device=device_of(tensor))
+        return self._submit(meta, tensor, output, priority)

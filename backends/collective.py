@@ -35,9 +35,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from backends._common import Meta, MismatchError, Request, check_dtype, mismatch_message
-from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp, register
-from ddpbench.comm import Protocol, engine, world
+from backends._common import MismatchError, Request, RequestStore, mismatch_message
+from ddpbench.api import BackendOptions, ReduceOp, register
+from ddpbench.comm import Protocol
 from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
 
 TAG_RING = 21
@@ -186,7 +186,7 @@ class _CollectiveProtocol(Protocol):
 
 
 @register("collective")
-class CollectiveStore(KVStore):
+class CollectiveStore(RequestStore):
     """Ring allreduce with separate reduce kinds, ``nrings`` parallel rings and local SGD.
 
     Options:
@@ -208,16 +208,10 @@ class CollectiveStore(KVStore):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self._world = world()
-        if self._world.is_server:
-            raise RuntimeError("backend 'collective' has no server role; launch without --servers")
-        self._engine = engine()
         comm, n = self._world.role_comm, self.options.nrings
         comms = self._engine.call(lambda: [comm.Dup() for _ in range(n)]).wait()
         self._proto = _CollectiveProtocol(comms, self.options.check_consistency)
         self._engine.register(self._proto)
-        self._pending: list[Handle] = []
-        self._closed = False
         self._snapshots: dict[Any, np.ndarray] = {}
         self._local_steps = 0
         self.syncs = 0
@@ -227,14 +221,6 @@ class CollectiveStore(KVStore):
         if capability == "local_sgd":
             return self.options.mode == "local_sgd"
         return super().is_capable(capability)
-
-    @property
-    def rank(self) -> int:
-        return self._world.role_rank
-
-    @property
-    def num_workers(self) -> int:
-        return self._world.num_workers
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -316,45 +302,7 @@ class CollectiveStore(KVStore):
         return True
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
-        if self._closed:
-            raise RuntimeError("backend 'collective' is closed")
-        check_dtype(meta.name, meta.dtype)
-        handle = Handle(meta.name)
-        self._pending = [h for h in self._pending if not h.done()]
-        self._pending.append(handle)
-        self._engine.submit(self._proto, Request(meta, tensor, output, handle, priority))
-        return handle
-
-    def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
-        handles = [
-            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank), t, t)
-            for n, t in zip(names, tensors)
-        ]
-        for h in handles:
-            h.wait()
-
-    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
-        if op is ReduceOp.AVERAGE:
-            postscale = postscale / self.num_workers
-            op = ReduceOp.SUM
-        meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
-                    prescale, postscale)
-        return self._submit(meta, tensor, output, priority)
-
-    def synchronize(self) -> None:
-        pending, self._pending = self._pending, []
-        errors = [e for e in (h.join() for h in pending) if e is not None]
-        if errors:
-            raise errors[0]
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.synchronize()
-        finally:
-            self._engine.unregister(self._proto)
-            rings = self._proto.rings
-            self._engine.call(lambda: [r.comm.Free() for r in rings]).wait()
+    def _release(self) -> None:
+        self._engine.unregister(self._proto)
+        rings = self._proto.rings
+        self._engine.call(lambda: [r.comm.Free() for r in rings]).wait()

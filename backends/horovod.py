@@ -38,16 +38,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from backends._common import (
-    Meta,
-    MismatchError,
-    Request,
-    check_dtype,
-    device_of,
-    mismatch_message,
-)
-from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp, register
-from ddpbench.comm import Protocol, engine, world
+from backends._common import Meta, MismatchError, Request, RequestStore, mismatch_message
+from ddpbench.api import BackendOptions, Handle, ReduceOp, register
+from ddpbench.comm import Protocol
 from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
 
 TAG_REQUEST, TAG_RESPONSE, TAG_RING = 11, 12, 13
@@ -429,7 +422,7 @@ class _HorovodProtocol(Protocol):
 
 
 @register("horovod")
-class HorovodStore(KVStore):
+class HorovodStore(RequestStore):
     """Ring allreduce with tensor fusion and cross-rank negotiation, after Horovod.
 
     Options:
@@ -447,77 +440,23 @@ class HorovodStore(KVStore):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self._world = world()
-        if self._world.is_server:
-            raise RuntimeError("backend 'horovod' has no server role; launch without --servers")
-        self._engine = engine()
         comm = self._world.role_comm
         ctrl, data = self._engine.call(lambda: (comm.Dup(), comm.Dup())).wait()
         self._proto = _HorovodProtocol(ctrl, data, self.options)
         self._engine.register(self._proto)
-        self._pending: list[Handle] = []
-        self._closed = False
-
-    @property
-    def rank(self) -> int:
-        return self._world.role_rank
-
-    @property
-    def num_workers(self) -> int:
-        return self._world.num_workers
 
     @property
     def stats(self) -> dict[str, int]:
         """Fusion statistics of this rank: groups executed and tensors they carried."""
         return dict(self._proto.stats)
 
-    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
-        if self._closed:
-            raise RuntimeError("backend 'horovod' is closed")
-        check_dtype(meta.name, meta.dtype)
-        handle = Handle(meta.name)
-        self._pending = [h for h in self._pending if not h.done()]
-        self._pending.append(handle)
-        self._engine.submit(self._proto, Request(meta, tensor, output, handle, priority))
-        return handle
-
-    def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
-        handles = [
-            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank,
-                              device=device_of(t)), t, t)
-            for n, t in zip(names, tensors)
-        ]
-        for h in handles:
-            h.wait()
-
-    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
-        if op is ReduceOp.AVERAGE:
-            # Horovod folds the division into the postscale, with the size read now.
-            postscale = postscale / self.num_workers
-            op = ReduceOp.SUM
-        meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
-                    prescale, postscale, device=device_of(tensor))
-        return self._submit(meta, tensor, output, priority)
-
-    def synchronize(self) -> None:
-        pending, self._pending = self._pending, []
-        errors = [e for e in (h.join() for h in pending) if e is not None]
-        if errors:
-            raise errors[0]
-
-    def close(self) -> None:
-        """Finish outstanding work, then leave together with every other rank. Collective."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.synchronize()
-        finally:
-            done = Handle("close")
-            self._engine.submit(self._proto, done)
-            done.wait()
-            self._engine.unregister(self._proto)
-            proto = self._proto
-            self._engine.call(
-                lambda: (proto.nccl and proto.nccl.close(), proto.ctrl.Free(), proto.data.Free())
-            ).wait()
+    def _release(self) -> None:
+        """Leave together with every other rank (the coordinator says when), then free."""
+        done = Handle("close")
+        self._engine.submit(self._proto, done)
+        done.wait()
+        self._engine.unregister(self._proto)
+        proto = self._proto
+        self._engine.call(
+            lambda: (proto.nccl and proto.nccl.close(), proto.ctrl.Free(), proto.data.Free())
+        ).wait()

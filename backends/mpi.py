@@ -19,16 +19,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from backends._common import (
-    Meta,
-    MismatchError,
-    Request,
-    check_dtype,
-    device_of,
-    mismatch_message,
-)
-from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp, register
-from ddpbench.comm import Protocol, engine, world
+from backends._common import Meta, MismatchError, Request, RequestStore, mismatch_message
+from ddpbench.api import BackendOptions, ReduceOp, register
+from ddpbench.comm import Protocol
 from ddpbench.tensor_ops import HALF_DTYPES, byte_view, reduce_ufunc, scale_
 
 
@@ -151,11 +144,12 @@ class _MPIProtocol(Protocol):
 
 
 @register("mpi")
-class MPIStore(KVStore):
+class MPIStore(RequestStore):
     """Native MPI collectives, one per tensor, in call order.
 
     Options:
         check_consistency: compare each call's metadata across ranks first (default True).
+        gpu_transport: CuPy tensors through ``"nccl"`` (default) or ``"host"`` staging.
     """
 
     Options = _Options
@@ -163,66 +157,12 @@ class MPIStore(KVStore):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self._world = world()
-        if self._world.is_server:
-            raise RuntimeError(
-                "backend 'mpi' has no server role; launch without --servers"
-            )
-        self._engine = engine()
         self._comm = self._engine.call(self._world.role_comm.Dup).wait()
         self._proto = _MPIProtocol(self._comm, self.options.check_consistency,
                                    self.options.gpu_transport)
         self._engine.register(self._proto)
-        self._pending: list[Handle] = []
-        self._closed = False
 
-    @property
-    def rank(self) -> int:
-        return self._world.role_rank
-
-    @property
-    def num_workers(self) -> int:
-        return self._world.num_workers
-
-    def _submit(self, meta: Meta, tensor: Any, output: Any) -> Handle:
-        if self._closed:
-            raise RuntimeError(f"backend {self.type!r} is closed")
-        check_dtype(meta.name, meta.dtype)
-        handle = Handle(meta.name)
-        self._pending = [h for h in self._pending if not h.done()]
-        self._pending.append(handle)
-        self._engine.submit(self._proto, Request(meta, tensor, output, handle))
-        return handle
-
-    def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
-        handles = [
-            self._submit(Meta("broadcast", n, t.dtype.name, tuple(t.shape), root=root_rank,
-                              device=device_of(t)), t, t)
-            for n, t in zip(names, tensors)
-        ]
-        for h in handles:
-            h.wait()
-
-    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
-        if op is ReduceOp.AVERAGE:
-            postscale = postscale / self.num_workers
-        meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
-                    prescale, postscale, device=device_of(tensor))
-        return self._submit(meta, tensor, output)
-
-    def synchronize(self) -> None:
-        pending, self._pending = self._pending, []
-        errors = [e for e in (h.join() for h in pending) if e is not None]
-        if errors:
-            raise errors[0]
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.synchronize()
-        finally:
-            self._engine.unregister(self._proto)
-            nccl = self._proto.nccl
-            self._engine.call(lambda: (nccl and nccl.close(), self._comm.Free())).wait()
+    def _release(self) -> None:
+        self._engine.unregister(self._proto)
+        nccl = self._proto.nccl
+        self._engine.call(lambda: (nccl and nccl.close(), self._comm.Free())).wait()

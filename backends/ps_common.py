@@ -53,8 +53,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends._common import check_dtype
-from ddpbench.api import BackendOptions, Handle, KVStore, ReduceOp
+from backends._common import EngineStore, check_dtype
+from ddpbench.api import BackendOptions, Handle, ReduceOp
 from ddpbench.comm import Protocol, engine, world
 from ddpbench.tensor_ops import BFLOAT16, reduce_ufunc, scale_
 
@@ -826,7 +826,7 @@ class _Op:
     errors: list[str] = field(default_factory=list)
 
 
-class PSStore(KVStore):
+class PSStore(EngineStore):
     """Worker side of a parameter-server backend (subclasses: kvstore, p3, byteps).
 
     Lifecycle: ``create`` (collective over workers and servers; on a server rank it serves
@@ -843,13 +843,14 @@ class PSStore(KVStore):
     Subclasses set ``Options`` and implement :meth:`split` and :meth:`schedule`.
     """
 
+    server_role = True
     Options = PSOptions
     capabilities = frozenset({"broadcast", "push_pull"})
     merged_push_pull = True  # False: separate push and pull requests (kvstore)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        w = self._world = world()
+        w = self._world
         if w.is_server:
             serve()  # exits the process when the workers have closed
         if w.num_servers and self.options.servers == "colocated":
@@ -871,7 +872,6 @@ class PSStore(KVStore):
             )
         self.dedicated = w.num_servers > 0
         self.num_servers = w.num_servers if self.dedicated else w.num_workers
-        self._engine = engine()
         base = w.comm if self.dedicated else w.role_comm
         self._comm = self._engine.call(base.Dup).wait()
         host_of = (_dedicated_host_name(w.num_workers) if self.dedicated
@@ -889,8 +889,6 @@ class PSStore(KVStore):
         self._plans: dict[int, _Plan] = {}
         self._inflight: dict[tuple[int, int], _Op] = {}
         self._gates: dict[Any, Gate] = {}
-        self._pending: list[Handle] = []
-        self._closed = False
         self._engine.register(t)
         config = {"bandwidth_gbps": o.bandwidth_gbps, "latency_us": o.latency_us,
                   "trace": o.trace, "backend": self.type}
@@ -916,14 +914,6 @@ class PSStore(KVStore):
         return g
 
     # -- identity -------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self._world.role_rank
-
-    @property
-    def num_workers(self) -> int:
-        return self._world.num_workers
-
     @property
     def trace_records(self) -> list[SendRecord]:
         """Every data message this worker has sent so far (needs ``trace=True``)."""
@@ -960,12 +950,8 @@ class PSStore(KVStore):
     # -- data movement ----------------------------------------------------------------------
     def _start(self, plan: _Plan, flat: np.ndarray, output: Any,
                send: Callable[[_Op], None]) -> Handle:
-        if self._closed:
-            raise RuntimeError(f"backend {self.type!r} is closed")
-        handle = Handle(plan.key)
+        handle = self._track(Handle(plan.key))
         op = _Op(handle, flat, plan, len(plan.parts), output)
-        self._pending = [h for h in self._pending if not h.done()]
-        self._pending.append(handle)
         if not plan.parts:
             handle.set_result(output)
             return handle
@@ -1096,38 +1082,26 @@ class PSStore(KVStore):
         done.wait()
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def synchronize(self) -> None:
-        pending, self._pending = self._pending, []
-        errors = [e for e in (h.join() for h in pending) if e is not None]
-        if errors:
-            raise errors[0]
-
-    def close(self) -> None:
-        """Finish outstanding work and tell the servers; collective over the workers.
+    def _release(self) -> None:
+        """Tell the servers this worker is done; collective over the workers.
 
         Colocated, the call returns once every worker has closed (its server must stay up
         until then). With server ranks, those exit when the last worker's goodbye arrives.
         """
-        if self._closed:
-            return
-        self._closed = True
         _OPEN.discard(self)
-        try:
-            self.synchronize()
-        finally:
-            t = self._transport
-            self._engine.call(lambda: [t.send(Msg(BYE, self._server_rank(j)))
-                                       for j in range(self.num_servers)]).wait()
-            if self._server is not None:
-                self._server.done.wait()
-            _wait_idle(self._engine, t)
-            t.keep_polling = False
-            self._engine.unregister(t)
-            if self.dedicated:
-                _STATE["dedicated_closed"] = True
-            if isinstance(self.options.trace, str):
-                _write_trace(self.options.trace, f"worker{self.rank}", t.records)
-            self._engine.call(self._comm.Free).wait()
+        t = self._transport
+        self._engine.call(lambda: [t.send(Msg(BYE, self._server_rank(j)))
+                                   for j in range(self.num_servers)]).wait()
+        if self._server is not None:
+            self._server.done.wait()
+        _wait_idle(self._engine, t)
+        t.keep_polling = False
+        self._engine.unregister(t)
+        if self.dedicated:
+            _STATE["dedicated_closed"] = True
+        if isinstance(self.options.trace, str):
+            _write_trace(self.options.trace, f"worker{self.rank}", t.records)
+        self._engine.call(self._comm.Free).wait()
 
 
 _STATE = {"dedicated_closed": False}
