@@ -35,6 +35,7 @@ goes through the server too: the root's value is stored as the part's weights (M
 
 from __future__ import annotations
 
+import abc
 import atexit
 import collections
 import heapq
@@ -898,9 +899,9 @@ class PSStore(EngineStore):
         _OPEN.add(self)
 
     # -- for subclasses -------------------------------------------------------------------
+    @abc.abstractmethod
     def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
         """Cut a new key's array into parts and place them (CONTRACTS.md section 3)."""
-        raise NotImplementedError
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
         """Return (queue priority, gate or None, cost against the gate) for one push."""

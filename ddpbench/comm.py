@@ -174,7 +174,7 @@ class Protocol:
     """
 
     def accept(self, item: Any) -> None:
-        raise NotImplementedError(f"{type(self).__name__} takes no queued items")
+        raise TypeError(f"{type(self).__name__} takes no queued items, got {item!r}")
 
     def progress(self) -> bool:
         return False

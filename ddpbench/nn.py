@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -184,7 +185,7 @@ class Parameter:
             fn(self)
 
 
-class Layer:
+class Layer(abc.ABC):
     """Base of every layer: ``forward(x)``, ``backward(dout) -> dx``, ``params``."""
 
     kind = "layer"
@@ -200,11 +201,13 @@ class Layer:
             p.name = p.init_key = f"{prefix}.{p.name}"
             p.layer = layer
 
+    @abc.abstractmethod
     def forward(self, x: Any) -> Any:
-        raise NotImplementedError
+        """Return the layer's output for ``x`` (keeping what backward needs)."""
 
+    @abc.abstractmethod
     def backward(self, dout: Any) -> Any:
-        raise NotImplementedError
+        """Fill the parameters' gradients from ``dout`` and return the input's gradient."""
 
     def _init_params(self, shapes: dict[str, tuple[int, ...]], xp: Any) -> None:
         for p in self.params:

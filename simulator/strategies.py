@@ -17,6 +17,7 @@ Parameter-server strategies simulate every worker and server host.
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -61,7 +62,7 @@ class Knobs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class Strategy:
+class Strategy(abc.ABC):
     """A communication scheme attached to a running simulation.
 
     The simulation calls :meth:`start` once, then :meth:`grad_ready` each time backward has
@@ -92,14 +93,16 @@ class Strategy:
             raise ValueError(f"{field}: {e['msg']} (got {e.get('input')!r}) for backend "
                              f"{cls.name!r}") from None
 
+    @abc.abstractmethod
     def units(self, layer: int) -> int:
-        raise NotImplementedError
+        """Return how many units (tensors, slices, partitions) layer ``layer`` sends."""
 
-    def start(self) -> None:
+    def start(self) -> None:  # noqa: B027 - optional hook; most strategies need none
         """Set up processes before the first iteration."""
 
+    @abc.abstractmethod
     def grad_ready(self, w: int, layer: int) -> None:
-        raise NotImplementedError
+        """Worker ``w`` has produced layer ``layer``'s gradients: start sending them."""
 
 
 # ---------------------------------------------------------------- allreduce strategies
@@ -337,8 +340,9 @@ class _PSBase(Strategy):
         self._sum_free = [0.0] * sim.num_servers
         self._gates: dict[Any, Gate] = {}
 
+    @abc.abstractmethod
     def make_parts(self) -> list[_Part]:
-        raise NotImplementedError
+        """Cut every tensor into parts and place them on servers (CONTRACTS section 3)."""
 
     def units(self, layer: int) -> int:
         return len(self.parts[layer])
