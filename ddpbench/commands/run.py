@@ -59,6 +59,9 @@ def main(args: argparse.Namespace) -> int:
           f"already finished, of {summary.total} points -> {outdir / 'results.csv'}")
     if summary.report:
         print(f"report: {outdir / 'report.md'} ({len(summary.report)} files)")
+    elif (outdir / "report.md").exists():
+        print(f"report: {outdir / 'report.md'} (up to date; 'ddpbench run {args.file} "
+              f"--force' computes every point again)")
     if summary.failed:
         print("failed points:", file=sys.stderr)
         for line in runner.iter_failures(summary):
