@@ -23,7 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="list the points that would run, run nothing")
     parser.add_argument("--executor", choices=["local", "mpi"], default="local",
-                        help="local processes (default) or mpi4py.futures workers")
+                        help="local processes (default) or mpi4py.futures workers; on a "
+                             "cluster start the pool up front: mpiexec -n 1+J python -m "
+                             "mpi4py.futures -m ddpbench run FILE --executor mpi --jobs J")
     parser.add_argument("--outdir", type=Path, default=None,
                         help="report folder (default: reports/<name>)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
