@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
-from backends.ps_common import Gate, Part, PSOptions, PSStore, round_robin
+from backends.ps_common import Gate, Part, PSOptions, PSStore
 from ddpbench.api import Handle, ReduceOp, register
 
 __all__ = ["BytePSStore"]
@@ -38,17 +38,8 @@ class BytePSStore(PSStore):
 
     Options = _Options
 
-    def __init__(self, **options: Any) -> None:
-        self._counter = 0
-        super().__init__(**options)
-
-    def _next(self) -> int:
-        self._counter += 1
-        return self._counter - 1
-
     def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
-        size = max(1, self.options.partition_bytes // itemsize)
-        return round_robin(numel, size, self._next, self.num_servers)
+        return self.place_round_robin(numel, max(1, self.options.partition_bytes // itemsize))
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
         credit = self.options.credit_bytes

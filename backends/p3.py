@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field
 
-from backends.ps_common import Gate, Part, PSOptions, PSStore, round_robin
+from backends.ps_common import Gate, Part, PSOptions, PSStore
 from ddpbench.api import NotSupportedError, register
 
 __all__ = ["P3Store"]
@@ -41,16 +41,8 @@ class P3Store(PSStore):
 
     Options = _Options
 
-    def __init__(self, **options: Any) -> None:
-        self._counter = 0
-        super().__init__(**options)
-
-    def _next(self) -> int:
-        self._counter += 1
-        return self._counter - 1
-
     def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
-        return round_robin(numel, self.options.slice_params, self._next, self.num_servers)
+        return self.place_round_robin(numel, self.options.slice_params)
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
         return priority, self.gate(part.server, self.options.water_mark), 1.0

@@ -903,6 +903,12 @@ class PSStore(EngineStore):
     def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
         """Cut a new key's array into parts and place them (CONTRACTS.md section 3)."""
 
+    def place_round_robin(self, numel: int, size: int) -> list[Part]:
+        """Cut into parts of ``size`` elements, placed by one counter that continues across
+        keys in order of first use (P3's and BytePS's placement, CONTRACTS section 3)."""
+        counter = self.__dict__.setdefault("_placement", itertools.count())
+        return round_robin(numel, size, counter.__next__, self.num_servers)
+
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
         """Return (queue priority, gate or None, cost against the gate) for one push."""
         return 0, None, 1.0
