@@ -12,10 +12,13 @@ is part of the message.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,17 +49,44 @@ def run_mpi(
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.setdefault("PYTHONPATH", str(REPO))
     rerun = " ".join(shlex.quote(c) for c in cmd)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+        cwd=str(REPO), start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-            cwd=str(REPO), start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as err:
-        out = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        pytest.fail(f"hang: {n} ranks did not finish in {timeout} s\nre-run: {rerun}\n{out[-4000:]}")
-    out = proc.stdout + proc.stderr
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"hang: {n} ranks did not finish in {timeout} s\nre-run: {rerun}\n"
+                    f"{(stdout + stderr)[-4000:]}")
+    finally:
+        _kill_group(proc)  # every rank of the job, not only mpiexec
+    out = stdout + stderr
     if expect_fail and proc.returncode == 0:
         pytest.fail(f"expected a failure, got exit 0\nre-run: {rerun}\n{out[-4000:]}")
     if not expect_fail and proc.returncode != 0:
         pytest.fail(f"exit {proc.returncode} on {n} ranks\nre-run: {rerun}\n{out[-6000:]}")
     return out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def assert_no_processes(pattern: str, grace: float = 5.0) -> None:
+    """Fail if processes matching ``pattern`` are still alive after ``grace`` seconds.
+
+    mpiexec returns as soon as it has killed a failed job; the killed ranks can take a few
+    milliseconds more to disappear, which is not an orphan. A process still there after
+    the grace period is one.
+    """
+    deadline = time.monotonic() + grace
+    while True:
+        left = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+        if not left.strip():
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"processes left behind after {grace} s: {left.split()}")
+        time.sleep(0.05)

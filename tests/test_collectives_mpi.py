@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mpiutil import REPO, run_mpi
+from mpiutil import REPO, assert_no_processes, run_mpi
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
 
@@ -50,8 +50,7 @@ def test_launch_failing_rank_ends_job_with_its_message(tmp_path):
     assert proc.returncode != 0
     assert "rank two gives up" in proc.stderr
     assert "the job failed" in proc.stderr
-    alive = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
-    assert alive.stdout == "", "orphan processes left behind"
+    assert_no_processes(str(script))
 
 
 def test_launch_timeout_kills_the_job(tmp_path):
@@ -60,8 +59,7 @@ def test_launch_timeout_kills_the_job(tmp_path):
     proc = _launch("-n", "2", "--timeout", "2", "--", sys.executable, str(script))
     assert proc.returncode == 124
     assert "did not finish within 2 s" in proc.stderr
-    alive = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
-    assert alive.stdout == ""
+    assert_no_processes(str(script))
 
 
 def test_launch_sets_roles(tmp_path):

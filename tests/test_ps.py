@@ -7,12 +7,11 @@ closed forms (see its docstring); a failing rank aborts the job and fails the te
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-from mpiutil import run_mpi
+from mpiutil import assert_no_processes, run_mpi
 
 from backends.ps_common import merge_chrome_traces
 
@@ -68,8 +67,7 @@ def test_shutdown_leaves_no_process(backend, tmp_path):
              if e["ph"] == "X"]
     want = [("push", "server0", 40)] * 2 + [("pull", "worker0", 40), ("pull", "worker1", 40)]
     assert sorted(spans) == sorted(want), spans
-    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
-    assert left.strip() == "", f"processes left behind: {left}"
+    assert_no_processes(marker)
 
 
 @pytest.mark.parametrize("how", ["kill", "raise"])
@@ -81,5 +79,4 @@ def test_dead_worker_ends_the_job(how):
         assert "Killed (signal 9)" in out, out
     else:
         assert "[ddpbench rank 1] uncaught exception" in out and "fails on purpose" in out, out
-    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
-    assert left.strip() == "", f"processes left behind: {left}"
+    assert_no_processes(marker)
