@@ -436,6 +436,8 @@ class HorovodStore(RequestStore):
     """
 
     Options = _Options
+    options: _Options
+    _proto: _HorovodProtocol
     capabilities = frozenset({"broadcast", "push_pull", "fusion"})
 
     def __init__(self, **options: Any) -> None:

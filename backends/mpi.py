@@ -153,6 +153,8 @@ class MPIStore(RequestStore):
     """
 
     Options = _Options
+    options: _Options
+    _proto: _MPIProtocol
     capabilities = frozenset({"broadcast", "push_pull"})
 
     def __init__(self, **options: Any) -> None:

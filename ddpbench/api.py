@@ -26,6 +26,7 @@ collective    you need max/min/prod reductions, parallel rings or local SGD
 from __future__ import annotations
 
 import abc
+import builtins
 import enum
 import importlib
 import importlib.util
@@ -189,7 +190,8 @@ class KVStore(abc.ABC):
     """
 
     type: ClassVar[str] = "abstract"
-    Options: ClassVar[type[BackendOptions]] = BackendOptions
+    # builtins.type: inside this class body ``type`` is the backend's name attribute.
+    Options: ClassVar[builtins.type[BackendOptions]] = BackendOptions
     capabilities: ClassVar[frozenset[str]] = frozenset()
 
     OPTIMIZER: ClassVar[str] = "optimizer"

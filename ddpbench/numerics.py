@@ -494,7 +494,7 @@ class Emulation:
         return error_metrics(self.outputs[factor], self.reference, self.dtype)
 
 
-def emulate(source: Callable[[int, int], np.ndarray], world_size: int, n: int, dtype: Any,
+def emulate(source: Callable[[int, int, Any], np.ndarray], world_size: int, n: int, dtype: Any,
             factors: Iterable[float], *, threads: int | None = None) -> Emulation:
     """Run the predivide ring average at several factors over data drawn block by block.
 
