@@ -112,10 +112,12 @@ class _Point(BaseModel):
     warmup: int = Field(ge=0)
     compute_scale: float = Field(gt=0, allow_inf_nan=False)
     summation_gbps: float = Field(gt=0)
+    oversubscription: float = Field(default=1.0, ge=1, allow_inf_nan=False)
+    rack_size: int = Field(default=8, ge=1)
 
 
 def _validate(**values: Any) -> _Point:
-    for key in ("workers", "iterations", "warmup"):
+    for key in ("workers", "iterations", "warmup", "rack_size"):
         if isinstance(values.get(key), bool):
             raise ValueError(f"{key}: expected an integer, got {values[key]!r}")
     if isinstance(values.get("servers"), bool):
@@ -141,8 +143,8 @@ class _Sim:
 
     def __init__(self, workload: Workload | None, workers: int, bandwidth: float,
                  latency: float, *, dedicated_servers: int = 0, summation: float = math.inf,
-                 symmetric: bool = True,
-                 trace: bool = True) -> None:
+                 symmetric: bool = True, trace: bool = True, oversubscription: float = 1.0,
+                 rack_size: int = 8) -> None:
         self.env = CountingEnvironment()
         self.workload = workload
         self.workers = workers
@@ -159,8 +161,14 @@ class _Sim:
         self.trace_steps = self.trace_sums = trace
         self.symmetric = symmetric
         self._seq = 0
-        self.net = None if symmetric else Network(self.env, nhosts, bandwidth, latency,
-                                                  self._record)
+        self.net = None if symmetric else Network(
+            self.env, nhosts, bandwidth, latency, self._record,
+            oversubscription=oversubscription, rack_size=rack_size)
+        # A ring over racks of consecutive hosts sends one flow over each rack's link to
+        # the core per direction, so that link limits a ring step only below one NIC.
+        racks = -(-workers // rack_size)
+        self.ring_bandwidth = (min(bandwidth, rack_size * bandwidth / oversubscription)
+                               if racks > 1 else bandwidth)
 
     # -- helpers used by strategies
     def host_name(self, h: int) -> str:
@@ -257,7 +265,8 @@ class _Sim:
 def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
              servers: int | str | None = None, bandwidth_gbps: float, latency_us: float = 5.0,
              iterations: int = 3, warmup: int = 1, compute_scale: float = 1.0,
-             summation_gbps: float = DEFAULT_SUMMATION_GBPS, trace: bool = True, **knobs: Any) -> SimResult:
+             summation_gbps: float = DEFAULT_SUMMATION_GBPS, trace: bool = True,
+             oversubscription: float = 1.0, rack_size: int = 8, **knobs: Any) -> SimResult:
     """Simulate data-parallel training of ``workload`` with ``backend`` on an idle cluster.
 
     Args:
@@ -277,6 +286,10 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
             (``math.inf`` = free).
         trace: record ring steps and server sums on the timeline (compute spans and
             network transfers are always recorded).
+        oversubscription: 1 (default) is one non-blocking switch; above 1, racks of
+            ``rack_size`` hosts (workers first, then dedicated servers) reach the core over
+            links of ``rack_size * bandwidth / oversubscription``.
+        rack_size: hosts per rack (only used when oversubscribed).
         **knobs: the backend's knobs (see :data:`simulator.STRATEGIES`).
 
     Returns:
@@ -294,13 +307,15 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
     parsed = cls.parse_knobs(knobs)
     point = _validate(workers=workers, servers=servers, bandwidth_gbps=bandwidth_gbps,
                       latency_us=latency_us, iterations=iterations, warmup=warmup,
-                      compute_scale=compute_scale, summation_gbps=summation_gbps)
+                      compute_scale=compute_scale, summation_gbps=summation_gbps,
+                      oversubscription=oversubscription, rack_size=rack_size)
     wl = load_workload(workload).scaled(point.compute_scale)
     dedicated = 0 if cls.symmetric or not isinstance(point.servers, int) else point.servers
     bandwidth = point.bandwidth_gbps * 1e9 / 8
     sim = _Sim(wl, point.workers, bandwidth, point.latency_us * 1e-6,
                dedicated_servers=dedicated, summation=point.summation_gbps * 1e9 / 8,
-               symmetric=cls.symmetric, trace=trace)
+               symmetric=cls.symmetric, trace=trace,
+               oversubscription=point.oversubscription, rack_size=point.rack_size)
     ends = sim.run_training(cls(sim, parsed), point.iterations)
     base = ends[point.warmup - 1] if point.warmup > 0 else 0.0
     iter_time = (ends[-1] - base) / (point.iterations - point.warmup)
@@ -337,7 +352,8 @@ def _tree(sim: _Sim, n: int, passes: int):
 
 
 def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = "ring",
-                        bandwidth_gbps: float, latency_us: float = 5.0) -> float:
+                        bandwidth_gbps: float, latency_us: float = 5.0,
+                        oversubscription: float = 1.0, rack_size: int = 8) -> float:
     """Return the seconds one collective takes on an idle network of ``workers`` hosts.
 
     Args:
@@ -361,9 +377,10 @@ def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = 
         raise ValueError(f"nbytes: expected an integer >= 1, got {nbytes!r}")
     point = _validate(workers=workers, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us,
                       iterations=1, warmup=0, compute_scale=1.0,
-                      summation_gbps=DEFAULT_SUMMATION_GBPS)
+                      summation_gbps=DEFAULT_SUMMATION_GBPS,
+                      oversubscription=oversubscription, rack_size=rack_size)
     sim = _Sim(None, point.workers, point.bandwidth_gbps * 1e9 / 8, point.latency_us * 1e-6,
-               trace=False)
+               trace=False, oversubscription=point.oversubscription, rack_size=point.rack_size)
     if algorithm == "tree":
         gen = _tree(sim, int(nbytes), 2 if op == "allreduce" else 1)
     elif op == "allreduce":

@@ -1,5 +1,8 @@
 """The network: full-duplex host NICs on a non-blocking switch with output-port queues.
 
+Optionally oversubscribed: racks of hosts whose links to the core carry less than the sum
+of their hosts' NICs (see :class:`Network`); every hop is such a port.
+
 A message (a slice, a partition, a ring chunk; there are no packets) leaves its sender's
 uplink in ``nbytes / bandwidth`` and the sender moves on to its next message: the switch
 buffers what the receiver cannot take yet, as a switch with large buffers does. Each host's
@@ -91,10 +94,11 @@ class Port:
     delivery event.
     """
 
-    __slots__ = ("net", "host", "free_at", "_queue", "_deciding")
+    __slots__ = ("net", "host", "bandwidth", "free_at", "_queue", "_deciding")
 
-    def __init__(self, net: Network, host: int) -> None:
+    def __init__(self, net: Network, host: int, bandwidth: float | None = None) -> None:
         self.net, self.host = net, host
+        self.bandwidth = net.bandwidth if bandwidth is None else bandwidth
         self.free_at = 0.0
         self._queue: list[tuple[float, float, int, Message]] = []
         self._deciding = False
@@ -111,9 +115,19 @@ class Port:
 
     def _carry(self, msg: Message) -> None:
         net = self.net
-        tx = msg.nbytes / net.bandwidth
-        self.free_at = net.env.now + tx
-        net.env.timeout(tx + net.latency, msg).callbacks.append(_deliver)
+        now = net.env.now
+        # Cut-through: this stage starts as the previous one does, but cannot finish before
+        # it (``not_before``: the previous stage's end, the sender's uplink for the first).
+        tx = msg.nbytes / self.bandwidth
+        # (compared, not max()ed, so that an unbound stage keeps exactly tx: no rounding)
+        delay = tx if msg.not_before <= now + tx else msg.not_before - now
+        self.free_at = now + delay
+        if msg.route:
+            nxt, msg.route = msg.route[0], msg.route[1:]
+            msg.not_before = now + delay
+            nxt.arrive(msg)
+        else:
+            net.env.timeout(delay + net.latency, msg).callbacks.append(_deliver)
 
     def _decide(self, _ev: simpy.Event) -> None:
         self._carry(heapq.heappop(self._queue)[3])
@@ -156,7 +170,7 @@ class Message:
     """One transfer: ``on_arrive(msg)`` runs at the receiver when it has fully arrived."""
 
     __slots__ = ("src", "dst", "nbytes", "priority", "seq", "kind", "layer", "gate", "cost",
-                 "on_arrive", "data")
+                 "on_arrive", "data", "route", "not_before")
 
     def __init__(self, src: int, dst: int, nbytes: int, priority: float, kind: str, layer: int,
                  on_arrive: Callable[[Message], None], data: Any = None,
@@ -165,6 +179,8 @@ class Message:
         self.kind, self.layer, self.on_arrive, self.data = kind, layer, on_arrive, data
         self.gate, self.cost = gate, cost
         self.seq = 0
+        self.route: tuple[Port, ...] = ()  # switch ports still to cross after the current
+        self.not_before = 0.0
 
 
 class Sender:
@@ -209,7 +225,7 @@ class Sender:
 
     def _run(self):
         net = self.net
-        env, down = net.env, net.down
+        env = net.env
         while True:
             msg = self._next()
             if msg is None:
@@ -217,8 +233,10 @@ class Sender:
                 yield self._ev
                 continue
             start = env.now
-            down[msg.dst].arrive(msg)
-            yield env.timeout(msg.nbytes / net.bandwidth)
+            tx = msg.nbytes / net.bandwidth
+            msg.not_before = start + tx
+            net.enter(msg)
+            yield env.timeout(tx)
             net.record(msg, start, env.now)
 
 
@@ -238,18 +256,45 @@ class Network:
             delivery, >= 0.
         record: ``record(msg, start, end)`` is called when a message has left its sender's
             uplink (``start`` to ``end``: the sender's transmission).
+        oversubscription: 1 (default) is one non-blocking switch. Above 1, hosts form racks
+            of ``rack_size`` consecutive hosts, and a message between racks also crosses
+            its rack's uplink and the other rack's downlink to the core, each a port of
+            ``rack_size * bandwidth / oversubscription`` bytes/s.
+        rack_size: hosts per rack (used only when oversubscribed).
     """
 
     def __init__(self, env: simpy.Environment, nhosts: int, bandwidth: float, latency: float,
-                 record: Callable[[Message, float, float], None]) -> None:
+                 record: Callable[[Message, float, float], None], *,
+                 oversubscription: float = 1.0, rack_size: int = 8) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:
             raise ValueError(f"latency must be >= 0 s, got {latency}")
+        if not oversubscription >= 1:
+            raise ValueError(f"oversubscription must be >= 1, got {oversubscription}")
+        if rack_size < 1:
+            raise ValueError(f"rack_size must be >= 1, got {rack_size}")
         self.env, self.bandwidth, self.latency, self.record = env, bandwidth, latency, record
         self._seq = 0
         self.down = [Port(self, h) for h in range(nhosts)]
         self.senders = [Sender(self, h) for h in range(nhosts)]
+        self.rack_size = rack_size
+        nracks = -(-nhosts // rack_size)
+        self.racked = oversubscription > 1 and nracks > 1
+        core = rack_size * bandwidth / oversubscription
+        self.rack_up = [Port(self, -1 - r, core) for r in range(nracks)] if self.racked else []
+        self.rack_down = [Port(self, -1 - r, core) for r in range(nracks)] if self.racked else []
+
+    def enter(self, msg: Message) -> None:
+        """Start ``msg`` into the switch: its receiver's port, through the core if between
+        racks of an oversubscribed network."""
+        if self.racked:
+            src, dst = msg.src // self.rack_size, msg.dst // self.rack_size
+            if src != dst:
+                msg.route = (self.rack_down[dst], self.down[msg.dst])
+                self.rack_up[src].arrive(msg)
+                return
+        self.down[msg.dst].arrive(msg)
 
     def next_seq(self) -> int:
         self._seq += 1

@@ -134,7 +134,7 @@ def ring_allreduce(sim: _Sim, n: int, itemsize: int, layer: int, uplink: Link | 
     env = sim.env
     base, extra = divmod(n, p)
     biggest = (base + (extra > 0)) * itemsize
-    tx = biggest / sim.bandwidth
+    tx = biggest / sim.ring_bandwidth
     lat = sim.latency
     record = sim.timeline.append if sim.trace_steps else None
     for s in range(2 * (p - 1)):

@@ -115,6 +115,40 @@ def test_byteps_dedicated_servers_closed_form(n, k):
     assert sum(v for h, v in r.bytes_received.items() if h.startswith("server")) == n * m
 
 
+@pytest.mark.parametrize("ov", [1, 2, 4, 8, 16])
+def test_ring_allreduce_over_oversubscribed_racks_closed_form(ov):
+    # 16 hosts in racks of 4: a ring sends one flow per rack link and direction, so the
+    # rack link (4 B / ov) limits each step only when it is slower than one NIC.
+    p, n, a = 16, 64 << 20, 5e-6
+    bw = min(B10, 4 * B10 / ov)
+    want = 2 * (p - 1) * a + 2 * (p - 1) / p * n / bw
+    got = simulate_collective("allreduce", n, workers=p, bandwidth_gbps=10, latency_us=5,
+                              oversubscription=ov, rack_size=4)
+    assert got == pytest.approx(want, rel=1e-3)
+
+
+@pytest.mark.parametrize("ov", [1, 2, 4])
+def test_byteps_servers_in_another_rack_closed_form(ov):
+    # n workers fill rack 0, k servers sit in rack 1: every push crosses rack 0's uplink and
+    # every pull rack 1's, each n B / ov, so the bound becomes max(M/B, nM/(kB), ov M/B).
+    n, k = 4, 2
+    wl = flat(25_000_000)
+    m = wl.model_bytes
+    r = simulate(wl, "byteps", workers=n, servers=k, bandwidth_gbps=10, rack_size=n,
+                 oversubscription=ov, partition_bytes=200_000, summation_gbps=math.inf)
+    want = max(m / B10, n * m / (k * B10), ov * m / B10)
+    assert r.iteration_time_s == pytest.approx(want, rel=0.01)
+    assert r.bytes_sent["worker0"] == m
+
+
+def test_oversubscription_is_validated():
+    with pytest.raises(ValueError, match="oversubscription"):
+        simulate("resnet50", "p3", workers=4, bandwidth_gbps=10, oversubscription=0.5)
+    with pytest.raises(ValueError, match="rack_size"):
+        simulate("resnet50", "p3", workers=4, bandwidth_gbps=10, oversubscription=2,
+                 rack_size=0)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_byteps_colocated_closed_form(n):
     wl = flat(25_000_000)
