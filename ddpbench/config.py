@@ -13,6 +13,8 @@ An experiment file is a mapping with an envelope read by the runner (``name``, `
     latency_us: 5
     iterations: 3
     size_scale: 1.0               # gradient sizes x this (a scaled-down profile)
+    oversubscription: 1           # > 1: racks of rack_size hosts share slower core links
+    rack_size: 8                  #      (simulated only)
     backends:                     # a list of names, or name -> knobs
       kvstore: {}
       p3: {slice_params: [10000, 40000]}   # a knob list is an axis of that backend only
@@ -65,7 +67,7 @@ PS_BACKENDS = frozenset({"kvstore", "p3", "byteps"})
 # Point-level axes shared by every backend, in the order they appear in tables.
 COMMON_AXES = (
     "workload", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
-    "warmup", "compute_scale", "size_scale",
+    "warmup", "compute_scale", "size_scale", "oversubscription", "rack_size",
 )
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -325,6 +327,8 @@ class ThroughputSpec(_Frozen):
     warmup: tuple[int, ...] = (1,)
     compute_scale: tuple[float, ...] = (1.0,)
     size_scale: tuple[float, ...] = (1.0,)
+    oversubscription: tuple[float, ...] = (1.0,)
+    rack_size: tuple[int, ...] = (8,)
     repetitions: int = Field(1, ge=1)
     backends: dict[str, dict[str, tuple[Any, ...]]]
     zip: tuple[tuple[str, ...], ...] = ()
@@ -333,7 +337,8 @@ class ThroughputSpec(_Frozen):
 
     @field_validator(
         "workloads", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
-        "warmup", "compute_scale", "size_scale", mode="before",
+        "warmup", "compute_scale", "size_scale", "oversubscription", "rack_size",
+        mode="before",
     )
     @classmethod
     def _axis(cls, value: Any, info: Any) -> Any:
@@ -369,6 +374,23 @@ class ThroughputSpec(_Frozen):
         for v in value:
             if not 0 < v <= 1:
                 raise ValueError(f"size_scale must be in (0, 1] (gradient sizes x this), got {v}")
+        return value
+
+    @field_validator("oversubscription")
+    @classmethod
+    def _oversubscription(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        for v in value:
+            if not (v >= 1 and math.isfinite(v)):
+                raise ValueError(f"oversubscription must be a finite number >= 1 (1 = a "
+                                 f"non-blocking switch), got {v}")
+        return value
+
+    @field_validator("rack_size")
+    @classmethod
+    def _rack_size(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        for v in value:
+            if v < 1:
+                raise ValueError(f"rack_size must be >= 1, got {v}")
         return value
 
     @field_validator("latency_us")
@@ -421,6 +443,7 @@ class ThroughputSpec(_Frozen):
             "bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us,
             "iterations": self.iterations, "warmup": self.warmup,
             "compute_scale": self.compute_scale, "size_scale": self.size_scale,
+            "oversubscription": self.oversubscription, "rack_size": self.rack_size,
         }
         for knob, values in self.backends[backend].items():
             # A common axis given under a backend overrides it for that backend only.

@@ -177,7 +177,8 @@ def _public(params: dict[str, Any]) -> dict[str, Any]:
 # -- the throughput kind ---------------------------------------------------------------------
 # Run settings left out of a point's name while they hold their default value, so names
 # stay readable; any other value is named.
-_NAME_DEFAULTS = {"iterations": 3, "warmup": 1, "compute_scale": 1.0, "size_scale": 1.0}
+_NAME_DEFAULTS = {"iterations": 3, "warmup": 1, "compute_scale": 1.0, "size_scale": 1.0,
+                  "oversubscription": 1.0, "rack_size": 8}
 _REAL_KEYS = ("compute", "timeout_s")
 
 
@@ -287,7 +288,9 @@ def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
         workers=int(params["workers"]), servers=_servers_arg(params["servers"]),
         bandwidth_gbps=float(params["bandwidth_gbps"]), latency_us=float(params["latency_us"]),
         iterations=int(params["iterations"]), warmup=int(params["warmup"]),
-        compute_scale=float(params["compute_scale"]), **_knobs(params),
+        compute_scale=float(params["compute_scale"]),
+        oversubscription=float(params.get("oversubscription", 1.0)),
+        rack_size=int(params.get("rack_size", 8)), **_knobs(params),
     )
     sent = dict(getattr(res, "bytes_sent", {}) or {})
     util = dict(getattr(res, "nic_utilisation", {}) or {})
@@ -340,6 +343,9 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
             f"backend {backend!r} is not available for real runs (not installed or not "
             f"written yet); available: {ddpbench.available()}"
         )
+    if float(params.get("oversubscription", 1.0)) != 1.0:
+        raise ValueError("oversubscription is simulated only: a real run uses the machine's "
+                         "own network; run this point with mode: simulate")
     workers = int(params["workers"])
     if backend in PS_BACKENDS:
         servers = workers if params["servers"] == "colocated" else int(params["servers"])

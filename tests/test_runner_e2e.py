@@ -187,3 +187,43 @@ def test_mpi_executor_gives_the_same_rows_as_local(tmp_path):
                       for r in rows_of(d / "results.csv"))
 
     assert table(tmp_path / "local") == table(tmp_path / "mpi")
+
+
+def test_oversubscription_axes_reach_the_simulator_and_real_mode_refuses_them(tmp_path, capsys):
+    exp_file = tmp_path / "over.yaml"
+    exp_file.write_text(textwrap.dedent("""\
+        name: over
+        mode: both
+        workloads: [seq2seq_lstm]
+        workers: 2
+        servers: 2
+        bandwidth_gbps: 10
+        oversubscription: [1, 4]
+        rack_size: 2
+        iterations: 2
+        backends: [byteps]
+        """))
+    out = tmp_path / "over"
+    assert cli_main(["run", str(exp_file), "--outdir", str(out), "--jobs", "1",
+                     "--no-progress", "--no-report"]) == 1  # the real oversubscribed point fails
+    rows = {(r["mode"], r["point"]): r for r in rows_of(out / "results.csv")}
+    sim = {p: r for (m, p), r in rows.items() if m == "simulate"}
+    # The default value stays out of the name (old results keep their names); others show.
+    plain = next(r for p, r in sim.items() if "oversubscription" not in p)
+    over = next(r for p, r in sim.items() if "oversubscription=4" in p and "rack_size=2" in p)
+    for r, ov in ((plain, 1.0), (over, 4.0)):
+        ref = simulator.simulate("seq2seq_lstm", "byteps", workers=2, servers=2,
+                                 bandwidth_gbps=10, iterations=2, warmup=1,
+                                 oversubscription=ov, rack_size=2)
+        assert float(r["iteration_time_s"]) == ref.iteration_time_s
+    assert float(over["iteration_time_s"]) > float(plain["iteration_time_s"])
+    failed = [r for (m, p), r in rows.items() if m == "real" and "oversubscription=4" in p]
+    assert failed and failed[0]["status"] == "failed"
+    assert "oversubscription is simulated only" in failed[0]["error"]
+
+
+def test_bad_oversubscription_names_the_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nworkloads: [resnet50]\noversubscription: 0.5\nbackends: [p3]\n")
+    with pytest.raises(ValueError, match="oversubscription must be a finite number >= 1"):
+        config.load_experiment(bad)
