@@ -22,6 +22,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="warm-up iterations (default 1)")
     parser.add_argument("--compute-scale", type=float, default=1.0,
                         help="compute times x this (default 1)")
+    parser.add_argument("--oversubscription", type=float, default=1.0,
+                        help="core links carry 1/this of their racks' NICs (default 1: "
+                             "non-blocking)")
+    parser.add_argument("--rack-size", type=int, default=8,
+                        help="hosts per rack when oversubscribed (default 8)")
     parser.add_argument("--knob", "-k", action="append", default=[], metavar="NAME=VALUE",
                         help="a backend knob, e.g. -k slice_params=10000 (repeatable)")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing)")
@@ -60,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
             args.workload, args.backend, workers=args.workers, servers=servers,
             bandwidth_gbps=args.bandwidth_gbps, latency_us=args.latency_us,
             iterations=args.iterations, warmup=args.warmup,
-            compute_scale=args.compute_scale, **knobs,
+            compute_scale=args.compute_scale, oversubscription=args.oversubscription,
+            rack_size=args.rack_size, **knobs,
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
