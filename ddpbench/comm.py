@@ -147,6 +147,10 @@ def _install_abort_hooks(comm: Any) -> None:
         text = "".join(traceback.format_exception(exc_type, exc, tb))
         sys.stderr.write(f"[ddpbench rank {comm.rank}] {kind}:\n{text}")
         sys.stderr.flush()
+        # mpiexec forwards our stderr from a pipe asynchronously, and MPI_Abort makes it
+        # kill the job at once: without a moment's grace the message above can be lost,
+        # leaving a failed job that does not say why. The job is ending anyway.
+        time.sleep(0.5)
         comm.Abort(1)
 
     previous = sys.excepthook
