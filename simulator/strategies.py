@@ -344,6 +344,17 @@ class _PSBase(Strategy):
     def make_parts(self) -> list[_Part]:
         """Cut every tensor into parts and place them on servers (CONTRACTS section 3)."""
 
+    def round_robin_parts(self, size: int, *, prioritised: bool) -> list[_Part]:
+        """Every tensor cut into pieces of ``size`` elements, the servers taken round-robin
+        by one counter across tensors (P3's slices, BytePS's partitions); ``prioritised``
+        gives each piece its layer's priority, -layer, else 0 (FIFO)."""
+        s, parts = self.sim.num_servers, []
+        for t in self.sim.workload.tensors:
+            for lo in range(0, t.numel, size):
+                parts.append(_Part(len(parts), t.layer, min(size, t.numel - lo),
+                                   len(parts) % s, -t.layer if prioritised else 0))
+        return parts
+
     def units(self, layer: int) -> int:
         return len(self.parts[layer])
 
@@ -451,12 +462,7 @@ class P3Strategy(_PSBase):
     Knobs = _P3Knobs
 
     def make_parts(self) -> list[_Part]:
-        s, size, parts = self.sim.num_servers, self.knobs.slice_params, []
-        for t in self.sim.workload.tensors:
-            for lo in range(0, t.numel, size):
-                parts.append(_Part(len(parts), t.layer, min(size, t.numel - lo),
-                                   len(parts) % s, -t.layer))
-        return parts
+        return self.round_robin_parts(self.knobs.slice_params, prioritised=True)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         key = (w, part.server)
@@ -479,14 +485,8 @@ class BytepsStrategy(_PSBase):
     Knobs = _BytepsKnobs
 
     def make_parts(self) -> list[_Part]:
-        s, itemsize, parts = self.sim.num_servers, self.sim.itemsize, []
-        size = max(1, self.knobs.partition_bytes // itemsize)
-        prio = self.knobs.credit_bytes > 0
-        for t in self.sim.workload.tensors:
-            for lo in range(0, t.numel, size):
-                parts.append(_Part(len(parts), t.layer, min(size, t.numel - lo),
-                                   len(parts) % s, -t.layer if prio else 0))
-        return parts
+        size = max(1, self.knobs.partition_bytes // self.sim.itemsize)
+        return self.round_robin_parts(size, prioritised=self.knobs.credit_bytes > 0)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         if self.knobs.credit_bytes == 0:
