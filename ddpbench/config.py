@@ -38,6 +38,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from simulator.strategies import STRATEGIES
+
 __all__ = [
     "BACKEND_KNOBS",
     "COMMON_AXES",
@@ -51,16 +53,23 @@ __all__ = [
     "parse_experiment",
 ]
 
-# Knob names and defaults of CONTRACTS.md section 1, used when the simulator cannot be
-# imported; the simulator's STRATEGIES table, when present, is preferred.
-BACKEND_KNOBS: dict[str, dict[str, Any]] = {
-    "mpi": {},
-    "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0},
-    "kvstore": {"bigarray_bound": 1_000_000},
-    "p3": {"slice_params": 40_000, "water_mark": 10},
-    "byteps": {"partition_bytes": 4_096_000, "credit_bytes": 0},
-    "collective": {"nrings": 2},
+# Knob names and defaults of CONTRACTS.md section 1: the simulator's table is the one
+# source (its strategies mirror the real backends one to one).
+BACKEND_KNOBS: dict[str, dict[str, Any]] = STRATEGIES
+# What each numeric axis accepts, and how its error says so.
+_AXIS_BOUNDS: dict[str, tuple[Any, str]] = {
+    "workers": (lambda v: v >= 1, ">= 1"),
+    "bandwidth_gbps": (lambda v: v > 0 and math.isfinite(v), "a finite number > 0"),
+    "compute_scale": (lambda v: v > 0 and math.isfinite(v), "a finite number > 0"),
+    "size_scale": (lambda v: 0 < v <= 1, "in (0, 1] (gradient sizes x this)"),
+    "oversubscription": (lambda v: v >= 1 and math.isfinite(v),
+                         "a finite number >= 1 (1 = a non-blocking switch)"),
+    "rack_size": (lambda v: v >= 1, ">= 1"),
+    "latency_us": (lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
+    "iterations": (lambda v: v >= 1, ">= 1"),
+    "warmup": (lambda v: v >= 0, ">= 0"),
 }
+
 BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base")
 PS_BACKENDS = frozenset({"kvstore", "p3", "byteps"})
 
@@ -344,12 +353,13 @@ class ThroughputSpec(_Frozen):
     def _axis(cls, value: Any, info: Any) -> Any:
         return _as_axis(value, info.field_name)
 
-    @field_validator("workers")
+    @field_validator(*_AXIS_BOUNDS)
     @classmethod
-    def _workers(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        for w in value:
-            if w < 1:
-                raise ValueError(f"workers must be >= 1, got {w}")
+    def _bounded(cls, value: tuple[Any, ...], info: Any) -> tuple[Any, ...]:
+        ok, expected = _AXIS_BOUNDS[info.field_name]
+        for v in value:
+            if not ok(v):
+                raise ValueError(f"{info.field_name} must be {expected}, got {v}")
         return value
 
     @field_validator("servers")
@@ -358,63 +368,6 @@ class ThroughputSpec(_Frozen):
         for s in value:
             if isinstance(s, int) and s < 1:
                 raise ValueError(f"servers must be >= 1 or 'colocated', got {s}")
-        return value
-
-    @field_validator("bandwidth_gbps", "compute_scale")
-    @classmethod
-    def _positive(cls, value: tuple[float, ...], info: Any) -> tuple[float, ...]:
-        for v in value:
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{info.field_name} must be a finite number > 0, got {v}")
-        return value
-
-    @field_validator("size_scale")
-    @classmethod
-    def _size_scale(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        for v in value:
-            if not 0 < v <= 1:
-                raise ValueError(f"size_scale must be in (0, 1] (gradient sizes x this), got {v}")
-        return value
-
-    @field_validator("oversubscription")
-    @classmethod
-    def _oversubscription(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        for v in value:
-            if not (v >= 1 and math.isfinite(v)):
-                raise ValueError(f"oversubscription must be a finite number >= 1 (1 = a "
-                                 f"non-blocking switch), got {v}")
-        return value
-
-    @field_validator("rack_size")
-    @classmethod
-    def _rack_size(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        for v in value:
-            if v < 1:
-                raise ValueError(f"rack_size must be >= 1, got {v}")
-        return value
-
-    @field_validator("latency_us")
-    @classmethod
-    def _latency(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        for v in value:
-            if not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"latency_us must be a finite number >= 0, got {v}")
-        return value
-
-    @field_validator("iterations")
-    @classmethod
-    def _iterations(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        for v in value:
-            if v < 1:
-                raise ValueError(f"iterations must be >= 1, got {v}")
-        return value
-
-    @field_validator("warmup")
-    @classmethod
-    def _warmup(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        for v in value:
-            if v < 0:
-                raise ValueError(f"warmup must be >= 0, got {v}")
         return value
 
     @field_validator("backends", mode="before")
@@ -471,15 +424,7 @@ _ENVELOPE = {"name", "kind", "description"}
 
 
 def _known_backends() -> dict[str, dict[str, Any]]:
-    knobs = {k: dict(v) for k, v in BACKEND_KNOBS.items()}
-    try:
-        import simulator
-
-        for name, defaults in getattr(simulator, "STRATEGIES", {}).items():
-            knobs.setdefault(name, {}).update(defaults)
-    except ImportError:
-        pass
-    return knobs
+    return {k: dict(v) for k, v in BACKEND_KNOBS.items()}
 
 
 def _known_workloads() -> tuple[str, ...]:
