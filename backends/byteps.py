@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import Field
 
-from backends.ps_common import Gate, Part, PSOptions, PSStore
 from ddpbench.api import Handle, ReduceOp, register
+from ddpbench.backends.ps_common import Gate, Part, PSOptions, PSStore
 
 __all__ = ["BytePSStore"]
 
@@ -33,7 +33,7 @@ class BytePSStore(PSStore):
     Options:
         partition_bytes: bytes per partition (default 4,096,000).
         credit_bytes: bytes in flight per worker; 0 (default) = no scheduling, FIFO.
-        servers, bandwidth_gbps, latency_us, trace: see :class:`backends.ps_common.PSOptions`.
+        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.backends.ps_common.PSOptions`.
     """
 
     Options = _Options

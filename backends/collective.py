@@ -35,8 +35,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from backends._common import MismatchError, Request, RequestStore, mismatch_message
 from ddpbench.api import BackendOptions, ReduceOp, register
+from ddpbench.backends._common import MismatchError, Request, RequestStore, mismatch_message
 from ddpbench.comm import Protocol
 from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import Field
 
-from backends.ps_common import SGD, Part, PSOptions, PSStore, even_split
 from ddpbench.api import register
+from ddpbench.backends.ps_common import SGD, Part, PSOptions, PSStore, even_split
 
 __all__ = ["SGD", "KVStoreBackend"]
 
@@ -42,7 +42,7 @@ class KVStoreBackend(PSStore):
     Options:
         bigarray_bound: arrays with at least this many elements are split over all servers
             (default 1,000,000).
-        servers, bandwidth_gbps, latency_us, trace: see :class:`backends.ps_common.PSOptions`.
+        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.backends.ps_common.PSOptions`.
     """
 
     Options = _Options
@@ -75,7 +75,7 @@ class KVStoreBackend(PSStore):
                 raise ValueError(f"bad optimizer {optimizer!r}: {err}") from None
         else:
             raise TypeError(
-                f"kvstore servers run backends.kvstore.SGD (or a dict of its fields: "
+                f"kvstore servers run ddpbench.backends.kvstore.SGD (or a dict of its fields: "
                 f"{sorted(SGD.model_fields)}), got {type(optimizer).__name__}; the servers "
                 f"take plain hyperparameters, not code"
             )

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from backends._common import Meta, MismatchError, Request, RequestStore, mismatch_message
 from ddpbench.api import BackendOptions, ReduceOp, register
+from ddpbench.backends._common import Meta, MismatchError, Request, RequestStore, mismatch_message
 from ddpbench.comm import Protocol
 from ddpbench.tensor_ops import HALF_DTYPES, byte_view, reduce_ufunc, scale_
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import Field
 
-from backends.ps_common import Gate, Part, PSOptions, PSStore
 from ddpbench.api import NotSupportedError, register
+from ddpbench.backends.ps_common import Gate, Part, PSOptions, PSStore
 
 __all__ = ["P3Store"]
 
@@ -36,7 +36,7 @@ class P3Store(PSStore):
     Options:
         slice_params: elements per slice (default 40,000).
         water_mark: slices in flight per destination (default 10).
-        servers, bandwidth_gbps, latency_us, trace: see :class:`backends.ps_common.PSOptions`.
+        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.backends.ps_common.PSOptions`.
     """
 
     Options = _Options

@@ -54,8 +54,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends._common import EngineStore, check_dtype
 from ddpbench.api import BackendOptions, Handle, ReduceOp
+from ddpbench.backends._common import EngineStore, check_dtype
 from ddpbench.comm import Protocol, engine, world
 from ddpbench.tensor_ops import BFLOAT16, reduce_ufunc, scale_
 

@@ -427,12 +427,12 @@ def _flag(flags: Any, key: str) -> bool | None:
 
 # -- registry ------------------------------------------------------------------------------
 _BUILTIN: dict[str, str] = {
-    "mpi": "backends.mpi",
-    "horovod": "backends.horovod",
-    "kvstore": "backends.kvstore",
-    "p3": "backends.p3",
-    "byteps": "backends.byteps",
-    "collective": "backends.collective",
+    "mpi": "ddpbench.backends.mpi",
+    "horovod": "ddpbench.backends.horovod",
+    "kvstore": "ddpbench.backends.kvstore",
+    "p3": "ddpbench.backends.p3",
+    "byteps": "ddpbench.backends.byteps",
+    "collective": "ddpbench.backends.collective",
 }
 _REGISTRY: dict[str, type[KVStore]] = {}
 _LOCK = threading.Lock()

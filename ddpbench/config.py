@@ -38,7 +38,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from simulator.strategies import STRATEGIES
+from ddpbench.simulator.strategies import STRATEGIES
 
 __all__ = [
     "BACKEND_KNOBS",
@@ -429,7 +429,7 @@ def _known_backends() -> dict[str, dict[str, Any]]:
 
 def _known_workloads() -> tuple[str, ...]:
     try:
-        import simulator
+        from ddpbench import simulator
 
         return tuple(getattr(simulator, "WORKLOADS", BUILTIN_WORKLOADS))
     except ImportError:

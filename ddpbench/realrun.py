@@ -72,11 +72,11 @@ def scale_sizes(workload: Any, size_scale: float) -> Any:
 
 def load_workload(name: str) -> Any:
     """Return the simulator's profile ``name`` (a shipped name or a YAML path)."""
-    import simulator
+    from ddpbench import simulator
 
     loader = getattr(simulator, "load_workload", None)
     if loader is None:  # the package may not re-export it yet
-        from simulator.workload import load_workload as loader
+        from ddpbench.simulator.workload import load_workload as loader
     return loader(name)
 
 

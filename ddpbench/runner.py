@@ -278,7 +278,7 @@ def _servers_arg(value: Any) -> Any:
 
 
 def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
-    import simulator
+    from ddpbench import simulator
     from ddpbench.realrun import load_workload, scale_sizes
 
     workload = load_workload(params["workload"])

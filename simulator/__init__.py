@@ -10,9 +10,15 @@ Public API (CONTRACTS.md section 4): :func:`simulate`, :func:`simulate_collectiv
 :class:`Workload`.
 """
 
-from simulator.core import DEFAULT_SUMMATION_GBPS, SimResult, Span, simulate, simulate_collective
-from simulator.strategies import STRATEGIES
-from simulator.workload import WORKLOADS, Layer, Tensor, Workload, load_workload
+from ddpbench.simulator.core import (
+    DEFAULT_SUMMATION_GBPS,
+    SimResult,
+    Span,
+    simulate,
+    simulate_collective,
+)
+from ddpbench.simulator.strategies import STRATEGIES
+from ddpbench.simulator.workload import WORKLOADS, Layer, Tensor, Workload, load_workload
 
 __all__ = [
     "DEFAULT_SUMMATION_GBPS",

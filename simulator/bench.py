@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import time
 
-    from simulator import simulate
+    from ddpbench.simulator import simulate
 
     if args.iterations < 2:
         from ddpbench.cli import UsageError

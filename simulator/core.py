@@ -22,9 +22,9 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simulator.network import CountingEnvironment, Message, Network
-from simulator.strategies import ring_allreduce, strategy_class
-from simulator.workload import ITEMSIZE, Workload, load_workload
+from ddpbench.simulator.network import CountingEnvironment, Message, Network
+from ddpbench.simulator.strategies import ring_allreduce, strategy_class
+from ddpbench.simulator.workload import ITEMSIZE, Workload, load_workload
 
 __all__ = ["SimResult", "Span", "simulate", "simulate_collective"]
 

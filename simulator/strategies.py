@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simulator.network import Gate, Link, Message
+from ddpbench.simulator.network import Gate, Link, Message
 
 if TYPE_CHECKING:
-    from simulator.core import _Sim
+    from ddpbench.simulator.core import _Sim
 
 __all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
 

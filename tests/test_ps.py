@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mpiutil import assert_no_processes, run_mpi
 
-from backends.ps_common import merge_chrome_traces
+from ddpbench.backends.ps_common import merge_chrome_traces
 
 SCRIPT = Path(__file__).resolve().parent / "mpi_scripts" / "ps_check.py"
 pytestmark = pytest.mark.mpi

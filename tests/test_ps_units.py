@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from backends import ps_common as pc
-from backends.kvstore import KVStoreBackend
-from backends.p3 import P3Store
+from ddpbench.backends import ps_common as pc
+from ddpbench.backends.kvstore import KVStoreBackend
+from ddpbench.backends.p3 import P3Store
 
 
 def test_even_split_matches_array_split():

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ddpbench import config, runner
+from ddpbench import (
+    config,
+    runner,
+    simulator,  # noqa: E402
+)
 from ddpbench.cli import main as cli_main
-
-simulator = pytest.importorskip("simulator")
 
 TINY = """\
 name: tiny

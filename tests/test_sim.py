@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-import simulator
-from simulator import load_workload, simulate, simulate_collective
-from simulator.workload import PROFILE_DIR, Workload
+from ddpbench import simulator
+from ddpbench.simulator import load_workload, simulate, simulate_collective
+from ddpbench.simulator.workload import PROFILE_DIR, Workload
 
 B10 = 10e9 / 8  # bytes/s at 10 Gbit/s
 

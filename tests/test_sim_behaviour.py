@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-import simulator
-from simulator import simulate
-from simulator.network import CountingEnvironment, Message, Network
-from simulator.workload import Workload
+from ddpbench import simulator
+from ddpbench.simulator import simulate
+from ddpbench.simulator.network import CountingEnvironment, Message, Network
+from ddpbench.simulator.workload import Workload
 
 US = 1e-6
 
@@ -147,7 +147,7 @@ def test_real_pacing_delivers_like_the_simulated_port():
 
     import numpy as np
 
-    from backends import ps_common as pc
+    from ddpbench.backends import ps_common as pc
 
     t = pc.Transport(SimpleNamespace(rank=2), str, bandwidth_gbps=8, latency_us=0.5)
 

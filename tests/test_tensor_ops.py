@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from backends._common import Meta, mismatch_message
+from ddpbench.backends._common import Meta, mismatch_message
 from ddpbench.benchmarks.allreduce import parse_size, parse_sizes, profile_tensor_sizes
 from ddpbench.tensor_ops import ring_chunks, scale_
 

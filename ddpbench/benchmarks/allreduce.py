@@ -63,7 +63,7 @@ def human(nbytes: float) -> str:
 
 def profile_tensor_sizes(model: str) -> list[int]:
     """Parameter counts of a shipped model's tensors, in definition order."""
-    path = resources.files("simulator") / "profiles" / f"{model}_tensors.tsv"
+    path = resources.files("ddpbench.simulator") / "profiles" / f"{model}_tensors.tsv"
     if not path.is_file():
         raise ValueError(f"unknown tensor set {model!r}; available: ['resnet50', 'vgg19']")
     rows = path.read_text().splitlines()[1:]

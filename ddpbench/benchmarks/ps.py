@@ -30,8 +30,8 @@ HELP = "run kvstore, p3, byteps on paced real ranks and compare with the simulat
 
 def scaled_workload(name: str, model_scale: float) -> Any:
     """The profile ``name`` with every tensor's element count divided by ``model_scale``."""
-    from simulator import load_workload
-    from simulator.workload import Tensor
+    from ddpbench.simulator import load_workload
+    from ddpbench.simulator.workload import Tensor
 
     wl = load_workload(name)
     tensors = tuple(Tensor(name=t.name, layer=t.layer, numel=max(1, int(t.numel / model_scale)))
@@ -167,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
             real[backend] = json.loads(out.read_text())
     sim: dict[str, Any] = {}
     try:
-        from simulator import simulate
+        from ddpbench.simulator import simulate
 
         for backend in backends:
             sim[backend] = simulate(wl, backend, workers=args.workers, servers=servers,

@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     if what in (None, "workloads"):
         print("workloads:")
         try:
-            import simulator
+            from ddpbench import simulator
 
             for name in simulator.WORKLOADS:
                 try:
@@ -69,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _simulated(name: str) -> bool:
     try:
-        import simulator
+        from ddpbench import simulator
 
         return name in getattr(simulator, "STRATEGIES", {})
     except ImportError:

@@ -58,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
         except ValueError:
             raise UsageError(f"--servers must be a count or 'colocated', got {args.servers!r}"
                              ) from None
-    import simulator
+    from ddpbench import simulator
 
     try:
         res = simulator.simulate(

@@ -11,9 +11,9 @@ import math
 import numpy as np
 
 import ddpbench
-from backends._common import MismatchError
-from backends.horovod import _ring_allreduce
 from ddpbench.api import ReduceOp
+from ddpbench.backends._common import MismatchError
+from ddpbench.backends.horovod import _ring_allreduce
 from ddpbench.comm import engine, world
 from ddpbench.tensor_ops import ring_chunks
 
