@@ -13,17 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from ddpbench.api import Handle, ReduceOp, register
-from ddpbench.backends.ps_common import Gate, Part, PSOptions, PSStore
+from ddpbench.backends.ps_common import Gate, Part, PSStore
+from ddpbench.contract import BytepsKnobs
 
 __all__ = ["BytePSStore"]
-
-
-class _Options(PSOptions):
-    partition_bytes: int = Field(4_096_000, ge=1, description="bytes per partition")
-    credit_bytes: int = Field(0, ge=0, description="bytes in flight; 0 = off, FIFO")
 
 
 @register("byteps")
@@ -33,10 +27,11 @@ class BytePSStore(PSStore):
     Options:
         partition_bytes: bytes per partition (default 4,096,000).
         credit_bytes: bytes in flight per worker; 0 (default) = no scheduling, FIFO.
-        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.backends.ps_common.PSOptions`.
+        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.contract.PSKnobs`.
     """
 
-    Options = _Options
+    Options = BytepsKnobs
+    options: BytepsKnobs
 
     def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
         return self.place_round_robin(numel, max(1, self.options.partition_bytes // itemsize))

@@ -30,25 +30,21 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Generator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 
-from ddpbench.api import BackendOptions, ReduceOp, register
+from ddpbench.api import ReduceOp, register
 from ddpbench.backends._common import MismatchError, Request, RequestStore, mismatch_message
 from ddpbench.comm import Protocol
+from ddpbench.contract import CollectiveKnobs
 from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
 
 TAG_RING = 21
 MODES = ("grad_allreduce", "local_sgd")
 
 
-class _Options(BackendOptions):
-    nrings: int = Field(2, ge=1, le=64, description="duplicated communicators driven at once")
-    mode: Literal["grad_allreduce", "local_sgd"] = "grad_allreduce"
-    local_sgd_period: int = Field(4, ge=1, description="local steps between averages")
-    check_consistency: bool = True
+_Options = CollectiveKnobs  # knobs and bounds: ddpbench.contract
 
 
 _Steps = Generator[list, None, None]

@@ -29,49 +29,22 @@ Knobs default to Horovod's and read ``HOROVOD_FUSION_THRESHOLD`` (bytes) and
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import Field
 
-from ddpbench.api import BackendOptions, Handle, ReduceOp, register
+from ddpbench.api import Handle, ReduceOp, register
 from ddpbench.backends._common import Meta, MismatchError, Request, RequestStore, mismatch_message
 from ddpbench.comm import Protocol
+from ddpbench.contract import HorovodKnobs
 from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
 
 TAG_REQUEST, TAG_RESPONSE, TAG_RING = 11, 12, 13
 
 
-def _env_number(name: str, default: float, kind: Callable[[str], Any] = float) -> Any:
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return kind(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
-
-
-class _Options(BackendOptions):
-    fusion_threshold: int = Field(
-        default_factory=lambda: _env_number("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024, int),
-        ge=0, description="bytes; 0 disables fusion",
-    )
-    cycle_time: float = Field(
-        default_factory=lambda: _env_number("HOROVOD_CYCLE_TIME", 1.0),
-        ge=0, description="ms between planning rounds of the coordinator",
-    )
-    gpu_transport: Literal["nccl", "host"] = Field(
-        default="nccl", description="CuPy tensors: NCCL, or the CPU ring via pinned host memory",
-    )
-    stall_timeout: float = Field(
-        default_factory=lambda: _env_number("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
-        gt=0, description="s before warning that some ranks have not submitted a tensor",
-    )
+_Options = HorovodKnobs  # knobs, bounds and HOROVOD_* variables: ddpbench.contract
 
 
 class StallWarning(UserWarning):

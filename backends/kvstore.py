@@ -23,16 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from ddpbench.api import register
-from ddpbench.backends.ps_common import SGD, Part, PSOptions, PSStore, even_split
+from ddpbench.backends.ps_common import SGD, Part, PSStore, even_split
+from ddpbench.contract import KvstoreKnobs
 
 __all__ = ["SGD", "KVStoreBackend"]
-
-
-class _Options(PSOptions):
-    bigarray_bound: int = Field(1_000_000, ge=1, description="elements")
 
 
 @register("kvstore")
@@ -42,10 +37,11 @@ class KVStoreBackend(PSStore):
     Options:
         bigarray_bound: arrays with at least this many elements are split over all servers
             (default 1,000,000).
-        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.backends.ps_common.PSOptions`.
+        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.contract.PSKnobs`.
     """
 
-    Options = _Options
+    Options = KvstoreKnobs
+    options: KvstoreKnobs
     capabilities = frozenset({"broadcast", "push_pull", "optimizer"})
     merged_push_pull = False
 

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from ddpbench.api import BackendOptions, ReduceOp, register
+from ddpbench.api import ReduceOp, register
 from ddpbench.backends._common import Meta, MismatchError, Request, RequestStore, mismatch_message
 from ddpbench.comm import Protocol
+from ddpbench.contract import MpiKnobs
 from ddpbench.tensor_ops import HALF_DTYPES, byte_view, reduce_ufunc, scale_
 
-
-class _Options(BackendOptions):
-    check_consistency: bool = True
-    gpu_transport: Literal["nccl", "host"] = "nccl"
+_Options = MpiKnobs  # knobs and bounds: ddpbench.contract
 
 
 @functools.cache

@@ -16,17 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from ddpbench.api import NotSupportedError, register
-from ddpbench.backends.ps_common import Gate, Part, PSOptions, PSStore
+from ddpbench.backends.ps_common import Gate, Part, PSStore
+from ddpbench.contract import P3Knobs
 
 __all__ = ["P3Store"]
-
-
-class _Options(PSOptions):
-    slice_params: int = Field(40_000, ge=1, description="elements per slice")
-    water_mark: int = Field(10, ge=1, description="slices in flight per destination")
 
 
 @register("p3")
@@ -36,10 +30,11 @@ class P3Store(PSStore):
     Options:
         slice_params: elements per slice (default 40,000).
         water_mark: slices in flight per destination (default 10).
-        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.backends.ps_common.PSOptions`.
+        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.contract.PSKnobs`.
     """
 
-    Options = _Options
+    Options = P3Knobs
+    options: P3Knobs
 
     def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
         return self.place_round_robin(numel, self.options.slice_params)

@@ -35,7 +35,9 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
+
+from ddpbench.contract import Knobs
 
 __all__ = [
     "BackendOptions",
@@ -83,10 +85,7 @@ class ReduceOp(str, enum.Enum):
         raise ValueError(f"unknown reduce op {value!r}; valid ops: {valid}")
 
 
-class BackendOptions(BaseModel):
-    """Base of every backend's options: frozen, validated, unknown keys rejected."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+BackendOptions = Knobs  # every backend's options model derives from the contract's base
 
 
 class Handle:

@@ -17,11 +17,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ddpbench import contract
 from ddpbench.simulator.network import CountingEnvironment, Message, Network
 from ddpbench.simulator.strategies import ring_allreduce, strategy_class
 from ddpbench.simulator.workload import ITEMSIZE, Workload, load_workload
@@ -102,39 +102,33 @@ class SimResult:
         return out
 
 
-class _Point(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    workers: int = Field(ge=1)
-    servers: int | Literal["colocated"] | None = None
-    bandwidth_gbps: float = Field(gt=0, allow_inf_nan=False)
-    latency_us: float = Field(ge=0, allow_inf_nan=False)
-    iterations: int = Field(ge=1)
-    warmup: int = Field(ge=0)
-    compute_scale: float = Field(gt=0, allow_inf_nan=False)
-    summation_gbps: float = Field(gt=0)
-    oversubscription: float = Field(default=1.0, ge=1, allow_inf_nan=False)
-    rack_size: int = Field(default=8, ge=1)
+class _Point(NamedTuple):
+    """A simulated point: the contract's cluster and schedule, and the servers' speed."""
+
+    cluster: contract.Cluster
+    schedule: contract.Schedule
+    summation_gbps: float
 
 
-def _validate(**values: Any) -> _Point:
-    for key in ("workers", "iterations", "warmup", "rack_size"):
-        if isinstance(values.get(key), bool):
-            raise ValueError(f"{key}: expected an integer, got {values[key]!r}")
-    if isinstance(values.get("servers"), bool):
-        raise ValueError(f"servers: expected a count >= 1, 'colocated' or None, got "
-                         f"{values['servers']!r}")
-    try:
-        point = _Point(**values)
-    except ValidationError as err:
-        e = err.errors()[0]
-        name = str(e["loc"][0]) if e["loc"] else "value"
-        raise ValueError(f"{name}: {e['msg']} (got {e.get('input')!r})") from None
-    if isinstance(point.servers, int) and point.servers < 1:
-        raise ValueError(f"servers: expected a count >= 1, 'colocated' or None, got "
-                         f"{point.servers!r}")
-    if point.warmup >= point.iterations:
-        raise ValueError(f"warmup: must be < iterations ({point.iterations}) so that at least "
-                         f"one iteration is measured, got {point.warmup}")
+def _validate(cluster: contract.Cluster | None, summation_gbps: float, **values: Any) -> _Point:
+    """Return the point checked against the contract's bounds, naming the field on error."""
+    if values.get("servers") is None:
+        values["servers"] = "colocated"
+    if cluster is not None:
+        values.update(cluster.model_dump())
+    checked = {k: contract.check_axis(k, v) for k, v in values.items()}
+    checked.setdefault("iterations", 1)
+    checked.setdefault("warmup", 0)
+    if not (summation_gbps > 0):
+        raise ValueError(f"summation_gbps: must be > 0, got {summation_gbps!r}")
+    point = _Point(
+        contract.Cluster(**{k: checked[k] for k in contract.Cluster.model_fields}),
+        contract.Schedule(**{k: checked[k] for k in contract.Schedule.model_fields
+                             if k in checked}),
+        summation_gbps)
+    if point.schedule.warmup >= point.schedule.iterations:
+        raise ValueError(f"warmup: must be < iterations ({point.schedule.iterations}) so that "
+                         f"at least one iteration is measured, got {point.schedule.warmup}")
     return point
 
 
@@ -266,7 +260,8 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
              servers: int | str | None = None, bandwidth_gbps: float, latency_us: float = 5.0,
              iterations: int = 3, warmup: int = 1, compute_scale: float = 1.0,
              summation_gbps: float = DEFAULT_SUMMATION_GBPS, trace: bool = True,
-             oversubscription: float = 1.0, rack_size: int = 8, **knobs: Any) -> SimResult:
+             oversubscription: float = 1.0, rack_size: int = 8,
+             cluster: contract.Cluster | None = None, **knobs: Any) -> SimResult:
     """Simulate data-parallel training of ``workload`` with ``backend`` on an idle cluster.
 
     Args:
@@ -290,6 +285,9 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
             ``rack_size`` hosts (workers first, then dedicated servers) reach the core over
             links of ``rack_size * bandwidth / oversubscription``.
         rack_size: hosts per rack (only used when oversubscribed).
+        cluster: a :class:`ddpbench.contract.Cluster`; when given, its fields replace
+            ``workers``, ``servers``, ``bandwidth_gbps``, ``latency_us``,
+            ``oversubscription`` and ``rack_size``.
         **knobs: the backend's knobs (see :data:`simulator.STRATEGIES`).
 
     Returns:
@@ -305,29 +303,31 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
     """
     cls = strategy_class(backend)
     parsed = cls.parse_knobs(knobs)
-    point = _validate(workers=workers, servers=servers, bandwidth_gbps=bandwidth_gbps,
-                      latency_us=latency_us, iterations=iterations, warmup=warmup,
-                      compute_scale=compute_scale, summation_gbps=summation_gbps,
+    point = _validate(cluster, summation_gbps, workers=workers, servers=servers,
+                      bandwidth_gbps=bandwidth_gbps, latency_us=latency_us,
+                      iterations=iterations, warmup=warmup, compute_scale=compute_scale,
                       oversubscription=oversubscription, rack_size=rack_size)
-    wl = load_workload(workload).scaled(point.compute_scale)
-    dedicated = 0 if cls.symmetric or not isinstance(point.servers, int) else point.servers
-    bandwidth = point.bandwidth_gbps * 1e9 / 8
-    sim = _Sim(wl, point.workers, bandwidth, point.latency_us * 1e-6,
+    c, sched = point.cluster, point.schedule
+    wl = load_workload(workload).scaled(sched.compute_scale)
+    dedicated = 0 if cls.symmetric else c.dedicated_servers()
+    bandwidth = c.bandwidth_gbps * 1e9 / 8
+    sim = _Sim(wl, c.workers, bandwidth, c.latency_us * 1e-6,
                dedicated_servers=dedicated, summation=point.summation_gbps * 1e9 / 8,
                symmetric=cls.symmetric, trace=trace,
-               oversubscription=point.oversubscription, rack_size=point.rack_size)
-    ends = sim.run_training(cls(sim, parsed), point.iterations)
-    base = ends[point.warmup - 1] if point.warmup > 0 else 0.0
-    iter_time = (ends[-1] - base) / (point.iterations - point.warmup)
-    n = point.iterations
+               oversubscription=c.oversubscription, rack_size=c.rack_size)
+    ends = sim.run_training(cls(sim, parsed), sched.iterations)
+    base = ends[sched.warmup - 1] if sched.warmup > 0 else 0.0
+    iter_time = (ends[-1] - base) / (sched.iterations - sched.warmup)
+    n = sched.iterations
     sent = {h: float(b) / n for h, b in zip(sim.hosts, sim.sent)}
     recv = {h: float(b) / n for h, b in zip(sim.hosts, sim.received)}
     util = {h: b / (bandwidth * iter_time) if iter_time > 0 else 0.0 for h, b in sent.items()}
     servers_out: int | str = dedicated if dedicated else "colocated"
-    return SimResult(workload=wl.name, backend=backend, workers=point.workers,
+    return SimResult(workload=wl.name, backend=backend, workers=c.workers,
                      servers=servers_out if not cls.symmetric else 0,
-                     knobs=parsed.model_dump(), iteration_time_s=iter_time,
-                     throughput=point.workers * wl.batch_size / iter_time if iter_time else math.inf,
+                     knobs={k: getattr(parsed, k) for k in contract.sweep_knobs(backend, "sim")},
+                     iteration_time_s=iter_time,
+                     throughput=c.workers * wl.batch_size / iter_time if iter_time else math.inf,
                      bytes_sent=sent, bytes_received=recv, nic_utilisation=util,
                      events=sim.env.events, timeline=sim.timeline, iteration_end_s=list(ends))
 
@@ -375,12 +375,11 @@ def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = 
         raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; available: ['ring', 'tree']")
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 1:
         raise ValueError(f"nbytes: expected an integer >= 1, got {nbytes!r}")
-    point = _validate(workers=workers, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us,
-                      iterations=1, warmup=0, compute_scale=1.0,
-                      summation_gbps=DEFAULT_SUMMATION_GBPS,
-                      oversubscription=oversubscription, rack_size=rack_size)
-    sim = _Sim(None, point.workers, point.bandwidth_gbps * 1e9 / 8, point.latency_us * 1e-6,
-               trace=False, oversubscription=point.oversubscription, rack_size=point.rack_size)
+    c = _validate(None, DEFAULT_SUMMATION_GBPS, workers=workers, bandwidth_gbps=bandwidth_gbps,
+                  latency_us=latency_us, oversubscription=oversubscription,
+                  rack_size=rack_size).cluster
+    sim = _Sim(None, c.workers, c.bandwidth_gbps * 1e9 / 8, c.latency_us * 1e-6,
+               trace=False, oversubscription=c.oversubscription, rack_size=c.rack_size)
     if algorithm == "tree":
         gen = _tree(sim, int(nbytes), 2 if op == "allreduce" else 1)
     elif op == "allreduce":

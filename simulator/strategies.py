@@ -22,8 +22,9 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel
 
+from ddpbench import contract
 from ddpbench.simulator.network import Gate, Link, Message
 
 if TYPE_CHECKING:
@@ -56,12 +57,6 @@ def strategy_class(name: str) -> type[Strategy]:
         raise ValueError(f"backend: unknown backend {name!r}; available: {sorted(_REGISTRY)}") from None
 
 
-class Knobs(BaseModel):
-    """Base of each strategy's knob model (frozen; unknown knobs rejected)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
 class Strategy(abc.ABC):
     """A communication scheme attached to a running simulation.
 
@@ -72,7 +67,6 @@ class Strategy(abc.ABC):
     """
 
     name: ClassVar[str]
-    Knobs: ClassVar[type[BaseModel]] = Knobs
     symmetric: ClassVar[bool] = False
 
     def __init__(self, sim: _Sim, knobs: BaseModel) -> None:
@@ -80,18 +74,8 @@ class Strategy(abc.ABC):
 
     @classmethod
     def parse_knobs(cls, knobs: dict[str, Any]) -> BaseModel:
-        valid = sorted(cls.Knobs.model_fields)
-        for key in knobs:
-            if key not in cls.Knobs.model_fields:
-                raise ValueError(f"knob {key!r} is not a knob of backend {cls.name!r}; "
-                                 f"valid knobs: {valid}")
-        try:
-            return cls.Knobs(**knobs)
-        except ValidationError as err:
-            e = err.errors()[0]
-            field = ".".join(str(x) for x in e["loc"])
-            raise ValueError(f"{field}: {e['msg']} (got {e.get('input')!r}) for backend "
-                             f"{cls.name!r}") from None
+        """Return ``knobs`` checked against the contract (knobs only real runs see refused)."""
+        return contract.validate_knobs(cls.name, knobs, side="sim")
 
     @abc.abstractmethod
     def units(self, layer: int) -> int:
@@ -214,11 +198,6 @@ class MpiStrategy(_AllreduceBase):
             self._comm.put(t)
 
 
-class _HorovodKnobs(Knobs):
-    fusion_threshold: int = Field(134_217_728, ge=0, description="bytes; 0 disables fusion")
-    cycle_time: float = Field(1.0, ge=0, description="ms between fusion cycles")
-
-
 @register
 class HorovodStrategy(_AllreduceBase):
     """``horovod``: Horovod's background loop.
@@ -230,7 +209,6 @@ class HorovodStrategy(_AllreduceBase):
     """
 
     name = "horovod"
-    Knobs = _HorovodKnobs
 
     def start(self) -> None:
         self._queue: list = []
@@ -283,10 +261,6 @@ class HorovodStrategy(_AllreduceBase):
             next_start = max(env.now, cycle_start + cycle)
 
 
-class _CollectiveKnobs(Knobs):
-    nrings: int = Field(2, ge=1, description="parallel rings (communicators)")
-
-
 @register
 class CollectiveStrategy(_AllreduceBase):
     """``collective``: tensors striped round-robin (in gradient order) over ``nrings`` rings.
@@ -296,7 +270,6 @@ class CollectiveStrategy(_AllreduceBase):
     """
 
     name = "collective"
-    Knobs = _CollectiveKnobs
 
     def start(self) -> None:
         nrings = self.knobs.nrings
@@ -422,10 +395,6 @@ class _PSBase(Strategy):
         self.sim.unit_done(w, part.layer)
 
 
-class _KvstoreKnobs(Knobs):
-    bigarray_bound: int = Field(1_000_000, ge=1, description="elements")
-
-
 @register
 class KvstoreStrategy(_PSBase):
     """``kvstore``: MXNet's parameter server, FIFO push then pull.
@@ -435,7 +404,6 @@ class KvstoreStrategy(_PSBase):
     """
 
     name = "kvstore"
-    Knobs = _KvstoreKnobs
 
     def make_parts(self) -> list[_Part]:
         s, bound, parts = self.sim.num_servers, self.knobs.bigarray_bound, []
@@ -449,17 +417,11 @@ class KvstoreStrategy(_PSBase):
         return parts
 
 
-class _P3Knobs(Knobs):
-    slice_params: int = Field(40_000, ge=1, description="elements per slice")
-    water_mark: int = Field(10, ge=1, description="slices in flight per server")
-
-
 @register
 class P3Strategy(_PSBase):
     """``p3``: priority-based parameter propagation (slices, priority -layer, water mark)."""
 
     name = "p3"
-    Knobs = _P3Knobs
 
     def make_parts(self) -> list[_Part]:
         return self.round_robin_parts(self.knobs.slice_params, prioritised=True)
@@ -472,17 +434,11 @@ class P3Strategy(_PSBase):
         return g, 1.0
 
 
-class _BytepsKnobs(Knobs):
-    partition_bytes: int = Field(4_096_000, ge=1, description="bytes per partition")
-    credit_bytes: int = Field(0, ge=0, description="bytes in flight; 0 = FIFO, no limit")
-
-
 @register
 class BytepsStrategy(_PSBase):
     """``byteps``: partitions round-robin over servers; ByteScheduler credits when > 0."""
 
     name = "byteps"
-    Knobs = _BytepsKnobs
 
     def make_parts(self) -> list[_Part]:
         size = max(1, self.knobs.partition_bytes // self.sim.itemsize)
@@ -498,8 +454,6 @@ class BytepsStrategy(_PSBase):
 
 
 STRATEGIES: dict[str, dict[str, Any]] = {
-    name: {k: f.default for k, f in cls.Knobs.model_fields.items()}
-    for name, cls in _REGISTRY.items()
+    name: contract.defaults(name, "sim") for name in _REGISTRY
 }
-"""Backend name -> its knobs and their defaults (CONTRACTS.md section 1)."""
-
+"""Backend name -> the knobs a simulation honours and their defaults (from the contract)."""

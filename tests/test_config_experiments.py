@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from ddpbench import config, runner
 from ddpbench.cli import main as cli_main
+from ddpbench.experiments import naming, runner, schema, throughput
 
 GOOD = """\
 name: tiny
@@ -25,12 +25,12 @@ report: {baseline: kvstore}
 """
 
 
-def parse(text: str) -> config.Experiment:
-    return config.parse_experiment(textwrap.dedent(text), "exp.yaml")
+def parse(text: str) -> schema.Experiment:
+    return schema.parse_experiment(textwrap.dedent(text), "exp.yaml")
 
 
-def error_of(text: str) -> config.ExperimentError:
-    with pytest.raises(config.ExperimentError) as info:
+def error_of(text: str) -> schema.ExperimentError:
+    with pytest.raises(schema.ExperimentError) as info:
         parse(text)
     return info.value
 
@@ -147,10 +147,10 @@ def test_modes_and_repetitions_share_point_names():
 
 
 def test_names_format_values_and_skip_defaults():
-    assert runner.make_name("p3", {"b": 10.0, "a": 0.25, "c": "x"}) == "p3[a=0.25,b=10,c=x]"
+    assert naming.make_name("p3", {"b": 10.0, "a": 0.25, "c": "x"}) == "p3[a=0.25,b=10,c=x]"
     params = {"mode": "simulate", "backend": "mpi", "workload": "vgg19", "workers": 2,
               "iterations": 3, "compute_scale": 0.5, "repetition": 1, "_timeline": True}
-    assert runner.ThroughputKind.point_name(params) == "mpi[compute_scale=0.5,workers=2,workload=vgg19]"
+    assert throughput.point_name(params) == "mpi[compute_scale=0.5,workers=2,workload=vgg19]"
 
 
 def test_shipped_experiments_validate():
@@ -161,5 +161,5 @@ def test_shipped_experiments_validate():
     for name in mine:
         path = root / name
         if path.exists():
-            exp = config.load_experiment(path)
+            exp = schema.load_experiment(path)
             assert runner.expand_points(exp), name

@@ -8,9 +8,10 @@ import textwrap
 import pandas as pd
 import pytest
 
-from ddpbench import cli, config, runner
+from ddpbench import cli
 from ddpbench import numerics as nm
-from ddpbench import numerics_experiment as ne
+from ddpbench.experiments import numerics as ne
+from ddpbench.experiments import runner, schema
 
 TINY = {
     "world_sizes": [1, 3, 16],
@@ -70,7 +71,7 @@ TINY_YAML = textwrap.dedent("""\
 def test_runner_runs_and_renders_the_numerics_kind(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_YAML)
-    exp = config.load_experiment(path)
+    exp = schema.load_experiment(path)
     summary = runner.run_experiment(exp, tmp_path / "out", jobs=1, progress=False)
     assert summary.failed == 0 and summary.ok == len(ne.expand(exp.spec))
     out = tmp_path / "out"
@@ -90,7 +91,7 @@ def test_numerics_sweep_writes_what_the_runner_resumes(tmp_path, capsys):
     path.write_text(TINY_YAML)
     out = tmp_path / "out"
     assert cli.main(["numerics", "sweep", str(path), "--out", str(out), "--jobs", "1"]) == 0
-    exp = config.load_experiment(path)
+    exp = schema.load_experiment(path)
     summary = runner.run_experiment(exp, out, jobs=1, progress=False)
     assert summary.ok == 0 and summary.skipped == len(ne.expand(exp.spec))
     df = runner.read_results(out / "results.csv")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddpbench import config, report
+from ddpbench.experiments import report
+from ddpbench.experiments.throughput import report as throughput_report
+from ddpbench.experiments.throughput.spec import ThroughputSpec
 
 
 def synthetic_rows() -> pd.DataFrame:
@@ -26,10 +28,10 @@ def synthetic_rows() -> pd.DataFrame:
 
 
 def test_speedup_highlights_and_tables(tmp_path):
-    spec = config.ThroughputSpec(workloads=["resnet50"], backends=["kvstore", "p3"],
+    spec = ThroughputSpec(workloads=["resnet50"], backends=["kvstore", "p3"],
                                  bandwidth_gbps=[1, 10, 30],
                                  report={"baseline": "kvstore"})
-    paths = report.render_throughput(synthetic_rows(), tmp_path, spec)
+    paths = throughput_report.render(synthetic_rows(), tmp_path, spec)
     md = (tmp_path / "report.md").read_text()
     assert "p3 on w<1>: 1.50x at 10 Gbps; peak 2.00x at 1 Gbps" in md
     assert "| w<1> | 30 | 1 |" in md  # speedup table: p3 / kvstore at 30 Gbps

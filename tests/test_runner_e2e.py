@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpbench import (
-    config,
-    runner,
-    simulator,  # noqa: E402
-)
+from ddpbench import simulator
 from ddpbench.cli import main as cli_main
+from ddpbench.experiments import runner, schema
+from ddpbench.experiments.throughput.timeline import timeline_file
 
 TINY = """\
 name: tiny
@@ -61,7 +59,7 @@ def test_tiny_simulated_experiment_end_to_end(tmp_path, capsys):
     gantt_point = ("horovod[bandwidth_gbps=20,fusion_threshold=1000000,iterations=2,latency_us=5,"
                    "servers=colocated,workers=2,workload=seq2seq_lstm]")
     assert gantt_point in by_name
-    timeline = json.loads((out / "timelines" / runner.timeline_file(gantt_point)).read_text())
+    timeline = json.loads((out / "timelines" / timeline_file(gantt_point)).read_text())
     assert timeline["point"] == gantt_point and timeline["spans"]
 
     md = (out / "report.md").read_text()
@@ -73,7 +71,7 @@ def test_tiny_simulated_experiment_end_to_end(tmp_path, capsys):
     assert f"{hv['5.0'] / kv['5.0']:.4g}" in md  # the speedup table holds the ratio
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == sorted(["throughput_vs_bandwidth.png", "speedup.png",
-                           f"gantt_{Path(runner.timeline_file(gantt_point)).stem}.png"])
+                           f"gantt_{Path(timeline_file(gantt_point)).stem}.png"])
     page = (out / "report.html").read_text()
     assert "&lt;b&gt;tiny&lt;/b&gt; &amp; co" in page and "<b>tiny</b>" not in page
 
@@ -94,7 +92,7 @@ def test_unavailable_real_backend_becomes_a_failed_row(tmp_path, monkeypatch):
     import ddpbench
 
     monkeypatch.setattr(ddpbench, "available", lambda: ["mpi"])
-    exp = config.parse_experiment(textwrap.dedent("""\
+    exp = schema.parse_experiment(textwrap.dedent("""\
         name: r
         mode: real
         workloads: resnet50
@@ -113,7 +111,7 @@ def test_unavailable_real_backend_becomes_a_failed_row(tmp_path, monkeypatch):
 
 @pytest.mark.mpi
 def test_tiny_real_experiment_at_two_ranks_beside_simulation(tmp_path):
-    exp = config.parse_experiment(textwrap.dedent("""\
+    exp = schema.parse_experiment(textwrap.dedent("""\
         name: tinyreal
         mode: both
         workloads: resnet50
@@ -131,7 +129,7 @@ def test_tiny_real_experiment_at_two_ranks_beside_simulation(tmp_path):
     rows = rows_of(out / "results.csv")
     assert sorted((r["mode"], r["backend"]) for r in rows) == [
         ("real", "horovod"), ("real", "mpi"), ("simulate", "horovod"), ("simulate", "mpi")]
-    from ddpbench.realrun import scale_sizes
+    from ddpbench.experiments.throughput.worker import scale_sizes
 
     workload = scale_sizes(simulator.load_workload("resnet50"), 0.01)
     for r in rows:
@@ -228,4 +226,4 @@ def test_bad_oversubscription_names_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nworkloads: [resnet50]\noversubscription: 0.5\nbackends: [p3]\n")
     with pytest.raises(ValueError, match="oversubscription must be a finite number >= 1"):
-        config.load_experiment(bad)
+        schema.load_experiment(bad)

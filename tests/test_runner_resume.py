@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from ddpbench import config, runner
+from ddpbench.experiments import kinds, runner, schema
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 SLEEPY = '''
 import sys, time
 from pydantic import BaseModel, ConfigDict
-from ddpbench import config, runner
+from ddpbench.experiments import kinds, naming, runner, schema
 
 class Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -39,7 +39,7 @@ class Sleepy:
                 for i in range(spec.n)]
     @staticmethod
     def point_name(p):
-        return runner.make_name("sleepy", {"i": p["i"]})
+        return naming.make_name("sleepy", {"i": p["i"]})
     @staticmethod
     def run_point(p):
         print("ran", p["i"], flush=True)
@@ -51,14 +51,14 @@ class Sleepy:
     def render(df, outdir, spec):
         return []
 
-runner.EXPERIMENT_KINDS["sleepy"] = Sleepy
+kinds.EXPERIMENT_KINDS["sleepy"] = Sleepy
 '''
 
 
 def sleepy_script(tmp_path: Path) -> Path:
     script = tmp_path / "sleepy_run.py"
     script.write_text(SLEEPY + textwrap.dedent('''
-        exp = config.load_experiment(sys.argv[1])
+        exp = schema.load_experiment(sys.argv[1])
         force = "--force" in sys.argv
         s = runner.run_experiment(exp, sys.argv[2], jobs=1, progress=False, force=force)
         print("summary", s.ok, s.failed, s.skipped, flush=True)
@@ -165,18 +165,18 @@ class _Spec(BaseModel):
 
 
 def test_missing_kind_module_gives_a_clear_error(monkeypatch):
-    monkeypatch.setitem(runner.EXPERIMENT_KINDS, "ghost", "ddpbench.no_such_module")
-    with pytest.raises(config.ExperimentError) as info:
-        config.parse_experiment("name: g\nkind: ghost\nn: 1\n", "g.yaml")
+    monkeypatch.setitem(kinds.EXPERIMENT_KINDS, "ghost", "ddpbench.no_such_module")
+    with pytest.raises(schema.ExperimentError) as info:
+        schema.parse_experiment("name: g\nkind: ghost\nn: 1\n", "g.yaml")
     assert "g.yaml:2: field 'kind'" in str(info.value)
     assert "ddpbench.no_such_module" in str(info.value)
 
     class Partial:
         Spec = _Spec
 
-    monkeypatch.setitem(runner.EXPERIMENT_KINDS, "partial", Partial)
-    with pytest.raises(config.ExperimentError, match="lacks \\['expand'"):
-        config.parse_experiment("name: g\nkind: partial\nn: 1\n", "g.yaml")
+    monkeypatch.setitem(kinds.EXPERIMENT_KINDS, "partial", Partial)
+    with pytest.raises(schema.ExperimentError, match="lacks \\['expand'"):
+        schema.parse_experiment("name: g\nkind: partial\nn: 1\n", "g.yaml")
 
 
 def test_duplicate_point_names_are_refused(monkeypatch):
@@ -193,7 +193,7 @@ def test_duplicate_point_names_are_refused(monkeypatch):
 
         run_point = render = staticmethod(lambda *a: None)
 
-    monkeypatch.setitem(runner.EXPERIMENT_KINDS, "clash", Clash)
-    exp = config.parse_experiment("name: c\nkind: clash\nn: 2\n")
+    monkeypatch.setitem(kinds.EXPERIMENT_KINDS, "clash", Clash)
+    exp = schema.parse_experiment("name: c\nkind: clash\nn: 2\n")
     with pytest.raises(ValueError, match="two points share the name 'same'"):
         runner.expand_points(exp)

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 import ddpbench
-from ddpbench import accuracy_experiment as acc
 from ddpbench import nn
-from ddpbench.commands.train import make_config
 from ddpbench.data import ShardedLoader, load_dataset
+from ddpbench.experiments import accuracy as acc
+from ddpbench.experiments.accuracy.worker import make_config
 
 
 def _spec(**kw):
@@ -30,8 +30,8 @@ def test_expand_names_and_dedup():
     assert names == ["mpi[]", "horovod[]", "horovod[predivide=4]", "horovod[compression=fp16]",
                      "horovod[compression=fp16,predivide=4]", "collective[local_sgd_period=2]"]
     assert all(p["mode"] == "real" for p in points)
-    assert acc.setting_label(points[4]) == "fp16, f=4"
-    assert acc.setting_label(points[5]) == "localSGD P=2"
+    assert acc.run.setting_label(points[4]) == "fp16, f=4"
+    assert acc.run.setting_label(points[5]) == "localSGD P=2"
 
 
 def test_spec_rejects_unknown_keys_and_bad_values():

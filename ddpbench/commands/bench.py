@@ -10,7 +10,7 @@ HELP = "run a benchmark (allreduce, sim, ...) and print figures against a same-r
 # kind -> module defining HELP, configure(parser) and main(args) -> int
 BENCHES = {
     "allreduce": "ddpbench.benchmarks.allreduce",
-    "sim": "ddpbench.simulator.bench",
+    "sim": "ddpbench.benchmarks.sim",
     "scale-kernel": "ddpbench.benchmarks.scale_kernel",
     "trainer": "ddpbench.benchmarks.trainer",
     "ps": "ddpbench.benchmarks.ps",

@@ -27,18 +27,26 @@ def _experiments_dir(given: Path | None) -> Path | None:
 
 def main(args: argparse.Namespace) -> int:
     import ddpbench
-    from ddpbench import config
+    from ddpbench import contract
+    from ddpbench.experiments import schema
 
     what = args.what
     if what in (None, "backends"):
         real = set(ddpbench.available())
-        knobs = config._known_backends()
-        print("backends (knob=default; 'real' = runs on processes, 'sim' = simulated):")
-        for name in sorted(set(knobs) | real):
-            kn = ", ".join(f"{k}={v}" for k, v in knobs.get(name, {}).items()) or "no knobs"
+        print("backends ('real' = runs on processes, 'sim' = simulated; knob=default, "
+              "(real) = only real runs see it):")
+        for name in [*contract.BACKENDS, *sorted(real - set(contract.BACKENDS))]:
             modes = "/".join(m for m, ok in (("sim", _simulated(name)), ("real", name in real))
                              if ok) or "-"
-            print(f"  {name:12s} {modes:9s} {kn}")
+            summary = contract.BACKENDS[name].summary if name in contract.BACKENDS else ""
+            print(f"  {name:12s} {modes:9s} {summary}")
+            info = contract.knob_info(name) if name in contract.BACKENDS else {}
+            for knob in contract.sweep_knobs(name) if info else []:
+                i = info[knob]
+                where = " (real)" if i["side"] == "real" else ""
+                unit = f" {i['unit']}" if i["unit"] else ""
+                src = f" [from {i['source']}]" if i["source"] else ""
+                print(f"      {knob}={i['default']}{unit}{where}: {i['doc']}{src}")
     if what in (None, "workloads"):
         print("workloads:")
         try:
@@ -58,11 +66,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"experiments ({folder or 'no experiments folder found'}):")
         for path in sorted(folder.glob("*.yaml")) if folder else []:
             try:
-                exp = config.load_experiment(path)
+                exp = schema.load_experiment(path)
                 desc = exp.description.split(". ")[0].strip()
                 desc = desc if len(desc) <= 70 else desc[:67] + "..."
                 print(f"  {path.name:26s} kind={exp.kind:10s} {desc}")
-            except config.ExperimentError as err:
+            except schema.ExperimentError as err:
                 print(f"  {path.name:26s} INVALID: {err}")
     return 0
 

@@ -68,16 +68,16 @@ def _spec(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
     """Return the validated Spec (file, then flags over it) and the envelope."""
     from pydantic import ValidationError
 
-    from ddpbench import config
     from ddpbench.cli import UsageError
-    from ddpbench.numerics_experiment import Spec
+    from ddpbench.experiments import schema
+    from ddpbench.experiments.numerics import Spec
 
     raw: dict[str, Any] = {}
     envelope = {"name": "predivide_numerics", "description": "", "source": "<flags>"}
     if args.file:
         try:
-            exp = config.load_experiment(args.file)
-        except (config.ExperimentError, OSError) as err:
+            exp = schema.load_experiment(args.file)
+        except (schema.ExperimentError, OSError) as err:
             raise UsageError(str(err)) from None
         if exp.kind != "numerics":
             raise UsageError(f"{args.file}: kind is {exp.kind!r}, expected 'numerics'")
@@ -120,7 +120,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ddpbench.cli import UsageError
-    from ddpbench.numerics_experiment import run_sweep
+    from ddpbench.experiments.numerics import run_sweep
 
     spec, envelope = _spec(args)
     t0 = time.perf_counter()
@@ -204,7 +204,7 @@ def _render(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from ddpbench.cli import UsageError
-    from ddpbench.numerics_experiment import Spec, render
+    from ddpbench.experiments.numerics import Spec, render
 
     folder = Path(args.dir)
     try:

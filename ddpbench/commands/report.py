@@ -15,8 +15,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ddpbench import config, runner
     from ddpbench.cli import UsageError
+    from ddpbench.experiments import kinds, runner, schema
 
     outdir: Path = args.dir
     if not (outdir / "results.csv").is_file():
@@ -24,12 +24,12 @@ def main(args: argparse.Namespace) -> int:
                          f"(ddpbench run experiments/<name>.yaml)")
     try:
         if args.experiment:
-            exp = config.load_experiment(args.experiment)
+            exp = schema.load_experiment(args.experiment)
         else:
             exp = runner.load_saved_experiment(outdir)
     except FileNotFoundError:
         raise UsageError(f"{outdir} has no experiment.json; pass --experiment FILE") from None
-    except (ValueError, runner.KindUnavailableError) as err:
+    except (ValueError, kinds.KindUnavailableError) as err:
         raise UsageError(str(err)) from None
     paths = runner.render(exp, outdir)
     for p in paths:

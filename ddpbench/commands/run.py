@@ -33,14 +33,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ddpbench import config, runner
     from ddpbench.cli import UsageError
+    from ddpbench.experiments import runner, schema
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     try:
-        exp = config.load_experiment(args.file)
-    except config.ExperimentError as err:
+        exp = schema.load_experiment(args.file)
+    except schema.ExperimentError as err:
         raise UsageError(str(err)) from None
     outdir = args.outdir or Path("reports") / exp.name
     try:

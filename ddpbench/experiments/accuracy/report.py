@@ -1,161 +1,12 @@
-"""The ``accuracy`` experiment kind: train one model with every backend and setting, compare.
-
-An experiment file (``experiments/accuracy.yaml``)::
-
-    name: accuracy
-    kind: accuracy
-    model: mlp              # the training run shared by every point
-    workers: 4
-    steps: 400
-    variants:               # each: backends x the grid of its lists
-      - backends: [mpi, horovod, collective, kvstore, p3, byteps]
-      - backends: [horovod, collective]
-        compression: [fp16]
-      - backends: [horovod]
-        predivide: [4, 16]
-      - backends: [collective]
-        local_sgd_period: [2, 4, 10]
-
-Every point is a real job (``ddpbench train``'s :func:`run_training`, run one at a time);
-points repeated by several variants run once. The report has the final test accuracy of
-every point against the fp32 reference (the first plain fp32 point), checks of the targets
-(fp32 backends within 0.1 point of each other, fp16 within 0.5 point of fp32) and
-accuracy-vs-step curves.
-"""
+"""The ``accuracy`` kind's report: final accuracy against the fp32 reference, curves."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from ddpbench.runner import format_value, make_name
-
-__all__ = ["Spec", "Variant", "expand", "point_name", "render", "run_point"]
-
-FP32_SPREAD_TARGET = 0.1  # points of accuracy between fp32 backends
-FP16_TARGET = 0.5  # points of accuracy between fp16 and fp32 of the same backend
-
-
-class Variant(BaseModel):
-    """Backends and the settings to grid over for them."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    backends: list[str] = Field(min_length=1)
-    compression: list[Literal["none", "fp16"]] = ["none"]
-    predivide: list[float] = Field(default=[1.0], min_length=1)
-    local_sgd_period: list[int] = Field(default=[0], min_length=1)
-    knobs: dict[str, int | float | str | bool] = {}
-
-
-class Spec(BaseModel):
-    """The keys of an ``accuracy`` experiment."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    model: Literal["mlp", "cnn"] = "mlp"
-    dataset: Literal["synthetic", "digits"] = "synthetic"
-    workers: int = Field(4, ge=1, le=64)
-    servers: int | Literal["colocated"] = "colocated"
-    steps: int = Field(400, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(0.1, gt=0)
-    lr_schedule: Literal["cosine", "constant"] = "cosine"
-    momentum: float = Field(0.9, ge=0)
-    seed: int = 0
-    eval_every: int = Field(20, ge=1)
-    repetitions: int = Field(1, ge=1, description="runs per point, seeds seed, seed+1, ...")
-    timeout_s: float = Field(600.0, gt=0)
-    variants: list[Variant] = Field(min_length=1)
-
-
-_RUN_KEYS = ("model", "dataset", "workers", "servers", "steps", "batch_size", "lr", "lr_schedule",
-             "momentum", "seed", "eval_every", "timeout_s")
-_NAMED_DEFAULTS = {"compression": "none", "predivide": 1.0, "local_sgd_period": 0}
-
-
-def expand(spec: Spec) -> list[dict[str, Any]]:
-    """Return one point per distinct (backend, compression, predivide, period, knobs)."""
-    import itertools
-
-    seen: set[str] = set()
-    out = []
-    run = {k: getattr(spec, k) for k in _RUN_KEYS}
-    for v in spec.variants:
-        for backend, comp, f, period in itertools.product(
-            v.backends, v.compression, v.predivide, v.local_sgd_period
-        ):
-            params: dict[str, Any] = {
-                "mode": "real", "backend": backend, "compression": comp,
-                "predivide": float(f), "local_sgd_period": int(period),
-                "knobs": json.dumps(dict(sorted(v.knobs.items())), separators=(",", ":")),
-                **run,
-            }
-            name = point_name(params)
-            if name in seen:
-                continue
-            seen.add(name)
-            for rep in range(spec.repetitions):
-                out.append({**params, "repetition": rep})
-    return out
-
-
-def point_name(params: dict[str, Any]) -> str:
-    """``backend[compression=fp16,local_sgd_period=4,predivide=16,...]``; defaults left out."""
-    named = {k: params[k] for k, d in _NAMED_DEFAULTS.items()
-             if format_value(params.get(k, d)) != format_value(d)}
-    knobs = json.loads(params.get("knobs") or "{}")
-    named.update(knobs)
-    return make_name(params["backend"], named)
-
-
-def setting_label(params: dict[str, Any]) -> str:
-    """Return a short label of the point's setting (``fp32``, ``fp16``, ``f=16``, ``P=4``)."""
-    parts = []
-    if params.get("compression", "none") == "fp16":
-        parts.append("fp16")
-    if float(params.get("predivide", 1.0)) != 1.0:
-        parts.append(f"f={format_value(float(params['predivide']))}")
-    if int(params.get("local_sgd_period", 0) or 0):
-        parts.append(f"localSGD P={int(params['local_sgd_period'])}")
-    knobs = json.loads(params.get("knobs") or "{}")
-    parts += [f"{k}={format_value(v)}" for k, v in knobs.items()]
-    return ", ".join(parts) or "fp32"
-
-
-def run_point(params: dict[str, Any]) -> dict[str, Any]:
-    """Train once through ``ddpbench train``'s launcher; return the final figures and curve."""
-    from ddpbench.commands.train import make_config, run_training
-
-    servers = params.get("servers", "colocated")
-    cfg = make_config(
-        model=params["model"], dataset=params["dataset"], backend=params["backend"],
-        workers=int(params["workers"]),
-        servers=servers if servers == "colocated" else int(servers),
-        knobs=json.loads(params.get("knobs") or "{}"), steps=int(params["steps"]),
-        batch_size=int(params["batch_size"]), lr=float(params["lr"]),
-        lr_schedule=str(params.get("lr_schedule", "cosine")),
-        momentum=float(params["momentum"]), compression=params["compression"],
-        predivide=float(params["predivide"]), local_sgd_period=int(params["local_sgd_period"]),
-        # Repetition r is an independent run: seed + r for the data order and the init.
-        seed=int(params["seed"]) + int(params.get("repetition", 0)),
-        eval_every=int(params["eval_every"]),
-    )
-    if cfg["backend"] not in ("kvstore", "p3", "byteps"):
-        cfg["servers"] = None
-    res = run_training(cfg, timeout=float(params.get("timeout_s", 600.0)))
-    return {
-        "setting": setting_label(params),
-        "final_test_acc": res["final_test_acc"],
-        "final_test_loss": res["final_test_loss"],
-        "final_train_loss": res["final_train_loss"],
-        "replica_max_diff": res["replica_max_diff"],
-        "step_time_ms": res["step_time_ms"],
-        "train_wall_s": res["wall_s"],
-        "curve_step": res["curve"]["step"],
-        "curve_test_acc": res["curve"]["test_acc"],
-    }
+from ddpbench.experiments.accuracy.spec import FP16_TARGET, FP32_SPREAD_TARGET, Spec
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -168,7 +19,7 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     """Write report.md/html: final-accuracy table, target checks, accuracy-vs-step curves."""
     import pandas as pd
 
-    from ddpbench.report import Document, pyplot
+    from ddpbench.experiments.report import Document, pyplot
 
     outdir = Path(outdir)
     doc = Document("Accuracy: one model, every backend and setting")

@@ -2,7 +2,7 @@
 
 Run under ``ddpbench launch`` (or a plain ``mpiexec`` for allreduce backends)::
 
-    ddpbench launch -n 2 -- python -m ddpbench.realrun --workload resnet50 \\
+    ddpbench launch -n 2 -- python -m ddpbench.experiments.throughput.worker --workload resnet50 \\
         --backend horovod --size-scale 0.01 --compute-scale 0.1 --out result.json
 
 Each worker builds the profile's gradient tensors (float32, each ``numel x size_scale``
@@ -34,7 +34,7 @@ import numpy as np
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ddpbench.realrun", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddpbench.experiments.throughput.worker", description=__doc__.split("\n")[0])
     p.add_argument("--workload", required=True, help="profile name or YAML path")
     p.add_argument("--backend", required=True, help="a name from ddpbench.available()")
     p.add_argument("--knobs", default="{}", help="backend knobs as a JSON object")

@@ -1,29 +1,32 @@
-"""Reports: markdown and escaped HTML with pandas tables and matplotlib PNG plots.
+"""The ``throughput`` kind's report: tables, throughput/speedup/scaling plots, Gantt charts.
 
-:class:`Document` collects headings, text, tables and images and writes ``report.md`` and
-``report.html`` together; every experiment kind can use it. :func:`render_throughput`
-renders the ``throughput`` kind from the rows of ``results.csv`` (and the timeline JSON
-files that the runner stored for the Gantt plot), so ``ddpbench report DIR`` re-renders a
-report without running anything.
+:func:`render` renders from the rows of ``results.csv`` (and the timeline JSON files the
+runner stored for the Gantt plot), so ``ddpbench report DIR`` re-renders a report without
+running anything. Plots are registered by name in :data:`PLOTS`; an experiment's
+``report.plots`` names which to draw.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddpbench.config import BACKEND_KNOBS, COMMON_AXES
+from ddpbench import contract
+from ddpbench.contract import COMMON_AXES
+from ddpbench.experiments.naming import format_value
+from ddpbench.experiments.report import Document, pyplot
+from ddpbench.experiments.throughput.points import expand, point_name
+from ddpbench.experiments.throughput.timeline import SPAN_FIELDS, timeline_file
 
-__all__ = ["Document", "pyplot", "render_throughput", "variant_label"]
+__all__ = ["render", "variant_label"]
 
 RESULT_COLUMNS = ("iteration_time_s", "throughput")
 # Columns that identify a point apart from the backend and its knobs.
 POINT_AXES = tuple(a for a in COMMON_AXES if a != "workload")
-KNOB_COLUMNS = tuple(sorted({k for knobs in BACKEND_KNOBS.values() for k in knobs}))
+KNOB_COLUMNS = tuple(sorted({k for name in contract.BACKENDS for k in contract.sweep_knobs(name)}))
 AXIS_LABELS = {
     "bandwidth_gbps": "link bandwidth per direction (Gbps)",
     "workers": "workers",
@@ -33,130 +36,6 @@ AXIS_LABELS = {
 }
 
 
-def pyplot() -> Any:
-    """Return matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-# -- documents -------------------------------------------------------------------------------
-def _md_cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _fmt(value: Any) -> Any:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return ""
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:.4g}" if abs(value) < 100 else f"{value:,.1f}"
-    return value
-
-
-class Document:
-    """A report built once and written as markdown and as escaped HTML."""
-
-    def __init__(self, title: str) -> None:
-        self.title = title
-        self._parts: list[tuple[str, Any]] = []
-
-    def heading(self, text: str, level: int = 2) -> None:
-        """Add a heading (level 2 = section)."""
-        self._parts.append(("heading", (level, text)))
-
-    def text(self, text: str) -> None:
-        """Add a paragraph of plain text (`code` spans are kept)."""
-        self._parts.append(("text", text))
-
-    def bullets(self, items: Sequence[str]) -> None:
-        """Add a bulleted list."""
-        self._parts.append(("bullets", list(items)))
-
-    def table(self, df: Any, *, index: bool = False, caption: str | None = None) -> None:
-        """Add a pandas DataFrame as a table (floats formatted to 4 significant digits)."""
-        frame = df.reset_index() if index else df
-        frame = frame.map(_fmt) if hasattr(frame, "map") else frame.applymap(_fmt)
-        self._parts.append(("table", (frame, caption)))
-
-    def image(self, path: Path, alt: str) -> None:
-        """Add an image (a path relative to the report folder)."""
-        self._parts.append(("image", (str(path), alt)))
-
-    def markdown(self) -> str:
-        """Return the document as GitHub-flavoured markdown."""
-        out = [f"# {self.title}", ""]
-        for kind, value in self._parts:
-            if kind == "heading":
-                out += ["#" * value[0] + " " + value[1], ""]
-            elif kind == "text":
-                out += [value, ""]
-            elif kind == "bullets":
-                out += [f"- {item}" for item in value] + [""]
-            elif kind == "table":
-                frame, caption = value
-                if caption:
-                    out += [caption, ""]
-                cols = [str(c) for c in frame.columns]
-                out.append("| " + " | ".join(_md_cell(c) for c in cols) + " |")
-                out.append("|" + "|".join("---" for _ in cols) + "|")
-                for row in frame.itertuples(index=False):
-                    out.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
-                out.append("")
-            elif kind == "image":
-                out += [f"![{value[1]}]({value[0]})", ""]
-        return "\n".join(out)
-
-    def html(self) -> str:
-        """Return the document as a standalone HTML page; all text is escaped."""
-        esc = html.escape
-        body = [f"<h1>{esc(self.title)}</h1>"]
-        for kind, value in self._parts:
-            if kind == "heading":
-                body.append(f"<h{value[0]}>{esc(value[1])}</h{value[0]}>")
-            elif kind == "text":
-                body.append(f"<p>{_inline_code(value)}</p>")
-            elif kind == "bullets":
-                items = "".join(f"<li>{_inline_code(i)}</li>" for i in value)
-                body.append(f"<ul>{items}</ul>")
-            elif kind == "table":
-                frame, caption = value
-                if caption:
-                    body.append(f"<p>{_inline_code(caption)}</p>")
-                body.append(frame.to_html(index=False, escape=True, na_rep="", border=0))
-            elif kind == "image":
-                body.append(f'<p><img src="{esc(value[0], quote=True)}" '
-                            f'alt="{esc(value[1], quote=True)}"></p>')
-        style = ("body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em}"
-                 "table{border-collapse:collapse;font-size:90%}"
-                 "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-                 "img{max-width:100%}code{background:#f3f3f3}")
-        return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
-                f"<title>{esc(self.title)}</title><style>{style}</style></head><body>\n"
-                + "\n".join(body) + "\n</body></html>\n")
-
-    def write(self, outdir: Path) -> list[Path]:
-        """Write ``report.md`` and ``report.html`` in ``outdir``; return their paths."""
-        outdir.mkdir(parents=True, exist_ok=True)
-        md, page = outdir / "report.md", outdir / "report.html"
-        md.write_text(self.markdown(), encoding="utf-8")
-        page.write_text(self.html(), encoding="utf-8")
-        return [md, page]
-
-
-def _inline_code(text: str) -> str:
-    parts = str(text).split("`")
-    return "".join(html.escape(p) if i % 2 == 0 else f"<code>{html.escape(p)}</code>"
-                   for i, p in enumerate(parts))
-
-
-# -- the throughput kind ---------------------------------------------------------------------
 def _saved_meta(outdir: Path) -> dict[str, Any]:
     try:
         return json.loads((outdir / "experiment.json").read_text(encoding="utf-8"))
@@ -166,8 +45,6 @@ def _saved_meta(outdir: Path) -> dict[str, Any]:
 
 def variant_label(row: Any, knobs: Sequence[str]) -> str:
     """Return ``backend`` or ``backend (knob=v, ...)`` for the knobs given on ``row``."""
-    from ddpbench.runner import format_value
-
     given = [f"{k}={format_value(_num(row[k]))}" for k in knobs
              if k in row and row[k] == row[k] and row[k] != ""]
     return f"{row['backend']} ({', '.join(given)})" if given else str(row["backend"])
@@ -288,8 +165,6 @@ def _line_plot(
 
 
 def _series_label(col: str, value: Any) -> str:
-    from ddpbench.runner import format_value
-
     units = {"bandwidth_gbps": " Gbps", "latency_us": " us", "workers": " workers"}
     if col == "mode":
         return str(value)
@@ -298,8 +173,6 @@ def _series_label(col: str, value: Any) -> str:
 
 
 def _fixed_note(data: Any, exclude: Sequence[str]) -> str:
-    from ddpbench.runner import format_value
-
     units = {"bandwidth_gbps": "Gbps", "latency_us": "us"}
     parts = []
     for col in ("workers", "servers", "bandwidth_gbps", "latency_us", "size_scale",
@@ -311,46 +184,6 @@ def _fixed_note(data: Any, exclude: Sequence[str]) -> str:
             continue
         parts.append(f"{col}={format_value(_num(value))}{(' ' + units[col]) if col in units else ''}")
     return ", ".join(parts)
-
-
-SPAN_FIELDS = ("host", "kind", "layer", "start", "end", "bytes")
-
-
-def compact_timeline(spans: list[dict[str, Any]], iteration_time_s: float) -> dict[str, Any]:
-    """Keep the last iteration's spans, merged where the plot cannot tell them apart.
-
-    The last iteration starts at the last forward span of layer 0 (on the first host that
-    has one); spans of the same host, kind and layer closer than 1/2000 of an iteration
-    are merged (below a pixel of the Gantt plot), so a P3 timeline of 10^5 slice
-    transfers is stored in a few hundred kilobytes.
-    """
-    if not spans:
-        return {"fields": list(SPAN_FIELDS), "spans": [], "t0": 0.0}
-    starts = [float(s["start"]) for s in spans
-              if s.get("kind") == "forward" and str(s.get("layer")) == "0"]
-    t_end = max(float(s["end"]) for s in spans)
-    t0 = max(starts) if starts else t_end - iteration_time_s
-    gap = max(iteration_time_s, t_end - t0) / 2000
-    groups: dict[tuple, list[list[float]]] = {}
-    for s in sorted(spans, key=lambda s: float(s["start"])):
-        if float(s["end"]) <= t0:
-            continue
-        key = (str(s["host"]), str(s["kind"]), s.get("layer"))
-        cur = groups.setdefault(key, [])
-        start, end, nbytes = float(s["start"]), float(s["end"]), float(s.get("bytes") or 0)
-        if cur and start - cur[-1][1] <= gap:
-            cur[-1][1] = max(cur[-1][1], end)
-            cur[-1][2] += nbytes
-        else:
-            cur.append([start, end, nbytes])
-    rows = []
-    for (host, kind, layer), items in groups.items():
-        for start, end, nbytes in items:
-            rows.append([host, kind, layer, round(start - t0, 9), round(end - t0, 9),
-                         int(nbytes)])
-    rows.sort(key=lambda r: (r[3], r[0], r[1]))
-    return {"fields": list(SPAN_FIELDS), "spans": rows, "t0": t0,
-            "merged_below_s": gap}
 
 
 def _gantt(plt: Any, timeline: dict[str, Any], path: Path) -> Path:
@@ -464,7 +297,7 @@ def _sim_vs_real(plt: Any, agg: Any, path: Path) -> tuple[Path, Any] | None:
     return path, pairs
 
 
-def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
+def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
     """Render the report of a ``throughput`` experiment into ``outdir``.
 
     Args:
@@ -566,8 +399,6 @@ def render_throughput(df: Any, outdir: Path, spec: Any) -> list[Path]:
         doc.image(p.relative_to(outdir), "scaling efficiency")
         written.append(p)
     if "gantt" in plots:
-        from ddpbench.runner import timeline_file
-
         for point in _gantt_points(df, spec):
             tl_path = outdir / "timelines" / timeline_file(point)
             if not tl_path.exists():
@@ -631,12 +462,11 @@ def _auto_plots(agg: Any, spec: Any) -> list[str]:
 
 
 def _gantt_points(df: Any, spec: Any) -> list[str]:
-    from ddpbench.runner import ThroughputKind
 
     names = []
-    for params in ThroughputKind.expand(spec):
+    for params in expand(spec):
         if params.get("_timeline"):
-            names.append(ThroughputKind.point_name(params))
+            names.append(point_name(params))
     return names
 
 

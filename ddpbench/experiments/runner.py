@@ -1,6 +1,6 @@
 """Run experiment files: expand the sweep, run every point, keep one CSV row per result.
 
-``ddpbench run experiments/X.yaml`` validates the file (:mod:`ddpbench.config`), expands it
+``ddpbench run experiments/X.yaml`` validates the file (:mod:`ddpbench.experiments.schema`), expands it
 into points, runs the points that ``reports/X/results.csv`` does not already hold (simulated
 points in parallel processes, real points one after another through ``ddpbench launch``),
 appends one row per point and repetition as each finishes, then renders the report.
@@ -13,59 +13,8 @@ whole file is rewritten to a temporary file and renamed over the old one (atomic
 skips every key whose row has ``status == "ok"`` and runs again the failed and missing ones
 (``force=True`` runs them all); the new row replaces the old one, so every key appears once.
 
-Experiment kinds (plugin interface; CONTRACTS.md section 6)
-------------------------------------------------------------
-``EXPERIMENT_KINDS`` maps the ``kind:`` of an experiment file to a module path (or to an
-object) that provides the members below. A module that cannot be imported makes loading an
-experiment of that kind fail with a clear error naming the module.
-
-``Spec``
-    A pydantic model, ``ConfigDict(frozen=True, extra="forbid")``, of the kind's own keys:
-    every top-level key of the file except the envelope ``name``, ``kind`` and
-    ``description`` (read by the runner). The runner validates the file with
-    ``Spec.model_validate(mapping)`` and reports the first error as ``file:line: field
-    'a.b': message`` (unknown keys list the valid ones). ``Spec`` must round-trip through
-    ``Spec.model_validate(spec.model_dump(mode="json"))``: the runner stores that dump in
-    the report folder (``experiment.json``) for ``ddpbench report`` to re-render.
-
-``check(spec, raw, file) -> Spec``  (optional)
-    Further checks that need more than pydantic (names against registries...). Raise
-    ``ddpbench.config.ExperimentError`` (use ``config.line_of(raw, loc)`` for the line).
-
-``expand(spec) -> list[dict]``
-    One dict per point and repetition, in a deterministic order, values scalars only
-    (str, int, float, bool, None). Reserved keys read by the runner:
-
-    - ``"mode"`` (str, default ``"simulate"``): ``"real"`` points run one at a time in the
-      runner's process (they start processes of their own); every other mode runs in the
-      parallel executor (``--jobs``, ``--executor``).
-    - ``"repetition"`` (int, default 0): part of the row key, not of the point name.
-    - keys starting with ``"_"``: passed to ``run_point`` but neither named nor stored.
-
-``point_name(params: dict) -> str``
-    Deterministic name of a point from its params, without ``mode``, ``repetition`` and
-    ``_``-keys, as ``label[k=v,...]`` with sorted keys, e.g. ``"float16[N=64,f=8]"``.
-    Two different points must not share a name.
-
-``run_point(params: dict) -> dict``
-    Run one point and return a flat row of results: str/int/float/bool/None values;
-    lists and dicts are stored as JSON text. It runs in a worker process for non-real
-    modes, so ``run_point`` must be a module-level function (picklable) that imports what
-    it needs. Raise on failure: the runner records ``status="failed"`` and
-    ``error="ExcType: message"`` and goes on. The reserved result key ``"_files"``
-    (dict: relative path -> str) is written under the report folder (for example a
-    timeline JSON for a plot) and not stored in the row.
-
-``render(df, outdir: pathlib.Path, spec) -> list[pathlib.Path]``
-    Write ``outdir/report.md`` (and ``report.html``) with tables and PNG plots from ``df``,
-    the DataFrame of every row of results.csv (columns: the params, the results, and the
-    runner's ``experiment``, ``kind``, ``mode``, ``point``, ``repetition``, ``status``,
-    ``error``, ``wall_s``, ``finished_at``); failed rows are included. Return the paths
-    written. :class:`ddpbench.report.Document` writes markdown and escaped HTML at once.
-    Use matplotlib's Agg backend (``ddpbench.report.pyplot()`` gives one).
-
-The ``throughput`` kind (:class:`ThroughputKind`, keys in :class:`config.ThroughputSpec`)
-is the default and follows the same interface.
+The kinds it runs are registered in :mod:`ddpbench.experiments.kinds`, which documents
+their interface; this module only executes: it knows no kind by name.
 """
 
 from __future__ import annotations
@@ -74,323 +23,36 @@ import concurrent.futures as cf
 import csv
 import datetime as _dt
 import fnmatch
-import importlib
 import io
-import itertools
 import json
 import math
 import os
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpbench import config
-from ddpbench.config import COMMON_AXES, PS_BACKENDS, Experiment, ThroughputSpec
+from ddpbench.experiments.kinds import load_kind
+from ddpbench.experiments.naming import public
+from ddpbench.experiments.schema import Experiment
 
 __all__ = [
-    "EXPERIMENT_KINDS",
-    "KindUnavailableError",
+    "RUNNER_COLUMNS",
     "ResultsStore",
     "RunSummary",
-    "ThroughputKind",
-    "format_value",
-    "load_kind",
-    "make_name",
+    "expand_points",
+    "load_saved_experiment",
+    "read_results",
+    "render",
     "run_experiment",
 ]
 
-EXPERIMENT_KINDS: dict[str, Any] = {
-    "throughput": "ddpbench.runner:ThroughputKind",
-    "numerics": "ddpbench.numerics_experiment",
-    "accuracy": "ddpbench.accuracy_experiment",
-}
 RUNNER_COLUMNS = ("experiment", "kind", "mode", "point", "repetition", "status", "error")
 TAIL_COLUMNS = ("wall_s", "finished_at")
-_REQUIRED = ("Spec", "expand", "point_name", "run_point", "render")
-
-
-class KindUnavailableError(RuntimeError):
-    """The module of an experiment kind cannot be imported or lacks a member."""
-
-
-def load_kind(kind: str) -> Any:
-    """Return the module (or object) implementing experiment kind ``kind``.
-
-    Raises:
-        KindUnavailableError: unknown kind, module not importable, or a member missing.
-    """
-    if kind not in EXPERIMENT_KINDS:
-        raise KindUnavailableError(
-            f"unknown experiment kind {kind!r}; valid kinds: {sorted(EXPERIMENT_KINDS)}"
-        )
-    target = EXPERIMENT_KINDS[kind]
-    if isinstance(target, str):
-        modname, _, attr = target.partition(":")
-        try:
-            obj = importlib.import_module(modname)
-        except ImportError as err:
-            raise KindUnavailableError(
-                f"experiment kind {kind!r} needs module {modname!r}, which cannot be "
-                f"imported ({err}); it may not be written yet"
-            ) from None
-        if attr:
-            obj = getattr(obj, attr)
-    else:
-        obj = target
-    missing = [m for m in _REQUIRED if not hasattr(obj, m)]
-    if missing:
-        raise KindUnavailableError(
-            f"experiment kind {kind!r} ({target!r}) lacks {missing}; a kind defines {list(_REQUIRED)}"
-        )
-    return obj
-
-
-# -- names -----------------------------------------------------------------------------------
-def format_value(value: Any) -> str:
-    """Format a param value for names and tables: ``10.0 -> '10'``, ``0.25 -> '0.25'``."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
-            return str(int(value))
-        return repr(value)
-    return str(value)
-
-
-def make_name(label: str, params: dict[str, Any]) -> str:
-    """Return ``label[k=v,...]`` with keys sorted, values formatted by :func:`format_value`."""
-    inner = ",".join(f"{k}={format_value(params[k])}" for k in sorted(params))
-    return f"{label}[{inner}]"
-
-
-def _public(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if not k.startswith("_")}
-
-
-# -- the throughput kind ---------------------------------------------------------------------
-# Run settings left out of a point's name while they hold their default value, so names
-# stay readable; any other value is named.
-_NAME_DEFAULTS = {"iterations": 3, "warmup": 1, "compute_scale": 1.0, "size_scale": 1.0,
-                  "oversubscription": 1.0, "rack_size": 8}
-_REAL_KEYS = ("compute", "timeout_s")
-
-
-def _grid(axes: dict[str, tuple[Any, ...]], groups: Sequence[Sequence[str]]) -> list[dict]:
-    """Expand ``axes`` as a grid in which each group of axes varies together (zip)."""
-    dims: list[tuple[list[str], list[tuple[Any, ...]]]] = []
-    grouped: dict[str, int] = {}
-    for group in groups:
-        names = [n for n in group if n in axes]
-        if not names:
-            continue
-        for n in names:
-            grouped[n] = len(dims)
-        dims.append((names, list(zip(*(axes[n] for n in names)))))
-    for name, values in axes.items():
-        if name not in grouped:
-            dims.append(([name], [(v,) for v in values]))
-    # Keep the axes' declared order as the loop order (first axis varies slowest).
-    order = {n: i for i, n in enumerate(axes)}
-    dims.sort(key=lambda d: min(order[n] for n in d[0]))
-    points = []
-    for combo in itertools.product(*(values for _, values in dims)):
-        point: dict[str, Any] = {}
-        for (names, _), vals in zip(dims, combo):
-            point.update(zip(names, vals))
-        points.append({n: point[n] for n in axes})
-    return points
-
-
-class ThroughputKind:
-    """The default kind: iteration time and throughput of backends over a sweep."""
-
-    Spec = ThroughputSpec
-    check = staticmethod(config.check_throughput)
-
-    @staticmethod
-    def expand(spec: ThroughputSpec) -> list[dict[str, Any]]:
-        """Return the points: for each mode, each backend, the grid of its axes."""
-        modes = ["simulate", "real"] if spec.mode == "both" else [spec.mode]
-        groups = [["workload" if a == "workloads" else a for a in g] for g in spec.zip]
-        gantt = list(spec.report.gantt)
-        out = []
-        for mode in modes:
-            for backend in spec.backends:
-                for axes in _grid(spec.axes_of(backend), groups):
-                    params: dict[str, Any] = {"mode": mode, "backend": backend}
-                    for key, value in axes.items():
-                        params[key.split(".", 1)[1] if "." in key else key] = value
-                    if mode == "real":
-                        params.update(
-                            {k: getattr(spec.real, k) for k in _REAL_KEYS},
-                        )
-                    for rep in range(spec.repetitions):
-                        out.append({**params, "repetition": rep})
-        # The Gantt plot's points: the first point matching each selector keeps a timeline.
-        for selector in gantt:
-            for params in out:
-                if params["mode"] != "real" and params["repetition"] == 0 and all(
-                    format_value(params.get(k)) == format_value(v) for k, v in selector.items()
-                ):
-                    params["_timeline"] = True
-                    break
-        return out
-
-    @staticmethod
-    def point_name(params: dict[str, Any]) -> str:
-        """Return ``backend[k=v,...]`` over the point's axes and knobs (sorted keys)."""
-        named = {
-            k: v for k, v in _public(params).items()
-            if k not in ("mode", "repetition", "backend", *_REAL_KEYS)
-            and not (k in _NAME_DEFAULTS and v == _NAME_DEFAULTS[k])
-        }
-        return make_name(params["backend"], named)
-
-    @staticmethod
-    def run_point(params: dict[str, Any]) -> dict[str, Any]:
-        """Run one point in simulation or on real processes; return its result row."""
-        if params.get("mode", "simulate") == "real":
-            return _run_real(params)
-        return _run_simulated(params)
-
-    @staticmethod
-    def render(df: Any, outdir: Path, spec: ThroughputSpec) -> list[Path]:
-        """Write the throughput report (tables and the plots the spec asks for)."""
-        from ddpbench import report
-
-        return report.render_throughput(df, outdir, spec)
-
-
-def _knobs(params: dict[str, Any]) -> dict[str, Any]:
-    skip = {"mode", "backend", "repetition", *COMMON_AXES, *_REAL_KEYS}
-    return {k: v for k, v in params.items() if k not in skip and not k.startswith("_")}
-
-
-def _servers_arg(value: Any) -> Any:
-    return value if value == "colocated" else int(value)
-
-
-def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
-    from ddpbench import simulator
-    from ddpbench.realrun import load_workload, scale_sizes
-
-    workload = load_workload(params["workload"])
-    workload = scale_sizes(workload, float(params.get("size_scale", 1.0)))
-    res = simulator.simulate(
-        workload, params["backend"],
-        workers=int(params["workers"]), servers=_servers_arg(params["servers"]),
-        bandwidth_gbps=float(params["bandwidth_gbps"]), latency_us=float(params["latency_us"]),
-        iterations=int(params["iterations"]), warmup=int(params["warmup"]),
-        compute_scale=float(params["compute_scale"]),
-        oversubscription=float(params.get("oversubscription", 1.0)),
-        rack_size=int(params.get("rack_size", 8)), **_knobs(params),
-    )
-    sent = dict(getattr(res, "bytes_sent", {}) or {})
-    util = dict(getattr(res, "nic_utilisation", {}) or {})
-    samples = list(getattr(res, "iteration_times_s", None) or [res.iteration_time_s])
-    row: dict[str, Any] = {
-        "iteration_time_s": float(res.iteration_time_s),
-        "throughput": float(res.throughput),
-        "bytes_sent_max": max(sent.values()) if sent else None,
-        "bytes_sent_total": sum(sent.values()) if sent else None,
-        "nic_utilisation_max": max(util.values()) if util else None,
-        "events": getattr(res, "events", None),
-        "samples_s": samples,
-    }
-    if params.get("_timeline"):
-        from ddpbench.report import compact_timeline
-
-        name = ThroughputKind.point_name(params)
-        timeline = compact_timeline([_span_dict(s) for s in res.timeline],
-                                    float(res.iteration_time_s))
-        doc = {"point": name, "params": _public(params),
-               "iteration_time_s": float(res.iteration_time_s), **timeline}
-        row["_files"] = {f"timelines/{timeline_file(name)}": json.dumps(
-            doc, separators=(",", ":"))}
-    return row
-
-
-def timeline_file(point: str) -> str:
-    """Return the file name under ``timelines/`` that holds ``point``'s timeline."""
-    safe = "".join(c if c.isalnum() or c in "-_.=," else "_" for c in point.rstrip("]"))
-    return f"{safe}.json"
-
-
-def _span_dict(span: Any) -> dict[str, Any]:
-    if isinstance(span, dict):
-        d = dict(span)
-    elif isinstance(span, (tuple, list)):
-        d = dict(zip(("host", "kind", "layer", "start", "end", "bytes"), span))
-    else:
-        d = {k: getattr(span, k, None) for k in ("host", "kind", "layer", "start", "end", "bytes")}
-    return {k: (v if isinstance(v, (int, float, str)) or v is None else str(v))
-            for k, v in d.items()}
-
-
-def _run_real(params: dict[str, Any]) -> dict[str, Any]:
-    import ddpbench
-
-    backend = params["backend"]
-    if backend not in ddpbench.available():
-        raise RuntimeError(
-            f"backend {backend!r} is not available for real runs (not installed or not "
-            f"written yet); available: {ddpbench.available()}"
-        )
-    if float(params.get("oversubscription", 1.0)) != 1.0:
-        raise ValueError("oversubscription is simulated only: a real run uses the machine's "
-                         "own network; run this point with mode: simulate")
-    workers = int(params["workers"])
-    if backend in PS_BACKENDS:
-        servers = workers if params["servers"] == "colocated" else int(params["servers"])
-    else:
-        servers = 0
-    timeout = float(params.get("timeout_s", 300.0))
-    with tempfile.TemporaryDirectory(prefix="ddpbench-real-") as tmp:
-        out = Path(tmp) / "result.json"
-        worker_cmd = [
-            sys.executable, "-m", "ddpbench.realrun",
-            "--workload", str(params["workload"]), "--backend", backend,
-            "--knobs", json.dumps(_knobs(params)),
-            "--iterations", str(int(params["iterations"])),
-            "--warmup", str(int(params["warmup"])),
-            "--compute-scale", repr(float(params["compute_scale"])),
-            "--size-scale", repr(float(params.get("size_scale", 1.0))),
-            "--compute", str(params.get("compute", "sleep")),
-            "--out", str(out),
-        ]
-        cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(workers),
-               "--servers", str(servers), "--timeout", repr(timeout), "--", *worker_cmd]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"real run did not finish in {timeout + 60:.0f} s: "
-                               f"{shlex.join(cmd)}") from None
-        if not out.exists() or proc.returncode != 0:
-            errs = sorted(Path(tmp).glob("result.json.rank*.err"))
-            detail = errs[0].read_text().strip() if errs else _tail(proc.stderr or proc.stdout)
-            raise RuntimeError(f"real run failed (exit {proc.returncode}): {detail}")
-        result = json.loads(out.read_text())
-    return {
-        "iteration_time_s": result["iteration_time_s"],
-        "throughput": result["throughput"],
-        "bytes_sent_max": result.get("bytes_per_iteration"),
-        "bytes_sent_total": None,
-        "samples_s": result["iteration_times_s"],
-    }
-
-
-def _tail(text: str, lines: int = 3) -> str:
-    kept = [ln for ln in (text or "").strip().splitlines() if ln.strip()][-lines:]
-    return " | ".join(kept) or "no output"
-
-
 # -- results.csv -----------------------------------------------------------------------------
 def _umask_mode() -> int:
     mask = os.umask(0)
@@ -559,7 +221,7 @@ def expand_points(exp: Experiment, only: str | None = None) -> list[Point]:
     for p in points:
         if p.key in seen:
             raise ValueError(f"two points share the name {p.name!r} (mode {p.mode}): "
-                             f"{_public(seen[p.key])} and {_public(p.params)}")
+                             f"{public(seen[p.key])} and {public(p.params)}")
         seen[p.key] = p.params
     if only:
         if any(c in only for c in "*?["):
@@ -596,7 +258,7 @@ def _make_executor(kind: str, jobs: int) -> cf.Executor:
             from mpi4py.futures import MPIPoolExecutor
         except ImportError as err:
             raise RuntimeError(f"--executor mpi needs mpi4py.futures: {err}") from None
-        # main=False: workers need only ddpbench.runner, not the caller's __main__ (which
+        # main=False: workers need only ddpbench.experiments, not the caller's __main__ (which
         # for `python -m ddpbench` would run the CLI again in every worker).
         return MPIPoolExecutor(max_workers=jobs, main=False)
     import multiprocessing as mp
@@ -743,12 +405,12 @@ def _run_points(
                                "repetition": point.params.get("repetition", 0),
                                "status": "ok" if ok else "failed",
                                "error": "" if ok else result}
-        row.update({k: v for k, v in _public(point.params).items() if k not in row})
+        row.update({k: v for k, v in public(point.params).items() if k not in row})
         if ok:
             files = result.pop("_files", None)
             if files:
                 _write_files(outdir, files)
-            row.update(_public(result))
+            row.update(public(result))
             summary.ok += 1
         else:
             summary.failed += 1

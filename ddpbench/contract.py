@@ -1,0 +1,390 @@
+"""The knob contract: every backend's knobs and the cluster a point runs on, declared once.
+
+This module is the one home of what a backend can be told. The real backends take their
+options from it (:class:`HorovodKnobs` *is* ``create('horovod')``'s options model), the
+simulator's strategies take the knobs that change a simulated result, the experiment schema
+checks every knob value against the same bounds before any work, and ``ddpbench list`` and
+the README's backend table are written from it. It imports nothing heavy (pydantic only), so
+every layer may depend on it and it depends on none.
+
+A knob is a pydantic field whose metadata says where it applies:
+
+- ``side="both"``: the real backend and the simulator honour it (the usual case);
+- ``side="real"``: only real processes see it (``check_consistency``, ``gpu_transport``);
+  a simulated point ignores it, so sweeping it in simulation names points that agree;
+- ``cluster=True``: set from the point's :class:`Cluster` (servers, pacing), never swept
+  as a knob of its own;
+- ``sweep=False``: a training-loop setting (collective's ``mode``), set by the trainer or
+  the accuracy kind, not by a throughput sweep.
+
+``source`` names the original system's file the default comes from (the fidelity tables
+cite the same paths).
+
+Example:
+    >>> from ddpbench import contract
+    >>> contract.defaults("p3")
+    {'slice_params': 40000, 'water_mark': 10}
+    >>> contract.validate_knobs("p3", {"slice_params": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: knob 'slice_params' of backend 'p3' must be >= 1, got 0
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "BACKENDS",
+    "COMMON_AXES",
+    "PS_BACKENDS",
+    "BackendContract",
+    "BytepsKnobs",
+    "Cluster",
+    "CollectiveKnobs",
+    "HorovodKnobs",
+    "Knobs",
+    "KvstoreKnobs",
+    "MpiKnobs",
+    "P3Knobs",
+    "PSKnobs",
+    "Schedule",
+    "backend",
+    "check_axis",
+    "defaults",
+    "knob",
+    "knob_info",
+    "sweep_knobs",
+    "validate_knobs",
+]
+
+Side = Literal["both", "real", "sim"]
+
+
+def _env_number(name: str, default: float, cast: Callable[[Any], Any] = float) -> Any:
+    """Return environment variable ``name`` as a number (the original's own variable)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return cast(default)
+    try:
+        return cast(float(raw))
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+def knob(default: Any = None, *, doc: str, side: Side = "both", source: str = "",
+         env: str | None = None, cluster: bool = False, sweep: bool = True, unit: str = "",
+         **bounds: Any) -> Any:
+    """Declare one knob: its default, bounds (``ge``, ``gt``, ``le``), doc and provenance.
+
+    Args:
+        default: the default value (from the original system, see ``source``).
+        doc: one line for ``ddpbench list``, the README and error messages.
+        side: ``"both"``, ``"real"`` (real processes only) or ``"sim"``.
+        source: the original's repository path the default comes from.
+        env: an environment variable of the original that overrides the default.
+        cluster: set from the point's cluster (servers, pacing), not swept as a knob.
+        sweep: False for a training-loop setting that a throughput sweep does not set.
+        unit: the unit the value is in, for tables.
+        **bounds: pydantic bounds (``ge``, ``gt``, ``le``, ``lt``, ``allow_inf_nan``).
+    """
+    extra = {"side": side, "source": source, "env": env, "cluster": cluster, "sweep": sweep,
+             "unit": unit}
+    if env is not None:
+        cast = type(default)
+        return Field(default_factory=lambda: _env_number(env, default, cast), description=doc,
+                     json_schema_extra=extra, **bounds)
+    return Field(default, description=doc, json_schema_extra=extra, **bounds)
+
+
+class Knobs(BaseModel):
+    """Base of every backend's knobs: frozen, validated, unknown knobs rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# -- the backends' knobs ----------------------------------------------------------------------
+_GPU_TRANSPORT_DOC = "CuPy tensors: NCCL, or the CPU path through pinned host memory"
+
+
+class MpiKnobs(Knobs):
+    """``mpi``: one native MPI collective per tensor."""
+
+    check_consistency: bool = knob(
+        True, side="real", doc="check shapes, dtypes, ops and factors across ranks first")
+    gpu_transport: Literal["nccl", "host"] = knob("nccl", side="real", doc=_GPU_TRANSPORT_DOC)
+
+
+class HorovodKnobs(Knobs):
+    """``horovod``: negotiated, fused ring allreduce."""
+
+    fusion_threshold: int = knob(
+        128 * 1024 * 1024, ge=0, unit="bytes", env="HOROVOD_FUSION_THRESHOLD",
+        source="horovod/common/operations.cc (HOROVOD_FUSION_THRESHOLD)",
+        doc="fusion buffer size; 0 disables fusion")
+    cycle_time: float = knob(
+        1.0, ge=0, allow_inf_nan=False, unit="ms", env="HOROVOD_CYCLE_TIME",
+        source="horovod/common/operations.cc (HOROVOD_CYCLE_TIME)",
+        doc="time between planning rounds of the coordinator")
+    gpu_transport: Literal["nccl", "host"] = knob("nccl", side="real", doc=_GPU_TRANSPORT_DOC)
+    stall_timeout: float = knob(
+        60.0, gt=0, allow_inf_nan=False, unit="s", side="real",
+        env="HOROVOD_STALL_CHECK_TIME_SECONDS",
+        source="horovod/common/stall_inspector.cc (HOROVOD_STALL_CHECK_TIME_SECONDS)",
+        doc="warn when some ranks have not submitted a tensor for this long")
+
+
+class CollectiveKnobs(Knobs):
+    """``collective``: Paddle-style collectives over parallel rings."""
+
+    nrings: int = knob(2, ge=1, le=64, doc="parallel rings (duplicated communicators)",
+                       source="python/paddle/distributed/fleet (nrings)")
+    mode: Literal["grad_allreduce", "local_sgd"] = knob(
+        "grad_allreduce", side="real", sweep=False,
+        doc="allreduce gradients, or average parameters")
+    local_sgd_period: int = knob(4, ge=1, side="real", sweep=False, unit="steps",
+                                 doc="local steps between parameter averages")
+    check_consistency: bool = knob(
+        True, side="real", doc="check shapes, dtypes and ops across ranks per call")
+
+
+class PSKnobs(Knobs):
+    """What every parameter-server backend takes besides its own knobs.
+
+    ``servers``: None = the launch's server ranks if it has any, else colocated;
+    ``"colocated"`` = one server inside each worker process (P3's set-up); an int must equal
+    the launch's ``--servers``. ``bandwidth_gbps``/``latency_us`` pace data messages per
+    direction per process (None = as fast as memory copies go). ``trace``: record every
+    data message; a str is a directory where each process writes its Chrome trace at close.
+    """
+
+    servers: int | Literal["colocated"] | None = knob(
+        None, side="real", cluster=True, doc="server ranks: None, 'colocated' or a count")
+    bandwidth_gbps: float | None = knob(
+        None, gt=0, allow_inf_nan=False, side="real", cluster=True, unit="Gbit/s",
+        doc="pace data messages at this rate per direction (None = unpaced)")
+    latency_us: float = knob(0.0, ge=0, allow_inf_nan=False, side="real", cluster=True,
+                             unit="us", doc="one-way delay added to each paced message")
+    trace: bool | str = knob(False, side="real", cluster=True,
+                             doc="record sent messages; a str is a Chrome-trace directory")
+
+
+class KvstoreKnobs(PSKnobs):
+    """``kvstore``: MXNet's parameter server."""
+
+    bigarray_bound: int = knob(
+        1_000_000, ge=1, unit="elements", source="src/kvstore/kvstore_dist.h (MXNET_KVSTORE_BIGARRAY_BOUND)",
+        doc="arrays at least this big are split evenly over all servers")
+
+
+class P3Knobs(PSKnobs):
+    """``p3``: priority-based parameter propagation."""
+
+    slice_params: int = knob(
+        40_000, ge=1, unit="elements", source="P3's MXNet fork, src/kvstore/kvstore_dist.h",
+        doc="elements per slice")
+    water_mark: int = knob(10, ge=1, unit="slices", doc="slices in flight per server")
+
+
+class BytepsKnobs(PSKnobs):
+    """``byteps``: partitioned push-pull with credit scheduling."""
+
+    partition_bytes: int = knob(
+        4_096_000, ge=1, unit="bytes", source="byteps/common/global.cc (BYTEPS_PARTITION_BYTES)",
+        doc="bytes per partition")
+    credit_bytes: int = knob(0, ge=0, unit="bytes", doc="bytes in flight; 0 = off (FIFO)")
+
+
+@dataclass(frozen=True)
+class BackendContract:
+    """One backend: its knobs model, whether it runs servers, where the real one lives."""
+
+    name: str
+    knobs: type[Knobs]
+    summary: str
+    module: str
+    uses_servers: bool = False
+
+
+BACKENDS: dict[str, BackendContract] = {
+    c.name: c for c in (
+        BackendContract("mpi", MpiKnobs, "one native MPI_Allreduce/MPI_Bcast per tensor: the "
+                        "baseline", "ddpbench.backends.mpi"),
+        BackendContract("horovod", HorovodKnobs, "negotiated ring allreduce with tensor "
+                        "fusion, prescale/postscale on the fused buffer",
+                        "ddpbench.backends.horovod"),
+        BackendContract("kvstore", KvstoreKnobs, "MXNet-style parameter server, server-side "
+                        "optimizer", "ddpbench.backends.kvstore", uses_servers=True),
+        BackendContract("p3", P3Knobs, "priority-based slicing, round-robin placement, water "
+                        "mark", "ddpbench.backends.p3", uses_servers=True),
+        BackendContract("byteps", BytepsKnobs, "partitioned push-pull with credit scheduling",
+                        "ddpbench.backends.byteps", uses_servers=True),
+        BackendContract("collective", CollectiveKnobs, "sum/max/min/prod, parallel rings, "
+                        "local SGD", "ddpbench.backends.collective"),
+    )
+}
+"""Backend name -> its contract, in the order tables list them."""
+
+PS_BACKENDS = frozenset(name for name, c in BACKENDS.items() if c.uses_servers)
+
+
+def backend(name: str) -> BackendContract:
+    """Return the contract of backend ``name``.
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    try:
+        return BACKENDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown backend {name!r}; available: {sorted(BACKENDS)}") from None
+
+
+def knob_info(name: str) -> dict[str, dict[str, Any]]:
+    """Return backend ``name``'s knobs: knob -> {default, doc, side, source, env, unit, ...}."""
+    out = {}
+    for key, f in backend(name).knobs.model_fields.items():
+        extra = dict(f.json_schema_extra or {})  # type: ignore[arg-type]
+        out[key] = {"default": f.get_default(call_default_factory=True),
+                    "doc": f.description or "", **extra}
+    return out
+
+
+def sweep_knobs(name: str, side: Side = "both") -> list[str]:
+    """Return the knobs of ``name`` an experiment may set (``side`` = which runs see them)."""
+    return [k for k, info in knob_info(name).items() if not info["cluster"] and info["sweep"]
+            and (side == "both" or info["side"] in ("both", side))]
+
+
+def defaults(name: str, side: Side = "sim") -> dict[str, Any]:
+    """Return the defaults of the knobs of ``name`` that ``side`` honours (not cluster ones)."""
+    info = knob_info(name)
+    return {k: info[k]["default"] for k in sweep_knobs(name, side)}
+
+
+def _message(err: ValidationError, what: str) -> str:
+    e = err.errors(include_url=False)[0]
+    msg = e["msg"]
+    for prefix in ("Input should be ", "Value error, "):
+        if msg.startswith(prefix):
+            msg = ("must be " if prefix.startswith("Input") else "") + msg[len(prefix):]
+    msg = msg.replace("greater than or equal to ", ">= ").replace("greater than ", "> ")
+    msg = msg.replace("less than or equal to ", "<= ").replace("less than ", "< ")
+    return f"{what} {msg}, got {e.get('input')!r}"
+
+
+def validate_knobs(name: str, values: Mapping[str, Any], side: Side = "both") -> Knobs:
+    """Return ``values`` validated as backend ``name``'s knobs.
+
+    Args:
+        name: the backend.
+        values: knob -> value; knobs not given take their defaults.
+        side: ``"sim"`` rejects knobs only real processes see, ``"real"`` the reverse.
+
+    Raises:
+        ValueError: an unknown backend or knob (the valid ones listed), or a value out of
+            bounds (naming knob, bound and value).
+    """
+    model = backend(name).knobs
+    allowed = sweep_knobs(name, side) if side != "both" else list(model.model_fields)
+    for key, value in values.items():
+        if key not in model.model_fields:
+            raise ValueError(f"unknown knob {key!r} of backend {name!r}; valid knobs: "
+                             f"{sweep_knobs(name)}")
+        if key not in allowed:
+            raise ValueError(f"knob {key!r} of backend {name!r} only applies to "
+                             f"{knob_info(name)[key]['side']} runs")
+        if isinstance(value, bool) and model.model_fields[key].annotation in (int, float):
+            raise ValueError(f"knob {key!r} of backend {name!r} must be a number, got {value!r}")
+    try:
+        return model(**values)
+    except ValidationError as err:
+        key = str(err.errors()[0]["loc"][0]) if err.errors()[0]["loc"] else "?"
+        raise ValueError(_message(err, f"knob {key!r} of backend {name!r}")) from None
+
+
+# -- the cluster a point runs on ----------------------------------------------------------------
+class Cluster(BaseModel):
+    """Where a point runs: the same value reaches the simulator and the launcher.
+
+    Attributes:
+        workers: worker processes (one GPU or one CPU process each).
+        servers: parameter-server backends only: ``"colocated"`` (one server beside each
+            worker) or a count of dedicated server hosts/ranks.
+        bandwidth_gbps: NIC bandwidth per direction, Gbit/s (real runs pace at it).
+        latency_us: one-way latency per message, microseconds.
+        oversubscription: 1 = one non-blocking switch; above 1 racks of ``rack_size``
+            hosts reach the core over links of ``rack_size * bandwidth / oversubscription``
+            (simulated only).
+        rack_size: hosts per rack when oversubscribed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    workers: int = Field(4, ge=1, strict=True, json_schema_extra={"expect": ">= 1"})
+    servers: int | Literal["colocated"] = "colocated"
+    bandwidth_gbps: float = Field(10.0, gt=0, allow_inf_nan=False,
+                                  json_schema_extra={"expect": "a finite number > 0"})
+    latency_us: float = Field(5.0, ge=0, allow_inf_nan=False,
+                              json_schema_extra={"expect": "a finite number >= 0"})
+    oversubscription: float = Field(1.0, ge=1, allow_inf_nan=False, json_schema_extra={
+        "expect": "a finite number >= 1 (1 = a non-blocking switch)"})
+    rack_size: int = Field(8, ge=1, strict=True, json_schema_extra={"expect": ">= 1"})
+
+    def dedicated_servers(self) -> int:
+        """Return the number of dedicated server hosts (0 when colocated)."""
+        return self.servers if isinstance(self.servers, int) else 0
+
+
+class Schedule(BaseModel):
+    """How long a point runs and how its workload is scaled.
+
+    Attributes:
+        iterations: iterations in all, warm-up included.
+        warmup: leading iterations left out of the steady-state time.
+        compute_scale: multiplies every compute time (2.0 = a device twice as slow).
+        size_scale: multiplies every gradient size (a scaled-down profile), in (0, 1].
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    iterations: int = Field(3, ge=1, strict=True, json_schema_extra={"expect": ">= 1"})
+    warmup: int = Field(1, ge=0, strict=True, json_schema_extra={"expect": ">= 0"})
+    compute_scale: float = Field(1.0, gt=0, allow_inf_nan=False,
+                                 json_schema_extra={"expect": "a finite number > 0"})
+    size_scale: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, json_schema_extra={
+        "expect": "in (0, 1] (gradient sizes x this)"})
+
+
+COMMON_AXES = ("workload", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
+               "warmup", "compute_scale", "size_scale", "oversubscription", "rack_size")
+"""Point-level axes shared by every backend, in the order tables show them."""
+
+
+def check_axis(axis: str, value: Any) -> Any:
+    """Return ``value`` checked against the bounds of common axis ``axis``.
+
+    Raises:
+        ValueError: naming the axis, its bound and the value.
+    """
+    model = Cluster if axis in Cluster.model_fields else Schedule
+    if axis not in model.model_fields:
+        raise ValueError(f"unknown axis {axis!r}; valid axes: {list(COMMON_AXES)}")
+    if axis == "servers" and value != "colocated" and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"servers must be a count >= 1 or 'colocated', got {value!r}")
+    if isinstance(value, float) and value.is_integer() and model.model_fields[axis].annotation is int:
+        value = int(value)
+    try:
+        return getattr(model.model_validate({axis: value}), axis)
+    except ValidationError as err:
+        extra = model.model_fields[axis].json_schema_extra
+        expect = extra.get("expect") if isinstance(extra, dict) else None
+        if expect and err.errors()[0]["type"] not in ("int_type", "float_type", "int_parsing",
+                                                       "float_parsing"):
+            raise ValueError(f"{axis} must be {expect}, got {value}") from None
+        raise ValueError(_message(err, axis)) from None
+

@@ -1,0 +1,206 @@
+"""The accuracy kind's training job: configuration, launch, and the program every rank runs.
+
+:func:`make_config` checks a training configuration, :func:`run_training` launches its
+ranks (``ddpbench.launch``) and returns worker 0's result, and :func:`worker` is what each
+rank runs (``python -m ddpbench.experiments.accuracy.worker CONFIG OUT``). Every worker
+seeds its model differently on purpose (seed + 1000 x rank):
+:func:`ddpbench.broadcast_parameters` makes them equal at the first forward, and the job
+checks at the end that the replicas agree. Worker 0 evaluates its replica on the test set
+every ``eval_every`` steps and writes the curve as JSON. ``ddpbench train`` and the
+``accuracy`` experiment kind both run through here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ddpbench.contract import PS_BACKENDS
+
+DEFAULTS: dict[str, Any] = {
+    "model": "mlp", "dataset": "synthetic", "backend": "mpi", "workers": 2, "servers": None,
+    "knobs": {}, "steps": 300, "batch_size": 32, "lr": 0.1, "lr_schedule": "cosine",
+    "momentum": 0.0,
+    "compression": "none", "predivide": 1.0, "local_sgd_period": 0, "update_on_kvstore": False,
+    "seed": 0, "eval_every": 20,
+}
+
+
+def make_config(**kw: Any) -> dict[str, Any]:
+    """Return a full, validated training config from ``DEFAULTS`` updated by ``kw``.
+
+    Raises:
+        ValueError: an unknown key, model, dataset or backend, or a bad number.
+    """
+    import ddpbench
+    from ddpbench.data import DATASETS
+    from ddpbench.nn import MODELS
+
+    unknown = sorted(set(kw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown training setting {unknown[0]!r}; valid: {sorted(DEFAULTS)}")
+    cfg = {**DEFAULTS, **kw}
+    if cfg["model"] not in MODELS:
+        raise ValueError(f"unknown model {cfg['model']!r}; valid models: {sorted(MODELS)}")
+    if cfg["dataset"] not in DATASETS:
+        raise ValueError(f"unknown dataset {cfg['dataset']!r}; valid: {sorted(DATASETS)}")
+    ddpbench.api.backend_class(cfg["backend"])  # unknown backend: lists the available ones
+    for key in ("workers", "steps", "batch_size", "eval_every"):
+        if int(cfg[key]) < 1:
+            raise ValueError(f"{key} must be >= 1, got {cfg[key]}")
+    if cfg["lr_schedule"] not in ("cosine", "constant"):
+        raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {cfg['lr_schedule']!r}")
+    if cfg["lr_schedule"] == "cosine" and cfg["update_on_kvstore"]:
+        raise ValueError("update_on_kvstore runs a fixed optimizer on the servers: use "
+                         "lr_schedule='constant' with it")
+    if cfg["local_sgd_period"] < 0:
+        raise ValueError(f"local_sgd_period must be >= 0 (0 = off), got {cfg['local_sgd_period']}")
+    knobs = dict(cfg["knobs"])
+    if cfg["local_sgd_period"]:
+        if cfg["backend"] != "collective":
+            raise ValueError(f"local SGD is a mode of the 'collective' backend, not of "
+                             f"{cfg['backend']!r}")
+        knobs.update(mode="local_sgd", local_sgd_period=int(cfg["local_sgd_period"]))
+    if cfg["backend"] in PS_BACKENDS and cfg["servers"] is None:
+        cfg["servers"] = "colocated"
+    if cfg["servers"] not in (None, "colocated"):
+        cfg["servers"] = int(cfg["servers"])
+        if cfg["servers"] < 0:
+            raise ValueError(f"servers must be >= 0 or 'colocated', got {cfg['servers']}")
+    ddpbench.api.backend_class(cfg["backend"]).parse_options(
+        {k: v for k, v in knobs.items() if k != "servers"})
+    cfg["knobs"] = knobs
+    return cfg
+
+
+def run_training(cfg: dict[str, Any], *, timeout: float = 600.0) -> dict[str, Any]:
+    """Launch the job for ``cfg`` (from :func:`make_config`) and return worker 0's result.
+
+    Raises:
+        RuntimeError: the job failed (the failing rank's message is included).
+        TimeoutError: it ran past ``timeout`` seconds.
+    """
+    import subprocess
+
+    from ddpbench.launch import launch
+
+    servers = cfg["servers"] if isinstance(cfg["servers"], int) else 0
+    with tempfile.TemporaryDirectory(prefix="ddpbench-train-") as tmp:
+        out = Path(tmp) / "result.json"
+        log = Path(tmp) / "log.txt"
+        cmd = [sys.executable, "-m", "ddpbench.experiments.accuracy.worker", json.dumps(cfg), str(out)]
+        with open(log, "w") as f:
+            rc = launch(cmd, int(cfg["workers"]), servers, timeout=timeout,
+                        stdout=f.fileno(), stderr=subprocess.STDOUT)
+        text = log.read_text(errors="replace")
+        if rc == 124:
+            raise TimeoutError(f"training did not finish in {timeout:g} s: {_tail(text)}")
+        if rc != 0 or not out.exists():
+            raise RuntimeError(f"training job failed (exit {rc}): {_tail(text)}")
+        return json.loads(out.read_text())
+
+
+def _tail(text: str, lines: int = 4) -> str:
+    kept = [ln for ln in text.strip().splitlines() if ln.strip()]
+    errs = [ln for ln in kept if "Error" in ln or "error" in ln]
+    return " | ".join((errs or kept)[-lines:]) or "no output"
+
+
+# -- worker side ------------------------------------------------------------------------------
+def worker(cfg: dict[str, Any], out: str) -> None:
+    """Train on this rank; worker 0 writes the result JSON to ``out``."""
+    import numpy as np
+
+    import ddpbench
+    from ddpbench import nn
+    from ddpbench.data import ShardedLoader, load_dataset
+
+    knobs = dict(cfg["knobs"])
+    if cfg["backend"] in PS_BACKENDS:
+        knobs["servers"] = cfg["servers"]
+    kv = ddpbench.create(cfg["backend"], **knobs)  # a server rank serves and exits here
+    rank, size = kv.rank, kv.num_workers
+    ds = load_dataset(cfg["dataset"], seed=cfg["seed"])
+    if cfg["model"] == "cnn":
+        ds = ds.as_images()
+    model = nn.create_model(cfg["model"], num_classes=ds.num_classes,
+                            seed=cfg["seed"] + 1000 * rank)
+    ddpbench.broadcast_parameters(model.parameters(), root_rank=0, kv=kv)
+    optimizer = nn.SGD(lr=cfg["lr"], momentum=cfg["momentum"])
+    trainer = ddpbench.DistributedTrainer(
+        model.parameters(), optimizer, kv=kv,
+        gradient_predivide_factor=float(cfg["predivide"]),
+        compression=None if cfg["compression"] == "none" else cfg["compression"],
+        update_on_kvstore=bool(cfg["update_on_kvstore"]),
+    )
+    loader = ShardedLoader(ds.x_train, ds.y_train, cfg["batch_size"], rank=rank,
+                           num_workers=size, seed=cfg["seed"])
+    curve: dict[str, list] = {"step": [], "test_acc": [], "test_loss": [], "train_loss": []}
+    step_times = []
+    window = np.zeros(2, np.float64)  # loss sum and sample count since the last evaluation
+    running = float("nan")
+
+    def evaluate(step: int) -> None:
+        logits = model.forward(ds.x_test)
+        loss, _ = nn.softmax_cross_entropy(logits, ds.y_test)
+        curve["step"].append(step)
+        curve["test_acc"].append(100.0 * nn.accuracy(logits, ds.y_test))
+        curve["test_loss"].append(loss / len(ds.y_test))
+        curve["train_loss"].append(running)
+
+    t_start = time.perf_counter()
+    for step in range(cfg["steps"]):
+        x, y = loader.batch(step)
+        if cfg["lr_schedule"] == "cosine":
+            # Decaying to 0 makes the final accuracy a property of the run, not of where
+            # the last noisy step happened to land.
+            trainer.set_learning_rate(
+                cfg["lr"] * 0.5 * (1 + math.cos(math.pi * step / cfg["steps"])) or 1e-12)
+        t0 = time.perf_counter()
+        loss, d = nn.softmax_cross_entropy(model.forward(x), y)
+        model.backward(d)
+        trainer.step(cfg["batch_size"])
+        step_times.append(time.perf_counter() - t0)
+        window += (loss, len(y))
+        last = step + 1 == cfg["steps"]
+        if (step + 1) % cfg["eval_every"] == 0 or last:
+            # Through the store, not a blocking MPI call on this thread: with colocated
+            # parameter servers this process's engine must keep serving the others. With
+            # an optimizer on the servers every push updates weights, so then the loss is
+            # this worker's own.
+            total = window if trainer.update_on_kvstore else \
+                kv.push_pull("train.loss_window", window.copy(), op="sum")
+            running, window[:] = float(total[0] / total[1]), 0.0
+            if rank == 0:
+                evaluate(step + 1)
+    wall = time.perf_counter() - t_start
+    # Do the replicas agree? Root's values through the store, then every rank's largest
+    # difference as a SUM of one-hot slots (an op every backend has). All of it through
+    # the store: after close() this process makes no MPI call of its own.
+    flat = np.concatenate([p.data.reshape(-1) for p in model.parameters() if not p.distributed])
+    if trainer.update_on_kvstore:
+        kv.set_optimizer(None)  # plain reductions again (collective)
+    root = kv.broadcast("train.replica_check", flat.copy(), root_rank=0)
+    diffs = np.zeros(size, np.float64)
+    diffs[rank] = float(np.max(np.abs(root - flat), initial=0.0))
+    diffs = kv.push_pull("train.replica_diffs", diffs, op="sum")
+    kv.close()
+    if rank == 0:
+        diff = float(diffs.max())
+        result = {
+            "config": cfg, "curve": curve, "final_test_acc": curve["test_acc"][-1],
+            "final_test_loss": curve["test_loss"][-1], "final_train_loss": running,
+            "replica_max_diff": diff, "wall_s": wall,
+            "step_time_ms": 1e3 * float(np.median(step_times)),
+            "parameters": int(flat.size),
+        }
+        Path(out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    worker(json.loads(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,184 @@
+"""The ``numerics`` kind's points, and ``ddpbench numerics sweep`` without the runner."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ddpbench import numerics as nm
+from ddpbench.experiments.numerics.report import render
+from ddpbench.experiments.numerics.spec import Spec
+
+# --------------------------------------------------------------------------- runner plugin
+
+
+def _cells(spec: Spec) -> list[dict[str, Any]]:
+    cells = []
+    for dtype in spec.dtypes:
+        for dist in spec.distributions:
+            for scale in dist.scales:
+                for n in spec.world_sizes:
+                    cells.append({"task": "map", "dtype": dtype, "dist": dist.name,
+                                  "scale": float(scale), "world_size": n})
+    return cells
+
+
+def expand(spec: Spec) -> list[dict[str, Any]]:
+    """Return one point per (dtype, distribution, scale, N, factor), then the training runs."""
+    points = []
+    for cell in _cells(spec):
+        factors = spec.factors.for_world(cell["world_size"])
+        for f in factors:
+            points.append({**cell, "factor": f, "elements": spec.elements, "seed": spec.seed,
+                           "mode": "emulate", "_factors": json.dumps(factors)})
+    if spec.training is not None:
+        t = spec.training
+        for f in (None, *t.factors):
+            points.append({"task": "train", "dtype": t.dtype, "dist": "least_squares",
+                           "scale": t.scale, "world_size": t.world_size,
+                           "factor": float(f) if f is not None else 0.0, "steps": t.steps,
+                           "dim": t.dim, "batch": t.batch, "seed": spec.seed, "mode": "emulate",
+                           "_factors": json.dumps(sorted(float(x) for x in t.factors))})
+    return points
+
+
+def point_name(params: dict[str, Any]) -> str:
+    """Return e.g. ``float16[N=64,dist=normal,f=8,scale=1]`` (``train[...]`` for training;
+    f=0 is the fp64-communication baseline)."""
+    from ddpbench.experiments.naming import make_name
+
+    named = {"N": params["world_size"], "f": params["factor"], "scale": params["scale"]}
+    if params.get("task") == "train":
+        return make_name("train", {**named, "dtype": params["dtype"]})
+    return make_name(params["dtype"], {**named, "dist": params["dist"]})
+
+
+@functools.lru_cache(maxsize=4)
+def _cell_rows(dtype: str, dist: str, scale: float, world_size: int, factors: tuple[float, ...],
+               elements: int, seed: int) -> dict[float, dict[str, Any]]:
+    rows = nm.sweep_cell(dtype, dist, scale, world_size, factors, elements, seed, threads=1)
+    return {r["factor"]: r for r in rows}
+
+
+def run_point(params: dict[str, Any]) -> dict[str, Any]:
+    """Emulate one point (its whole cell once per process) or run one training run."""
+    if params.get("task") == "train":
+        return _train_row(params)
+    factors = tuple(json.loads(params["_factors"])) if "_factors" in params else (
+        float(params["factor"]),)
+    rows = _cell_rows(params["dtype"], params["dist"], float(params["scale"]),
+                      int(params["world_size"]), factors, int(params["elements"]),
+                      int(params.get("seed", 0)))
+    row = dict(rows[float(params["factor"])])
+    for key in ("dtype", "dist", "scale", "world_size", "factor", "elements", "seed"):
+        row.pop(key, None)
+    return row
+
+
+def _loss_scale_for(scale: float, world_size: int, dim: int, batch: int, seed: int) -> float:
+    probe = nm.train_least_squares(None, world_size=min(world_size, 64), dim=dim, batch=batch,
+                                   steps=1, loss_scale=1.0, dtype="float32", seed=seed)
+    return scale / probe["grad_rms0"]
+
+
+def _train_row(params: dict[str, Any]) -> dict[str, Any]:
+    factor = float(params["factor"]) or None
+    n, dim, seed = int(params["world_size"]), int(params["dim"]), int(params.get("seed", 0))
+    batch = int(params.get("batch", 16))
+    loss_scale = _loss_scale_for(float(params["scale"]), n, dim, batch, seed)
+    res = nm.train_least_squares(factor, world_size=n, dim=dim, batch=batch,
+                                 steps=int(params["steps"]), loss_scale=loss_scale,
+                                 dtype=params["dtype"], seed=seed)
+    verdicts: dict[str, Any] = {"map_safe_first": None, "map_safe_last": None}
+    if factor is not None:
+        factors = tuple(json.loads(params.get("_factors", "[]"))) or (factor,)
+        for when, rms in (("first", res["grad_rms0"]), ("last", res["grad_rms_last"])):
+            if not (math.isfinite(rms) and rms > 0):
+                continue
+            rows = _cell_rows(params["dtype"], "correlated", float(f"{rms:.3g}"), n, factors,
+                              8192, seed)
+            cell = nm.mark_safe([dict(r) for r in rows.values()])
+            verdicts[f"map_safe_{when}"] = next(r["safe"] for r in cell if r["factor"] == factor)
+    return {"final_loss": res["final_loss"], "overflow_steps": res["overflow_steps"],
+            "diverged_at": res["diverged_at"], "grad_rms0": res["grad_rms0"],
+            "grad_rms_last": res["grad_rms_last"], "loss_scale": loss_scale, **verdicts,
+            "loss_curve": json.dumps(res["loss"])}
+
+
+# --------------------------------------------------------------------------- standalone sweep
+
+
+def _run_cell(args: tuple[dict[str, Any], list[float], int, int]) -> tuple[dict, list, float]:
+    cell, factors, elements, seed = args
+    t0 = time.perf_counter()
+    rows = nm.sweep_cell(cell["dtype"], cell["dist"], cell["scale"], cell["world_size"],
+                         factors, elements, seed, threads=1)
+    return cell, rows, time.perf_counter() - t0
+
+
+def _runner_row(name: str, point: dict[str, Any], result: dict[str, Any],
+                seconds: float) -> dict[str, Any]:
+    """Return a row as ``ddpbench run`` writes it, so either tool can resume the other."""
+    from ddpbench.experiments.runner import RUNNER_COLUMNS
+
+    row = dict.fromkeys(RUNNER_COLUMNS, "")
+    row.update({"experiment": name, "kind": "numerics", "mode": point["mode"],
+                "point": point_name(point), "repetition": 0, "status": "ok"})
+    row.update({k: v for k, v in point.items() if not k.startswith("_") and k not in row})
+    row.update({k: v for k, v in result.items() if not k.startswith("_") and k not in row})
+    row["wall_s"] = round(seconds, 4)
+    row["finished_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return row
+
+
+def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = None,
+              description: str = "", source: str = "<flags>",
+              progress: Any = None) -> list[Path]:
+    """Run every point of ``spec`` without the runner; write results.csv and the report.
+
+    Cells (all factors of one dtype, distribution, scale and N) run in ``jobs`` processes,
+    one thread each. results.csv and experiment.json are written as ``ddpbench run``
+    writes them, so ``ddpbench report`` re-renders the folder and ``ddpbench run`` finds
+    every point finished. Returns the files written.
+    """
+    import pandas as pd
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    name = name or outdir.name
+    tasks = [(c, spec.factors.for_world(c["world_size"]), spec.elements, spec.seed)
+             for c in _cells(spec)]
+    # Big world sizes first, so the slowest cells do not finish last on one process.
+    tasks.sort(key=lambda t: -t[0]["world_size"])
+    done: dict[tuple, tuple[dict[float, dict[str, Any]], float]] = {}
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for i, (cell, rows, seconds) in enumerate(pool.map(_run_cell, tasks)):
+            key = (cell["dtype"], cell["dist"], cell["scale"], cell["world_size"])
+            done[key] = ({r["factor"]: r for r in rows}, seconds / max(1, len(rows)))
+            if progress:
+                progress(i + 1, len(tasks))
+    out_rows = []
+    for point in expand(spec):
+        t0 = time.perf_counter()
+        if point["task"] == "map":
+            by_f, seconds = done[(point["dtype"], point["dist"], point["scale"],
+                                  point["world_size"])]
+            result = {k: v for k, v in by_f[point["factor"]].items() if k not in point}
+        else:
+            result = _train_row(point)
+            seconds = time.perf_counter() - t0
+        out_rows.append(_runner_row(name, point, result, seconds))
+    df = pd.DataFrame(out_rows)
+    path = outdir / "results.csv"
+    df.to_csv(path, index=False)
+    doc = {"name": name, "kind": "numerics", "description": description, "source": source,
+           "spec": spec.model_dump(mode="json")}
+    (outdir / "experiment.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return [path, outdir / "experiment.json", *render(df, outdir, spec)]
+
+

@@ -1,0 +1,209 @@
+"""The ``throughput`` kind's points: the sweep grid, point names, and running one point.
+
+A simulated point calls :func:`ddpbench.simulator.simulate` in the runner's worker
+process; a real point starts ``ddpbench launch`` with the worker program
+:mod:`ddpbench.experiments.throughput.worker` and reads back its JSON result.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddpbench import contract
+from ddpbench.contract import COMMON_AXES
+from ddpbench.experiments.naming import format_value, make_name, public
+from ddpbench.experiments.throughput.spec import ThroughputSpec
+from ddpbench.experiments.throughput.timeline import compact_timeline, span_dict, timeline_file
+
+__all__ = ["expand", "point_name", "run_point"]
+
+
+# Run settings left out of a point's name while they hold their default value, so names
+# stay readable; any other value is named.
+_NAME_DEFAULTS = {"iterations": 3, "warmup": 1, "compute_scale": 1.0, "size_scale": 1.0,
+                  "oversubscription": 1.0, "rack_size": 8}
+_REAL_KEYS = ("compute", "timeout_s")
+
+
+def _grid(axes: dict[str, tuple[Any, ...]], groups: Sequence[Sequence[str]]) -> list[dict]:
+    """Expand ``axes`` as a grid in which each group of axes varies together (zip)."""
+    dims: list[tuple[list[str], list[tuple[Any, ...]]]] = []
+    grouped: dict[str, int] = {}
+    for group in groups:
+        names = [n for n in group if n in axes]
+        if not names:
+            continue
+        for n in names:
+            grouped[n] = len(dims)
+        dims.append((names, list(zip(*(axes[n] for n in names)))))
+    for name, values in axes.items():
+        if name not in grouped:
+            dims.append(([name], [(v,) for v in values]))
+    # Keep the axes' declared order as the loop order (first axis varies slowest).
+    order = {n: i for i, n in enumerate(axes)}
+    dims.sort(key=lambda d: min(order[n] for n in d[0]))
+    points = []
+    for combo in itertools.product(*(values for _, values in dims)):
+        point: dict[str, Any] = {}
+        for (names, _), vals in zip(dims, combo):
+            point.update(zip(names, vals))
+        points.append({n: point[n] for n in axes})
+    return points
+
+
+def expand(spec: ThroughputSpec) -> list[dict[str, Any]]:
+    """Return the points: for each mode, each backend, the grid of its axes."""
+    modes = ["simulate", "real"] if spec.mode == "both" else [spec.mode]
+    groups = [["workload" if a == "workloads" else a for a in g] for g in spec.zip]
+    gantt = list(spec.report.gantt)
+    out = []
+    for mode in modes:
+        for backend in spec.backends:
+            for axes in _grid(spec.axes_of(backend), groups):
+                params: dict[str, Any] = {"mode": mode, "backend": backend}
+                for key, value in axes.items():
+                    params[key.split(".", 1)[1] if "." in key else key] = value
+                if mode == "real":
+                    params.update(
+                        {k: getattr(spec.real, k) for k in _REAL_KEYS},
+                    )
+                for rep in range(spec.repetitions):
+                    out.append({**params, "repetition": rep})
+    # The Gantt plot's points: the first point matching each selector keeps a timeline.
+    for selector in gantt:
+        for params in out:
+            if params["mode"] != "real" and params["repetition"] == 0 and all(
+                format_value(params.get(k)) == format_value(v) for k, v in selector.items()
+            ):
+                params["_timeline"] = True
+                break
+    return out
+
+def point_name(params: dict[str, Any]) -> str:
+    """Return ``backend[k=v,...]`` over the point's axes and knobs (sorted keys)."""
+    named = {
+        k: v for k, v in public(params).items()
+        if k not in ("mode", "repetition", "backend", *_REAL_KEYS)
+        and not (k in _NAME_DEFAULTS and v == _NAME_DEFAULTS[k])
+    }
+    return make_name(params["backend"], named)
+
+def run_point(params: dict[str, Any]) -> dict[str, Any]:
+    """Run one point in simulation or on real processes; return its result row."""
+    if params.get("mode", "simulate") == "real":
+        return _run_real(params)
+    return _run_simulated(params)
+
+
+def _knobs(params: dict[str, Any]) -> dict[str, Any]:
+    skip = {"mode", "backend", "repetition", *COMMON_AXES, *_REAL_KEYS}
+    return {k: v for k, v in params.items() if k not in skip and not k.startswith("_")}
+
+
+def _servers_arg(value: Any) -> Any:
+    return value if value == "colocated" else int(value)
+
+
+def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
+    from ddpbench import simulator
+    from ddpbench.experiments.throughput.worker import load_workload, scale_sizes
+
+    workload = load_workload(params["workload"])
+    workload = scale_sizes(workload, float(params.get("size_scale", 1.0)))
+    res = simulator.simulate(
+        workload, params["backend"],
+        workers=int(params["workers"]), servers=_servers_arg(params["servers"]),
+        bandwidth_gbps=float(params["bandwidth_gbps"]), latency_us=float(params["latency_us"]),
+        iterations=int(params["iterations"]), warmup=int(params["warmup"]),
+        compute_scale=float(params["compute_scale"]),
+        oversubscription=float(params.get("oversubscription", 1.0)),
+        rack_size=int(params.get("rack_size", 8)), **_knobs(params),
+    )
+    sent = dict(getattr(res, "bytes_sent", {}) or {})
+    util = dict(getattr(res, "nic_utilisation", {}) or {})
+    samples = list(getattr(res, "iteration_times_s", None) or [res.iteration_time_s])
+    row: dict[str, Any] = {
+        "iteration_time_s": float(res.iteration_time_s),
+        "throughput": float(res.throughput),
+        "bytes_sent_max": max(sent.values()) if sent else None,
+        "bytes_sent_total": sum(sent.values()) if sent else None,
+        "nic_utilisation_max": max(util.values()) if util else None,
+        "events": getattr(res, "events", None),
+        "samples_s": samples,
+    }
+    if params.get("_timeline"):
+        name = point_name(params)
+        timeline = compact_timeline([span_dict(s) for s in res.timeline],
+                                    float(res.iteration_time_s))
+        doc = {"point": name, "params": public(params),
+               "iteration_time_s": float(res.iteration_time_s), **timeline}
+        row["_files"] = {f"timelines/{timeline_file(name)}": json.dumps(
+            doc, separators=(",", ":"))}
+    return row
+
+
+def _run_real(params: dict[str, Any]) -> dict[str, Any]:
+    import ddpbench
+
+    backend = params["backend"]
+    if backend not in ddpbench.available():
+        raise RuntimeError(
+            f"backend {backend!r} is not available for real runs (not installed or not "
+            f"written yet); available: {ddpbench.available()}"
+        )
+    if float(params.get("oversubscription", 1.0)) != 1.0:
+        raise ValueError("oversubscription is simulated only: a real run uses the machine's "
+                         "own network; run this point with mode: simulate")
+    workers = int(params["workers"])
+    if backend in contract.PS_BACKENDS:
+        servers = workers if params["servers"] == "colocated" else int(params["servers"])
+    else:
+        servers = 0
+    timeout = float(params.get("timeout_s", 300.0))
+    with tempfile.TemporaryDirectory(prefix="ddpbench-real-") as tmp:
+        out = Path(tmp) / "result.json"
+        worker_cmd = [
+            sys.executable, "-m", "ddpbench.experiments.throughput.worker",
+            "--workload", str(params["workload"]), "--backend", backend,
+            "--knobs", json.dumps(_knobs(params)),
+            "--iterations", str(int(params["iterations"])),
+            "--warmup", str(int(params["warmup"])),
+            "--compute-scale", repr(float(params["compute_scale"])),
+            "--size-scale", repr(float(params.get("size_scale", 1.0))),
+            "--compute", str(params.get("compute", "sleep")),
+            "--out", str(out),
+        ]
+        cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(workers),
+               "--servers", str(servers), "--timeout", repr(timeout), "--", *worker_cmd]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"real run did not finish in {timeout + 60:.0f} s: "
+                               f"{shlex.join(cmd)}") from None
+        if not out.exists() or proc.returncode != 0:
+            errs = sorted(Path(tmp).glob("result.json.rank*.err"))
+            detail = errs[0].read_text().strip() if errs else _tail(proc.stderr or proc.stdout)
+            raise RuntimeError(f"real run failed (exit {proc.returncode}): {detail}")
+        result = json.loads(out.read_text())
+    return {
+        "iteration_time_s": result["iteration_time_s"],
+        "throughput": result["throughput"],
+        "bytes_sent_max": result.get("bytes_per_iteration"),
+        "bytes_sent_total": None,
+        "samples_s": result["iteration_times_s"],
+    }
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    kept = [ln for ln in (text or "").strip().splitlines() if ln.strip()][-lines:]
+    return " | ".join(kept) or "no output"
+
+

@@ -1,0 +1,252 @@
+"""The ``throughput`` kind's keys: backends x factors, simulated or on real processes.
+
+An experiment file of this kind (the default) looks like::
+
+    name: p3_vs_ring
+    mode: simulate                # simulate | real | both
+    workloads: [resnet50, vgg19]  # profile names, or paths to profile YAML files
+    workers: 4                    # every scalar may be a list: a sweep axis
+    servers: colocated            # or a count of dedicated server hosts
+    bandwidth_gbps: [1, 10, 25]
+    latency_us: 5
+    iterations: 3
+    size_scale: 1.0               # gradient sizes x this (a scaled-down profile)
+    oversubscription: 1           # > 1: racks of rack_size hosts share slower core links
+    rack_size: 8                  #      (simulated only)
+    backends:                     # a list of names, or name -> knobs
+      kvstore: {}
+      p3: {slice_params: [10000, 40000]}   # a knob list is an axis of that backend only
+      byteps: {workers: [2, 4]}            # a common axis here overrides it for byteps
+    zip:                          # axes in one group vary together instead of as a grid
+      - [bandwidth_gbps, latency_us]
+    report: {baseline: kvstore}
+
+A backend knob may also be given at top level as ``p3.slice_params: [10000, 40000]``.
+Every axis value and knob value is checked against :mod:`ddpbench.contract` when the file
+is loaded, before any point runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator
+
+from ddpbench import contract
+from ddpbench.contract import COMMON_AXES
+from ddpbench.experiments.schema import ENVELOPE, Frozen, YamlMap, as_axis, err_at
+
+__all__ = ["GanttOptions", "RealOptions", "ReportOptions", "ThroughputSpec", "check", "prepare"]
+
+BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base")
+
+
+class RealOptions(Frozen):
+    """How real-mode points run (``ddpbench.experiments.throughput.worker`` under ``ddpbench launch``)."""
+
+    compute: Literal["sleep", "spin"] = "sleep"
+    timeout_s: float = Field(300.0, gt=0)
+
+
+class GanttOptions(Frozen):
+    """Which point's iteration the Gantt plot shows: params that select it, first match."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class ReportOptions(Frozen):
+    """What the report shows."""
+
+    baseline: str | None = Field(None, description="backend that speedups are relative to")
+    plots: tuple[
+        Literal["throughput_vs_bandwidth", "speedup", "scaling", "gantt", "sim_vs_real"], ...
+    ] | None = None
+    gantt: tuple[dict[str, Any], ...] = ()
+    title: str | None = None
+
+    @field_validator("gantt", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, dict) else value
+
+
+class ThroughputSpec(Frozen):
+    """The keys of a ``throughput`` experiment (the default kind).
+
+    Every point-level scalar may be a list (a sweep axis); all axes are normalised to
+    tuples. ``backends`` maps each backend to its knobs, each knob a scalar or a list.
+    """
+
+    mode: Literal["simulate", "real", "both"] = "simulate"
+    workloads: tuple[str, ...]
+    workers: tuple[int, ...] = (4,)
+    servers: tuple[int | Literal["colocated"], ...] = ("colocated",)
+    bandwidth_gbps: tuple[float, ...] = (10.0,)
+    latency_us: tuple[float, ...] = (5.0,)
+    iterations: tuple[int, ...] = (3,)
+    warmup: tuple[int, ...] = (1,)
+    compute_scale: tuple[float, ...] = (1.0,)
+    size_scale: tuple[float, ...] = (1.0,)
+    oversubscription: tuple[float, ...] = (1.0,)
+    rack_size: tuple[int, ...] = (8,)
+    repetitions: int = Field(1, ge=1)
+    backends: dict[str, dict[str, tuple[Any, ...]]]
+    zip: tuple[tuple[str, ...], ...] = ()
+    real: RealOptions = RealOptions()
+    report: ReportOptions = ReportOptions()
+
+    @field_validator(
+        "workloads", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
+        "warmup", "compute_scale", "size_scale", "oversubscription", "rack_size",
+        mode="before",
+    )
+    @classmethod
+    def _axis(cls, value: Any, info: Any) -> Any:
+        return as_axis(value, info.field_name)
+
+    @field_validator(*COMMON_AXES[1:])
+    @classmethod
+    def _bounded(cls, value: tuple[Any, ...], info: Any) -> tuple[Any, ...]:
+        # One set of bounds everywhere: the contract's Cluster and Schedule.
+        return tuple(contract.check_axis(info.field_name, v) for v in value)
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _backends(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            value = {name: {} for name in value}
+        if not isinstance(value, dict):
+            raise ValueError("expected a list of backend names or a mapping name -> knobs")
+        if not value:
+            raise ValueError("empty sweep: no backends given")
+        out = {}
+        for name, knobs in value.items():
+            knobs = {} if knobs is None else knobs
+            if not isinstance(knobs, dict):
+                raise ValueError(f"knobs of backend {name!r} must be a mapping, got {knobs!r}")
+            out[name] = {k: as_axis(v, f"{name}.{k}") for k, v in knobs.items()}
+        return out
+
+    def axes_of(self, backend: str) -> dict[str, tuple[Any, ...]]:
+        """Return the sweep axes of ``backend``: common axes, then its knobs (``b.knob``)."""
+        axes: dict[str, tuple[Any, ...]] = {
+            "workload": self.workloads, "workers": self.workers, "servers": self.servers,
+            "bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us,
+            "iterations": self.iterations, "warmup": self.warmup,
+            "compute_scale": self.compute_scale, "size_scale": self.size_scale,
+            "oversubscription": self.oversubscription, "rack_size": self.rack_size,
+        }
+        for knob, values in self.backends[backend].items():
+            # A common axis given under a backend overrides it for that backend only.
+            common = "workload" if knob == "workloads" else knob
+            if common in axes:
+                axes[common] = values
+            else:
+                axes[f"{backend}.{knob}"] = values
+        return axes
+
+
+def _known_workloads() -> tuple[str, ...]:
+    try:
+        from ddpbench import simulator
+
+        return tuple(getattr(simulator, "WORKLOADS", BUILTIN_WORKLOADS))
+    except ImportError:
+        return BUILTIN_WORKLOADS
+
+
+def prepare(raw: YamlMap, file: Path | str) -> None:
+    """Move top-level ``backend.knob: values`` keys into ``backends`` (line kept)."""
+    dotted = [k for k in raw if isinstance(k, str) and "." in k and k not in ENVELOPE]
+    if not dotted:
+        return
+    backends = raw.get("backends")
+    if isinstance(backends, (list, tuple)):
+        converted = YamlMap({b: YamlMap() for b in backends})
+        converted.line, converted.key_lines = backends.line, dict(
+            zip(backends, backends.item_lines)
+        )
+        for v in converted.values():
+            v.line, v.key_lines = converted.line, {}
+        raw["backends"] = backends = converted
+    for key in dotted:
+        backend, knob = key.split(".", 1)
+        if not isinstance(backends, dict) or backend not in backends:
+            raise err_at(file, raw, [key], f"backend {backend!r} is not in 'backends'")
+        knobs = backends[backend]
+        if knobs is None:
+            knobs = backends[backend] = YamlMap()
+            knobs.line, knobs.key_lines = raw.key_lines[key], {}
+        if knob in knobs:
+            raise err_at(file, raw, [key], f"knob {knob!r} of {backend!r} is given twice")
+        knobs[knob] = raw.pop(key)
+        knobs.key_lines[knob] = raw.key_lines[key]
+
+
+def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
+    """Check names against the known backends, knobs and workloads (with lines)."""
+    base = Path(file).parent if file != "<string>" else Path.cwd()
+    for name, knobs in spec.backends.items():
+        if name not in contract.BACKENDS:
+            raise err_at(file, raw, ["backends", name],
+                         f"unknown backend {name!r}; valid backends: {sorted(contract.BACKENDS)}")
+        valid_knobs = contract.sweep_knobs(name)
+        for knob, values in knobs.items():
+            loc = ["backends", name, knob]
+            if knob == "workloads":
+                continue
+            if knob not in COMMON_AXES and knob not in valid_knobs:
+                raise err_at(file, raw, loc,
+                             f"unknown knob {knob!r} of backend {name!r}; "
+                             f"valid knobs: {sorted(valid_knobs)} (or a common axis to "
+                             f"override for this backend: {list(COMMON_AXES)})")
+            # Every value is checked now, against the contract, before any point runs.
+            for value in values:
+                try:
+                    if knob in COMMON_AXES:
+                        contract.check_axis(knob, value)
+                    else:
+                        contract.validate_knobs(name, {knob: value})
+                except ValueError as err:
+                    raise err_at(file, raw, loc, str(err)) from None
+    valid = _known_workloads()
+    for i, w in enumerate(spec.workloads):
+        if w not in valid and not (w.endswith((".yaml", ".yml")) and (base / w).is_file()):
+            raise err_at(file, raw, ["workloads", i] if isinstance(raw.get("workloads"), list)
+                       else ["workloads"],
+                       f"unknown workload {w!r}; valid workloads: {sorted(valid)} or a path "
+                       f"to a profile .yaml file")
+    axis_names: set[str] = set(spec.axes_of(next(iter(spec.backends))))
+    for name in spec.backends:
+        axis_names |= set(spec.axes_of(name))
+    axis_names |= {"workloads"}
+    seen: set[str] = set()
+    for g, group in enumerate(spec.zip):
+        if len(group) < 2:
+            raise err_at(file, raw, ["zip", g], "a zip group pairs two or more axes")
+        lengths = {}
+        for axis in group:
+            key = "workload" if axis == "workloads" else axis
+            if axis not in axis_names:
+                raise err_at(file, raw, ["zip", g],
+                           f"zip names unknown axis {axis!r}; valid axes: {sorted(axis_names)}")
+            if key in seen:
+                raise err_at(file, raw, ["zip", g], f"axis {axis!r} is in two zip groups")
+            seen.add(key)
+            for backend in spec.backends:
+                axes = spec.axes_of(backend)
+                if key in axes:
+                    lengths[axis] = len(axes[key])
+        if len(set(lengths.values())) > 1:
+            raise err_at(file, raw, ["zip", g],
+                       f"zipped axes must have equal lengths, got {lengths}")
+    if spec.report.baseline is not None and spec.report.baseline not in spec.backends:
+        raise err_at(file, raw, ["report", "baseline"],
+                   f"baseline {spec.report.baseline!r} is not one of the experiment's "
+                   f"backends {sorted(spec.backends)}")
+    return spec
+
+
