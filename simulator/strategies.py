@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel
 
 from ddpbench import contract
+from ddpbench.simulator.context import SimContext
 from ddpbench.simulator.network import Gate, Link, Message
-
-if TYPE_CHECKING:
-    from ddpbench.simulator.core import _Sim
 
 __all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
 
@@ -69,7 +67,7 @@ class Strategy(abc.ABC):
     name: ClassVar[str]
     symmetric: ClassVar[bool] = False
 
-    def __init__(self, sim: _Sim, knobs: BaseModel) -> None:
+    def __init__(self, sim: SimContext, knobs: BaseModel) -> None:
         self.sim, self.knobs = sim, knobs
 
     @classmethod
@@ -105,7 +103,7 @@ def ring_bytes_per_rank(n: int, p: int, itemsize: int) -> np.ndarray:
     return (2 * n - sizes[(r + 1) % p] - sizes[(r + 2) % p]) * itemsize
 
 
-def ring_allreduce(sim: _Sim, n: int, itemsize: int, layer: int, uplink: Link | None = None):
+def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int, uplink: Link | None = None):
     """Generator: one ring allreduce of ``n`` elements as seen by rank 0 (all ranks alike).
 
     Each of the 2(p-1) steps costs ``latency + largest_chunk / bandwidth``: every rank sends
@@ -143,7 +141,7 @@ def ring_allreduce(sim: _Sim, n: int, itemsize: int, layer: int, uplink: Link | 
 class _AllreduceBase(Strategy):
     symmetric = True
 
-    def __init__(self, sim: _Sim, knobs: BaseModel) -> None:
+    def __init__(self, sim: SimContext, knobs: BaseModel) -> None:
         super().__init__(sim, knobs)
         self._tensors = [[t for t in sim.workload.tensors if t.layer == i]
                          for i in range(len(sim.workload.layers))]
@@ -155,7 +153,7 @@ class _AllreduceBase(Strategy):
 class _FifoComm:
     """A communication thread: a FIFO of tensors, each allreduced alone, one at a time."""
 
-    def __init__(self, sim: _Sim, uplink: Link | None = None) -> None:
+    def __init__(self, sim: SimContext, uplink: Link | None = None) -> None:
         self.sim, self.uplink = sim, uplink
         self.queue: list = []
         self._wake = None
@@ -304,7 +302,7 @@ class _PSBase(Strategy):
     pushed, sends the sum back to every worker in the order the pushes arrived.
     """
 
-    def __init__(self, sim: _Sim, knobs: BaseModel) -> None:
+    def __init__(self, sim: SimContext, knobs: BaseModel) -> None:
         super().__init__(sim, knobs)
         nlayers = len(sim.workload.layers)
         self.parts: list[list[_Part]] = [[] for _ in range(nlayers)]

@@ -1,0 +1,52 @@
+"""What a strategy may use of a running simulation (the simulation implements it).
+
+Strategies are typed against this protocol rather than against the simulation class, so the
+simulation (:mod:`.core`) can import the strategies without the two importing each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from ddpbench.simulator.network import CountingEnvironment, Network
+from ddpbench.simulator.workload import Workload
+
+__all__ = ["SimContext"]
+
+
+class SimContext(Protocol):
+    """The state and helpers of one simulation that strategies read and drive."""
+
+    env: CountingEnvironment
+    workload: Workload
+    workers: int
+    latency: float
+    summation: float
+    itemsize: int
+    num_servers: int
+    timeline: list[Any]
+    trace_steps: bool
+    trace_sums: bool
+    net: Network | None
+    ring_bandwidth: float
+
+    def host_name(self, h: int) -> str:
+        """Return the name of host ``h`` (``worker3``, ``server0``)."""
+
+    def server_host(self, j: int) -> int:
+        """Return the host index of parameter server ``j``."""
+
+    def net_seq(self) -> int:
+        """Return the next sequence number (deterministic tie-breaks)."""
+
+    def span(self, host: int, kind: str, layer: int, start: float, end: float, nbytes: int,
+             peer: int | str = "") -> Any:
+        """Return a timeline span of ``host``."""
+
+    def add_sent_all(self, per_rank: np.ndarray) -> None:
+        """Count ``per_rank`` bytes sent by every worker of a ring (and received by the next)."""
+
+    def unit_done(self, w: int, layer: int) -> None:
+        """One unit of ``layer`` is back, updated, on worker ``w``."""
