@@ -93,8 +93,8 @@ def knob(default: Any = None, *, doc: str, side: Side = "both", source: str = ""
         unit: the unit the value is in, for tables.
         **bounds: pydantic bounds (``ge``, ``gt``, ``le``, ``lt``, ``allow_inf_nan``).
     """
-    extra = {"side": side, "source": source, "env": env, "cluster": cluster, "sweep": sweep,
-             "unit": unit}
+    extra: Any = {"side": side, "source": source, "env": env, "cluster": cluster,
+                  "sweep": sweep, "unit": unit}
     if env is not None:
         cast = type(default)
         return Field(default_factory=lambda: _env_number(env, default, cast), description=doc,

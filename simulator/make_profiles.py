@@ -62,7 +62,7 @@ def _attach_tensors(layers: list[dict], tensors: list[dict[str, str]]) -> list[d
             total += int(t["params"])
         if total != layer["params"]:
             raise ValueError(f"tensors do not match layer {layer['op']}: {total} != {layer['params']}")
-        name = group[0]["name"].rsplit(".", 1)[0]
+        name = str(group[0]["name"]).rsplit(".", 1)[0]
         out.append({"name": name, "fwd_ms": round(layer["fwd"], 4), "bwd_ms": round(layer["bwd"], 4),
                     "tensors": group})
     if next(it, None) is not None:
@@ -78,8 +78,12 @@ def _gpu_speed() -> tuple[float, float, float]:
     for row in rows:
         op, fwd, act = row["op"], float(row["fwd_ms"]) / 1e3, float(row["activation_bytes"])
         if op.startswith("Conv2d"):
-            cin = int(re.match(r"Conv2d\((\d+)", op).group(1))
-            kh, kw = map(int, re.search(r"kernel_size=\((\d+), (\d+)\)", op).groups())
+            m_cin = re.match(r"Conv2d\((\d+)", op)
+            m_k = re.search(r"kernel_size=\((\d+), (\d+)\)", op)
+            if m_cin is None or m_k is None:
+                raise ValueError(f"cannot read a convolution's shape from {op!r}")
+            cin = int(m_cin.group(1))
+            kh, kw = map(int, m_k.groups())
             flops += 2 * act / 4 * cin * kh * kw
             secs += fwd
         elif op.startswith("Linear"):
@@ -118,7 +122,9 @@ def vgg19() -> dict:
     ops = _fold_ops(_read_tsv("pipedream_vgg16_profile.tsv"))
     rows = [r for r in _read_tsv("pipedream_vgg16_profile.tsv") if not r["op"].startswith("Input")]
     # Per VGG-16 conv: its own time plus its ReLU; pools kept apart so they stay at block ends.
-    convs, pools, block = [], [], []
+    convs: list[list[list[float]]] = []
+    pools: list[tuple[float, float]] = []
+    block: list[list[float]] = []
     for r in rows:
         op, f, b = r["op"], float(r["fwd_ms"]), float(r["bwd_ms"])
         if op.startswith("Conv2d"):

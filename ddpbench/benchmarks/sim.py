@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 HELP = "time the network simulator (ResNet-50 horovod at 8..1024 workers, VGG-19 p3)"
 # cpu s is this process's CPU time: on a shared machine wall time also counts waiting for a core.
@@ -48,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
             continue
         t0, c0 = time.perf_counter(), time.process_time()
         r = simulate(workload, backend, workers=workers, bandwidth_gbps=args.bandwidth_gbps,
-                     iterations=args.iterations, warmup=1, **knobs)
+                     iterations=args.iterations, warmup=1, **dict[str, Any](knobs))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         note = ""
         default_run = args.bandwidth_gbps == 10.0 and args.iterations == 2

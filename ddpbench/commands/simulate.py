@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 HELP = "simulate one point (workload, backend, knobs, network) and print its iteration time"
 
@@ -66,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
             bandwidth_gbps=args.bandwidth_gbps, latency_us=args.latency_us,
             iterations=args.iterations, warmup=args.warmup,
             compute_scale=args.compute_scale, oversubscription=args.oversubscription,
-            rack_size=args.rack_size, **knobs,
+            rack_size=args.rack_size, **dict[str, Any](knobs),
         )
     except ValueError as err:
         raise UsageError(str(err)) from None

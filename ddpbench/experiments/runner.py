@@ -361,6 +361,7 @@ def run_experiment(
     summary.planned = [(p.mode, p.name) for p in todo]
     if dry_run:
         return summary
+    assert store is not None  # not a dry run
     outdir.mkdir(parents=True, exist_ok=True)
     save_experiment(exp, outdir)
     lock = _lock(outdir)

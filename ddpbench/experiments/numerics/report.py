@@ -127,11 +127,11 @@ def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Pa
         bar = fig.colorbar(image, cax=fig.add_axes((0.83, 0.25, 0.015, 0.5)), label=label)
         if which == "range":
             fracs = (1e-3, 1e-2, 1e-1, 1.0)
-            ticks = [-math.log10(1e4 * f + 1) for f in reversed(fracs)] + [0.0] + [
+            cbar_ticks = [-math.log10(1e4 * f + 1) for f in reversed(fracs)] + [0.0] + [
                 math.log10(1e4 * f + 1) for f in fracs]
             labels = [f"under {f:g}" for f in reversed(fracs)] + ["none"] + [
                 f"over {f:g}" for f in fracs]
-            bar.set_ticks(ticks, labels=labels)
+            bar.set_ticks(cbar_ticks, labels=labels)
         path = outdir / f"{which}_{dtype}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
@@ -163,7 +163,7 @@ def safe_table(m: Any, spec: Spec, dtype: str, dist: str) -> Any:
     d = m[(m["dtype"] == dtype) & (m["dist"] == dist)]
     table = []
     for n in spec.world_sizes:
-        row = {"N": n}
+        row: dict[str, Any] = {"N": n}
         for s in sorted(d["scale"].unique()):
             cell = d[(d["world_size"] == n) & (d["scale"] == s)]
             rng = nm.safe_range(cell.to_dict("records"))

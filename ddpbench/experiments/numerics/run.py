@@ -31,7 +31,7 @@ def _cells(spec: Spec) -> list[dict[str, Any]]:
 
 def expand(spec: Spec) -> list[dict[str, Any]]:
     """Return one point per (dtype, distribution, scale, N, factor), then the training runs."""
-    points = []
+    points: list[dict[str, Any]] = []
     for cell in _cells(spec):
         factors = spec.factors.for_world(cell["world_size"])
         for f in factors:
@@ -39,10 +39,10 @@ def expand(spec: Spec) -> list[dict[str, Any]]:
                            "mode": "emulate", "_factors": json.dumps(factors)})
     if spec.training is not None:
         t = spec.training
-        for f in (None, *t.factors):
+        for tf in (None, *t.factors):
             points.append({"task": "train", "dtype": t.dtype, "dist": "least_squares",
                            "scale": t.scale, "world_size": t.world_size,
-                           "factor": float(f) if f is not None else 0.0, "steps": t.steps,
+                           "factor": float(tf) if tf is not None else 0.0, "steps": t.steps,
                            "dim": t.dim, "batch": t.batch, "seed": spec.seed, "mode": "emulate",
                            "_factors": json.dumps(sorted(float(x) for x in t.factors))})
     return points
@@ -127,7 +127,7 @@ def _runner_row(name: str, point: dict[str, Any], result: dict[str, Any],
     """Return a row as ``ddpbench run`` writes it, so either tool can resume the other."""
     from ddpbench.experiments.runner import RUNNER_COLUMNS
 
-    row = dict.fromkeys(RUNNER_COLUMNS, "")
+    row: dict[str, Any] = dict.fromkeys(RUNNER_COLUMNS, "")
     row.update({"experiment": name, "kind": "numerics", "mode": point["mode"],
                 "point": point_name(point), "repetition": 0, "status": "ok"})
     row.update({k: v for k, v in point.items() if not k.startswith("_") and k not in row})

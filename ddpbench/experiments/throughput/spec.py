@@ -35,7 +35,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ddpbench import contract
 from ddpbench.contract import COMMON_AXES
-from ddpbench.experiments.schema import ENVELOPE, Frozen, YamlMap, as_axis, err_at
+from ddpbench.experiments.schema import ENVELOPE, Frozen, YamlMap, YamlSeq, as_axis, err_at
 
 __all__ = ["GanttOptions", "RealOptions", "ReportOptions", "ThroughputSpec", "check", "prepare"]
 
@@ -164,7 +164,7 @@ def prepare(raw: YamlMap, file: Path | str) -> None:
     if not dotted:
         return
     backends = raw.get("backends")
-    if isinstance(backends, (list, tuple)):
+    if isinstance(backends, YamlSeq):
         converted = YamlMap({b: YamlMap() for b in backends})
         converted.line, converted.key_lines = backends.line, dict(
             zip(backends, backends.item_lines)

@@ -72,11 +72,8 @@ def scale_sizes(workload: Any, size_scale: float) -> Any:
 
 def load_workload(name: str) -> Any:
     """Return the simulator's profile ``name`` (a shipped name or a YAML path)."""
-    from ddpbench import simulator
+    from ddpbench.simulator.workload import load_workload as loader
 
-    loader = getattr(simulator, "load_workload", None)
-    if loader is None:  # the package may not re-export it yet
-        from ddpbench.simulator.workload import load_workload as loader
     return loader(name)
 
 
