@@ -13,7 +13,7 @@ What it offers beyond ``mpi`` and ``horovod``:
   averaged, communicated as the delta against a snapshot taken at the last average).
 
 Each reduction is a ring allreduce with exactly the chunking and reduction order of
-CONTRACTS section 2 (``horovod``'s ``_ring_allreduce``, which is blocking; here every
+the chunking of :func:`ddpbench.tensor_ops.ring_chunks` (``horovod``'s ``_ring_allreduce``, which is blocking; here every
 step is an ``Isend``/``Irecv`` pair that the engine polls), so a tensor reduced here equals
 bit for bit the same tensor reduced by unfused ``horovod``. Prescale and postscale follow
 ``ddpbench.tensor_ops.scale_`` (halves scaled in float32).
@@ -53,7 +53,7 @@ _Steps = Generator[list, None, None]
 def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int]) -> _Steps:
     """Reduce the 1-D ``buf`` in place over ``comm``; yield the requests of each ring step.
 
-    The order of CONTRACTS section 2: in reduce-scatter step s rank r sends chunk (r - s)
+    The order of the chunking of :func:`ddpbench.tensor_ops.ring_chunks`: in reduce-scatter step s rank r sends chunk (r - s)
     mod p to the right and combines chunk (r - s - 1) mod p from the left into its own;
     then p - 1 allgather steps pass the completed chunks on unchanged.
     """

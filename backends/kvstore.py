@@ -1,6 +1,6 @@
 """The ``kvstore`` backend: MXNet's distributed parameter server (``dist_sync``) over MPI.
 
-Placement (CONTRACTS.md section 3): an array of fewer than ``bigarray_bound`` elements goes
+Placement (each backend's placement rule, docs/fidelity.md): an array of fewer than ``bigarray_bound`` elements goes
 whole to server ``(key * 9973) % S``; a larger one is split into ``S`` even parts
 (``np.array_split`` shares), part i on server i. Push and pull are separate requests, sent
 in FIFO order (the caller's priority is ignored): the pull goes right behind the push, and

@@ -1,7 +1,7 @@
 """What the parameter-server backends (``kvstore``, ``p3``, ``byteps``) share.
 
 The three backends differ only in how an array is cut into parts, where each part goes and
-in which order parts leave the worker (CONTRACTS.md section 3). Everything else lives here:
+in which order parts leave the worker (each backend's placement rule, docs/fidelity.md). Everything else lives here:
 
 - :class:`Transport`: the process's one :class:`~ddpbench.comm.Protocol`. It owns the
   process's uplink (a priority queue of data messages drained in order of (-priority,
@@ -95,7 +95,7 @@ def _np_dtype(name: str) -> np.dtype:
 
 # ------------------------------------------------------------------------------ options
 class PSOptions(BackendOptions):
-    """Options every parameter-server backend takes (CONTRACTS.md section 1).
+    """Options every parameter-server backend takes (:mod:`ddpbench.contract`).
 
     Attributes:
         servers: None = the launch's server ranks if it has any, else colocated;
@@ -901,11 +901,11 @@ class PSStore(EngineStore):
     # -- for subclasses -------------------------------------------------------------------
     @abc.abstractmethod
     def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
-        """Cut a new key's array into parts and place them (CONTRACTS.md section 3)."""
+        """Cut a new key's array into parts and place them (each backend's placement rule, docs/fidelity.md)."""
 
     def place_round_robin(self, numel: int, size: int) -> list[Part]:
         """Cut into parts of ``size`` elements, placed by one counter that continues across
-        keys in order of first use (P3's and BytePS's placement, CONTRACTS section 3)."""
+        keys in order of first use (P3's and BytePS's placement, each backend's placement rule, docs/fidelity.md)."""
         counter = self.__dict__.setdefault("_placement", itertools.count())
         return round_robin(numel, size, counter.__next__, self.num_servers)
 

@@ -64,6 +64,8 @@ __all__ = [
 ]
 
 Side = Literal["both", "real", "sim"]
+DEFAULT_RACK_SIZE = 8
+"""Hosts per rack when a fabric is oversubscribed (one default for simulator and schema)."""
 
 
 def _env_number(name: str, default: float, cast: Callable[[Any], Any] = float) -> Any:
@@ -333,7 +335,7 @@ class Cluster(BaseModel):
                               json_schema_extra={"expect": "a finite number >= 0"})
     oversubscription: float = Field(1.0, ge=1, allow_inf_nan=False, json_schema_extra={
         "expect": "a finite number >= 1 (1 = a non-blocking switch)"})
-    rack_size: int = Field(8, ge=1, strict=True, json_schema_extra={"expect": ">= 1"})
+    rack_size: int = Field(DEFAULT_RACK_SIZE, ge=1, strict=True, json_schema_extra={"expect": ">= 1"})
 
     def dedicated_servers(self) -> int:
         """Return the number of dedicated server hosts (0 when colocated)."""

@@ -5,7 +5,7 @@ Example:
     >>> r = simulator.simulate("vgg19", "p3", workers=4, bandwidth_gbps=10)
     >>> r.iteration_time_s, r.bytes_sent["worker0"]
 
-Public API (CONTRACTS.md section 4): :func:`simulate`, :func:`simulate_collective`,
+Public API : :func:`simulate`, :func:`simulate_collective`,
 :func:`load_workload`, :data:`WORKLOADS`, :data:`STRATEGIES`, :class:`SimResult`,
 :class:`Workload`.
 """

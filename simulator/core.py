@@ -138,7 +138,7 @@ class _Sim:
     def __init__(self, workload: Workload | None, workers: int, bandwidth: float,
                  latency: float, *, dedicated_servers: int = 0, summation: float = math.inf,
                  symmetric: bool = True, trace: bool = True, oversubscription: float = 1.0,
-                 rack_size: int = 8) -> None:
+                 rack_size: int = contract.DEFAULT_RACK_SIZE) -> None:
         self.env = CountingEnvironment()
         self.workload = workload
         self.workers = workers
@@ -260,7 +260,7 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
              servers: int | str | None = None, bandwidth_gbps: float, latency_us: float = 5.0,
              iterations: int = 3, warmup: int = 1, compute_scale: float = 1.0,
              summation_gbps: float = DEFAULT_SUMMATION_GBPS, trace: bool = True,
-             oversubscription: float = 1.0, rack_size: int = 8,
+             oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
              cluster: contract.Cluster | None = None, **knobs: Any) -> SimResult:
     """Simulate data-parallel training of ``workload`` with ``backend`` on an idle cluster.
 
@@ -353,7 +353,7 @@ def _tree(sim: _Sim, n: int, passes: int):
 
 def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = "ring",
                         bandwidth_gbps: float, latency_us: float = 5.0,
-                        oversubscription: float = 1.0, rack_size: int = 8) -> float:
+                        oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE) -> float:
     """Return the seconds one collective takes on an idle network of ``workers`` hosts.
 
     Args:

@@ -27,6 +27,8 @@ from typing import Any, cast
 
 import simpy
 
+from ddpbench import contract
+
 __all__ = ["CountingEnvironment", "Gate", "Link", "Message", "Network", "Port", "Sender"]
 
 
@@ -265,7 +267,7 @@ class Network:
 
     def __init__(self, env: simpy.Environment, nhosts: int, bandwidth: float, latency: float,
                  record: Callable[[Message, float, float], None], *,
-                 oversubscription: float = 1.0, rack_size: int = 8) -> None:
+                 oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:

@@ -11,7 +11,7 @@
 
 Allreduce strategies are symmetric: every worker computes the same and every link carries
 the same traffic, so only worker 0 is simulated (one event per ring step, not one per link)
-and the other workers' byte counts follow from the ring's chunking (CONTRACTS.md section 2).
+and the other workers' byte counts follow from the ring's chunking (the chunking of :func:`ddpbench.tensor_ops.ring_chunks`).
 Parameter-server strategies simulate every worker and server host.
 """
 
@@ -91,7 +91,7 @@ class Strategy(abc.ABC):
 
 
 def ring_chunk_sizes(n: int, p: int) -> np.ndarray:
-    """Elements of each ring chunk (np.array_split order, CONTRACTS.md section 2)."""
+    """Elements of each ring chunk (np.array_split order, the chunking of :func:`ddpbench.tensor_ops.ring_chunks`)."""
     base, extra = divmod(n, p)
     return base + (np.arange(p) < extra).astype(np.int64)
 
@@ -313,7 +313,7 @@ class _PSBase(Strategy):
 
     @abc.abstractmethod
     def make_parts(self) -> list[_Part]:
-        """Cut every tensor into parts and place them on servers (CONTRACTS section 3)."""
+        """Cut every tensor into parts and place them on servers (each backend's placement rule, docs/fidelity.md)."""
 
     def round_robin_parts(self, size: int, *, prioritised: bool) -> list[_Part]:
         """Every tensor cut into pieces of ``size`` elements, the servers taken round-robin

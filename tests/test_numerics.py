@@ -23,7 +23,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 def literal_ring(x: np.ndarray, op: str = "sum", pre: float = 1.0, post: float = 1.0):
-    """CONTRACTS section 2 step by step: p local buffers, sendrecv per step, per rank."""
+    """the chunking of :func:`ddpbench.tensor_ops.ring_chunks` step by step: p local buffers, sendrecv per step, per rank."""
     p, n = x.shape
     bufs = [x[r].copy() for r in range(p)]
     for b in bufs:

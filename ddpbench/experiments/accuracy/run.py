@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ddpbench import contract
 from ddpbench.experiments.accuracy.spec import NAMED_DEFAULTS, RUN_KEYS, Spec
 from ddpbench.experiments.naming import format_value, make_name
 
@@ -76,7 +77,7 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
         seed=int(params["seed"]) + int(params.get("repetition", 0)),
         eval_every=int(params["eval_every"]),
     )
-    if cfg["backend"] not in ("kvstore", "p3", "byteps"):
+    if cfg["backend"] not in contract.PS_BACKENDS:
         cfg["servers"] = None
     res = run_training(cfg, timeout=float(params.get("timeout_s", 600.0)))
     return {

@@ -28,8 +28,10 @@ __all__ = ["expand", "point_name", "run_point"]
 
 # Run settings left out of a point's name while they hold their default value, so names
 # stay readable; any other value is named.
-_NAME_DEFAULTS = {"iterations": 3, "warmup": 1, "compute_scale": 1.0, "size_scale": 1.0,
-                  "oversubscription": 1.0, "rack_size": 8}
+_NAME_DEFAULTS = {
+    **{k: f.default for k, f in contract.Schedule.model_fields.items()},
+    **{k: contract.Cluster.model_fields[k].default for k in ("oversubscription", "rack_size")},
+}
 _REAL_KEYS = ("compute", "timeout_s")
 
 
@@ -125,7 +127,7 @@ def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
         iterations=int(params["iterations"]), warmup=int(params["warmup"]),
         compute_scale=float(params["compute_scale"]),
         oversubscription=float(params.get("oversubscription", 1.0)),
-        rack_size=int(params.get("rack_size", 8)), **_knobs(params),
+        rack_size=int(params.get("rack_size", contract.DEFAULT_RACK_SIZE)), **_knobs(params),
     )
     sent = dict(getattr(res, "bytes_sent", {}) or {})
     util = dict(getattr(res, "nic_utilisation", {}) or {})
