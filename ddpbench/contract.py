@@ -127,17 +127,17 @@ class HorovodKnobs(Knobs):
 
     fusion_threshold: int = knob(
         128 * 1024 * 1024, ge=0, unit="bytes", env="HOROVOD_FUSION_THRESHOLD",
-        source="horovod/common/operations.cc (HOROVOD_FUSION_THRESHOLD)",
+        source="horovod/common/operations.cc, HOROVOD_FUSION_THRESHOLD",
         doc="fusion buffer size; 0 disables fusion")
     cycle_time: float = knob(
         1.0, ge=0, allow_inf_nan=False, unit="ms", env="HOROVOD_CYCLE_TIME",
-        source="horovod/common/operations.cc (HOROVOD_CYCLE_TIME)",
+        source="horovod/common/operations.cc, HOROVOD_CYCLE_TIME",
         doc="time between planning rounds of the coordinator")
     gpu_transport: Literal["nccl", "host"] = knob("nccl", side="real", doc=_GPU_TRANSPORT_DOC)
     stall_timeout: float = knob(
         60.0, gt=0, allow_inf_nan=False, unit="s", side="real",
         env="HOROVOD_STALL_CHECK_TIME_SECONDS",
-        source="horovod/common/stall_inspector.cc (HOROVOD_STALL_CHECK_TIME_SECONDS)",
+        source="horovod/common/stall_inspector.cc, HOROVOD_STALL_CHECK_TIME_SECONDS",
         doc="warn when some ranks have not submitted a tensor for this long")
 
 
@@ -180,7 +180,7 @@ class KvstoreKnobs(PSKnobs):
     """``kvstore``: MXNet's parameter server."""
 
     bigarray_bound: int = knob(
-        1_000_000, ge=1, unit="elements", source="src/kvstore/kvstore_dist.h (MXNET_KVSTORE_BIGARRAY_BOUND)",
+        1_000_000, ge=1, unit="elements", source="src/kvstore/kvstore_dist.h, MXNET_KVSTORE_BIGARRAY_BOUND",
         doc="arrays at least this big are split evenly over all servers")
 
 
@@ -197,7 +197,7 @@ class BytepsKnobs(PSKnobs):
     """``byteps``: partitioned push-pull with credit scheduling."""
 
     partition_bytes: int = knob(
-        4_096_000, ge=1, unit="bytes", source="byteps/common/global.cc (BYTEPS_PARTITION_BYTES)",
+        4_096_000, ge=1, unit="bytes", source="byteps/common/global.cc, BYTEPS_PARTITION_BYTES",
         doc="bytes per partition")
     credit_bytes: int = knob(0, ge=0, unit="bytes", doc="bytes in flight; 0 = off (FIFO)")
 
@@ -390,3 +390,34 @@ def check_axis(axis: str, value: Any) -> Any:
             raise ValueError(f"{axis} must be {expect}, got {value}") from None
         raise ValueError(_message(err, axis)) from None
 
+
+
+def _fmt_default(value: Any, unit: str) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if isinstance(value, bool) else "none"
+    if isinstance(value, int) and unit == "bytes" and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"{value >> 20} MiB"
+    if isinstance(value, str):
+        return f"`{value}`"
+    text = f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    return f"{text} {unit}" if unit and unit not in ("bytes", "elements") else text
+
+
+def markdown_table() -> str:
+    """Return the README's backend table, written from the contract.
+
+    One row per backend: its summary, and each knob an experiment may set with its default
+    (``(real)`` marks knobs only real processes see) and the original file it comes from.
+    """
+    rows = ["| name | what it is | knobs: default (source of the default) |", "| --- | --- | --- |"]
+    for name, c in BACKENDS.items():
+        info = knob_info(name)
+        cells = []
+        for knob in sweep_knobs(name):
+            i = info[knob]
+            text = f"`{knob}` {_fmt_default(i['default'], i['unit'])}"
+            text += " (real)" if i["side"] == "real" else ""
+            text += f" ({i['source']})" if i["source"] else ""
+            cells.append(text)
+        rows.append(f"| `{name}` | {c.summary} | {'; '.join(cells) or '-'} |")
+    return "\n".join(rows)

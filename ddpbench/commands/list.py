@@ -11,6 +11,8 @@ HELP = "list backends (with knobs), workloads and shipped experiments"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", nargs="?", choices=["backends", "workloads", "experiments"],
                         help="list only this (default: all)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="backends: print the README's table (from ddpbench/contract.py)")
     parser.add_argument("--experiments-dir", type=Path, default=None,
                         help="where to look for experiment files (default: ./experiments, "
                         "else the source checkout's)")
@@ -31,6 +33,9 @@ def main(args: argparse.Namespace) -> int:
     from ddpbench.experiments import schema
 
     what = args.what
+    if args.markdown:
+        print(contract.markdown_table())
+        return 0
     if what in (None, "backends"):
         real = set(ddpbench.available())
         print("backends ('real' = runs on processes, 'sim' = simulated; knob=default, "

@@ -1,0 +1,27 @@
+"""Every experiment file shipped in experiments/ validates and expands to uniquely named points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpbench.experiments import kinds, runner, schema
+
+EXPERIMENTS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.y*ml"))
+
+
+def test_experiments_are_shipped():
+    assert len(EXPERIMENTS) >= 5, [p.name for p in EXPERIMENTS]
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_shipped_experiment_validates_and_expands(path):
+    exp = schema.load_experiment(path)
+    assert exp.name == path.stem, "the file name and the experiment's name (report folder) agree"
+    points = runner.expand_points(exp)
+    assert points, f"{path.name} expands to no point"
+    assert len({p.key for p in points}) == len(points)
+    # The spec round-trips through the saved form that `ddpbench report` re-renders from.
+    kind = kinds.load_kind(exp.kind)
+    assert kind.Spec.model_validate(exp.spec.model_dump(mode="json")) == exp.spec
