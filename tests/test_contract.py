@@ -26,7 +26,7 @@ def test_real_options_and_simulator_knobs_come_from_the_contract(name):
 
 
 def test_ps_backends_are_the_ones_with_servers():
-    assert contract.PS_BACKENDS == {"kvstore", "p3", "byteps"}
+    assert {"kvstore", "p3", "byteps"} == contract.PS_BACKENDS
 
 
 @pytest.mark.parametrize(("name", "knobs", "message"), [
