@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from ddpbench.experiments.report import Document, pyplot
 from ddpbench.experiments.throughput.points import expand, point_name
 from ddpbench.experiments.throughput.timeline import SPAN_FIELDS, timeline_file
 
-__all__ = ["render", "variant_label"]
+__all__ = ["PLOTS", "PlotContext", "plot", "render", "variant_label"]
 
 RESULT_COLUMNS = ("iteration_time_s", "throughput")
 # Columns that identify a point apart from the backend and its knobs.
@@ -360,63 +361,11 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
               index=True)
 
     doc.heading("Plots")
-    if "throughput_vs_bandwidth" in plots and sim["bandwidth_gbps"].nunique() > 1:
-        series = ["variant", *_varying(sim, ("workers", "latency_us", "servers"))]
-        p = _line_plot(plt, sim, "bandwidth_gbps", "throughput",
-                       outdir / "throughput_vs_bandwidth.png",
-                       f"Throughput vs link bandwidth ({shown})",
-                       ylabel=AXIS_LABELS["throughput"], series=series,
-                       note=_fixed_note(sim, series), colors=palette)
-        doc.image(p.relative_to(outdir), "throughput vs bandwidth")
-        written.append(p)
-    if "speedup" in plots and baseline and baseline in set(sim["backend"]):
-        sp = _speedups(sim, baseline)
-        x = _speedup_x(sp)
-        if not sp.empty and sp[x].nunique() > 1:
-            series = ["variant", *_varying(sp, [c for c in ("workers", "bandwidth_gbps",
-                                                            "latency_us") if c != x])]
-            p = _line_plot(plt, sp, x, "speedup", outdir / "speedup.png",
-                           f"Speedup over {baseline} ({shown})",
-                           ylabel=f"speedup over {baseline} (x)", hline=1.0,
-                           logx=(x == "workers"), series=series,
-                           note=_fixed_note(sp, [x, *series]), colors=palette, zero=False)
-            doc.image(p.relative_to(outdir), f"speedup over {baseline}")
-            written.append(p)
-    if "scaling" in plots and sim["workers"].nunique() > 1:
-        series = ["variant", *_varying(sim, ("bandwidth_gbps", "latency_us", "servers"))]
-        p = _line_plot(plt, sim, "workers", "throughput", outdir / "scaling.png",
-                       f"Throughput vs number of workers ({shown})",
-                       ylabel="throughput (samples/s, log scale)", logx=True,
-                       logy=True, series=series,
-                       note=_fixed_note(sim, ["workers", *series]), colors=palette)
-        doc.image(p.relative_to(outdir), "scaling")
-        written.append(p)
-        eff = _efficiency(sim)
-        p = _line_plot(plt, eff, "workers", "efficiency", outdir / "scaling_efficiency.png",
-                       "Scaling efficiency: throughput per worker relative to the smallest "
-                       "job", ylabel="efficiency (%)", logx=True, hline=100.0, series=series,
-                       note=_fixed_note(sim, ["workers", *series]), colors=palette)
-        doc.image(p.relative_to(outdir), "scaling efficiency")
-        written.append(p)
-    if "gantt" in plots:
-        for point in _gantt_points(df, spec):
-            tl_path = outdir / "timelines" / timeline_file(point)
-            if not tl_path.exists():
-                doc.text(f"Gantt of `{point}`: no timeline stored (run it again with "
-                         f"`--force --only '{point}'`).")
-                continue
-            p = _gantt(plt, json.loads(tl_path.read_text()), outdir / f"gantt_{tl_path.stem}.png")
-            doc.image(p.relative_to(outdir), f"timeline of {point}")
-            written.append(p)
-    if "sim_vs_real" in plots or ("real" in set(agg["mode"]) and "simulate" in set(agg["mode"])):
-        found = _sim_vs_real(plt, agg, outdir / "sim_vs_real.png")
-        if found is not None:
-            p, pairs = found
-            doc.image(p.relative_to(outdir), "simulated vs measured iteration time")
-            written.append(p)
-            doc.table(pairs[["variant", "workload", "workers", "iteration_time_ms_sim",
-                             "iteration_time_ms_real", "real/sim"]],
-                      caption="Iteration time (ms), simulated and measured.")
+    ctx = PlotContext(plt=plt, doc=doc, outdir=outdir, df=df, agg=agg, sim=sim, spec=spec,
+                      shown=shown, palette=palette, baseline=baseline)
+    for name, draw in PLOTS.items():
+        if name in plots or (name in _ALWAYS and _ALWAYS[name](agg)):
+            written += draw(ctx)
     _failed_section(doc, df)
     doc.heading("All points")
     show = [c for c in ("mode", "point", "repetition", "status", "iteration_time_s",
@@ -496,3 +445,122 @@ def _failed_section(doc: Document, df: Any) -> None:
     failed = df[df["status"] == "failed"][["mode", "point", "error"]]
     doc.heading("Failed points")
     doc.table(failed)
+
+
+@dataclass
+class PlotContext:
+    """What a registered plot draws from, and the document it adds its images to."""
+
+    plt: Any
+    doc: Document
+    outdir: Path
+    df: Any
+    agg: Any
+    sim: Any
+    spec: Any
+    shown: str
+    palette: dict[Any, Any]
+    baseline: str | None
+
+
+PLOTS: dict[str, Callable[[PlotContext], list[Path]]] = {}
+"""Plot name (``report.plots`` in an experiment file) -> the function that draws it."""
+# Plots drawn even when not asked for, when the data calls for them.
+_ALWAYS: dict[str, Callable[[Any], bool]] = {
+    "sim_vs_real": lambda agg: {"real", "simulate"} <= set(agg["mode"]),
+}
+
+
+def plot(name: str) -> Callable[[Callable[[PlotContext], list[Path]]],
+                                Callable[[PlotContext], list[Path]]]:
+    """Register a plot under ``name`` (a duplicate name is an error)."""
+    def deco(fn: Callable[[PlotContext], list[Path]]) -> Callable[[PlotContext], list[Path]]:
+        if name in PLOTS:
+            raise ValueError(f"plot {name!r} is already registered")
+        PLOTS[name] = fn
+        return fn
+    return deco
+
+
+@plot("throughput_vs_bandwidth")
+def _plot_throughput_vs_bandwidth(c: PlotContext) -> list[Path]:
+    sim = c.sim
+    if sim["bandwidth_gbps"].nunique() < 2:
+        return []
+    series = ["variant", *_varying(sim, ("workers", "latency_us", "servers"))]
+    p = _line_plot(c.plt, sim, "bandwidth_gbps", "throughput",
+                   c.outdir / "throughput_vs_bandwidth.png",
+                   f"Throughput vs link bandwidth ({c.shown})",
+                   ylabel=AXIS_LABELS["throughput"], series=series,
+                   note=_fixed_note(sim, series), colors=c.palette)
+    c.doc.image(p.relative_to(c.outdir), "throughput vs bandwidth")
+    return [p]
+
+
+@plot("speedup")
+def _plot_speedup(c: PlotContext) -> list[Path]:
+    baseline = c.baseline
+    if not baseline or baseline not in set(c.sim["backend"]):
+        return []
+    sp = _speedups(c.sim, baseline)
+    x = _speedup_x(sp)
+    if sp.empty or sp[x].nunique() < 2:
+        return []
+    series = ["variant", *_varying(sp, [col for col in ("workers", "bandwidth_gbps",
+                                                        "latency_us") if col != x])]
+    p = _line_plot(c.plt, sp, x, "speedup", c.outdir / "speedup.png",
+                   f"Speedup over {baseline} ({c.shown})",
+                   ylabel=f"speedup over {baseline} (x)", hline=1.0,
+                   logx=(x == "workers"), series=series,
+                   note=_fixed_note(sp, [x, *series]), colors=c.palette, zero=False)
+    c.doc.image(p.relative_to(c.outdir), f"speedup over {baseline}")
+    return [p]
+
+
+@plot("scaling")
+def _plot_scaling(c: PlotContext) -> list[Path]:
+    sim = c.sim
+    if sim["workers"].nunique() < 2:
+        return []
+    series = ["variant", *_varying(sim, ("bandwidth_gbps", "latency_us", "servers"))]
+    p = _line_plot(c.plt, sim, "workers", "throughput", c.outdir / "scaling.png",
+                   f"Throughput vs number of workers ({c.shown})",
+                   ylabel="throughput (samples/s, log scale)", logx=True,
+                   logy=True, series=series,
+                   note=_fixed_note(sim, ["workers", *series]), colors=c.palette)
+    c.doc.image(p.relative_to(c.outdir), "scaling")
+    eff = _efficiency(sim)
+    q = _line_plot(c.plt, eff, "workers", "efficiency", c.outdir / "scaling_efficiency.png",
+                   "Scaling efficiency: throughput per worker relative to the smallest "
+                   "job", ylabel="efficiency (%)", logx=True, hline=100.0, series=series,
+                   note=_fixed_note(sim, ["workers", *series]), colors=c.palette)
+    c.doc.image(q.relative_to(c.outdir), "scaling efficiency")
+    return [p, q]
+
+
+@plot("gantt")
+def _plot_gantt(c: PlotContext) -> list[Path]:
+    written = []
+    for point in _gantt_points(c.df, c.spec):
+        tl_path = c.outdir / "timelines" / timeline_file(point)
+        if not tl_path.exists():
+            c.doc.text(f"Gantt of `{point}`: no timeline stored (run it again with "
+                       f"`--force --only '{point}'`).")
+            continue
+        p = _gantt(c.plt, json.loads(tl_path.read_text()), c.outdir / f"gantt_{tl_path.stem}.png")
+        c.doc.image(p.relative_to(c.outdir), f"timeline of {point}")
+        written.append(p)
+    return written
+
+
+@plot("sim_vs_real")
+def _plot_sim_vs_real(c: PlotContext) -> list[Path]:
+    found = _sim_vs_real(c.plt, c.agg, c.outdir / "sim_vs_real.png")
+    if found is None:
+        return []
+    p, pairs = found
+    c.doc.image(p.relative_to(c.outdir), "simulated vs measured iteration time")
+    c.doc.table(pairs[["variant", "workload", "workers", "iteration_time_ms_sim",
+                       "iteration_time_ms_real", "real/sim"]],
+                caption="Iteration time (ms), simulated and measured.")
+    return [p]
