@@ -3,7 +3,7 @@
 Usage in a test::
 
     from mpiutil import run_mpi
-    out = run_mpi(3, HERE / "mpi_scripts" / "check_horovod.py", "--case", "fusion")
+    out = run_mpi(3, SCRIPTS / "check_horovod.py", "--case", "fusion")
 
 The script should print what it checked and exit non-zero on a wrong result; any failing
 rank aborts the job (``mpiexec`` ends the others). On failure the exact command to re-run
@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 
 
 def mpiexec() -> str:

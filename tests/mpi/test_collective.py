@@ -1,13 +1,10 @@
 """The ``collective`` backend on 1-4 ranks: reduce kinds, ring order, striping over rings."""
 
-from pathlib import Path
 
 import pytest
-from mpiutil import run_mpi
+from mpiutil import SCRIPTS, run_mpi
 
 import ddpbench
-
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
 
 
 @pytest.mark.mpi

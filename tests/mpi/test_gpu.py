@@ -5,14 +5,11 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import gpu_or_skip
-from mpiutil import REPO, run_mpi
-
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
+from mpiutil import REPO, SCRIPTS, run_mpi
 
 
 def test_without_cupy_import_is_clean_and_use_says_what_to_install(monkeypatch):

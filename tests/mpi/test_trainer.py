@@ -5,14 +5,12 @@ steps in fp32 every backend's parameters equal a single process on the full glob
 within 1e-6 + 1e-5 |w| (the reduction order differs; measured worst 9e-8).
 """
 
-from pathlib import Path
 
 import pytest
-from mpiutil import run_mpi
+from mpiutil import SCRIPTS, run_mpi
 
 import ddpbench
 
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
 ALLREDUCE = ["mpi", "horovod", "collective"]
 PS = ["kvstore", "p3", "byteps"]
 ALL_CASES = "deferred,reference,distributed,predivide"

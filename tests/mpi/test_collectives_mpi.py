@@ -4,12 +4,9 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from mpiutil import REPO, assert_no_processes, run_mpi
-
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
+from mpiutil import REPO, SCRIPTS, assert_no_processes, run_mpi
 
 pytestmark = pytest.mark.mpi
 

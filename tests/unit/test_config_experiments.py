@@ -156,7 +156,7 @@ def test_names_format_values_and_skip_defaults():
 def test_shipped_experiments_validate():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "experiments"
+    root = Path(__file__).resolve().parents[2] / "experiments"
     mine = ["p3_vs_ring.yaml", "scaling.yaml", "real_local.yaml"]
     for name in mine:
         path = root / name

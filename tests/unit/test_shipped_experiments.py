@@ -8,7 +8,7 @@ import pytest
 
 from ddpbench.experiments import kinds, runner, schema
 
-EXPERIMENTS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.y*ml"))
+EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "experiments").glob("*.y*ml"))
 
 
 def test_experiments_are_shipped():

@@ -1,20 +1,17 @@
 """The numerics emulator against references: a literal ring, fp64 on exact integers, the
-closed-form overflow bound, and the real ``horovod`` backend bit for bit (MPI)."""
+closed-form overflow bound."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
-from mpiutil import run_mpi
 
 from ddpbench import numerics as nm
 from ddpbench.tensor_ops import ring_chunks, scale_
 
-HERE = Path(__file__).resolve().parent
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 
 
@@ -216,11 +213,3 @@ def test_bad_dtype_and_world_size_are_clear_errors():
     with pytest.raises(ValueError, match="unknown distribution 'uniform'"):
         nm.gradient_block("uniform", 1.0, 2, 0, 4, "float16")
     assert nm.resolve_dtype("bf16") == np.dtype(ml_dtypes.bfloat16)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_bit_exact_against_the_horovod_backend(n):
-    out = run_mpi(n, HERE / "mpi_scripts" / "numerics_bitexact.py", timeout=120.0,
-                  env={"PYTHONWARNINGS": "ignore"})
-    assert f"on {n} ranks" in out and "MISMATCH" not in out

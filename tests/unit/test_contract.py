@@ -13,7 +13,7 @@ from ddpbench.api import backend_class
 from ddpbench.experiments import schema
 from ddpbench.simulator.strategies import STRATEGIES, strategy_class
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", list(contract.BACKENDS))

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 
 import pytest
-from mpiutil import assert_no_processes, run_mpi
+from mpiutil import SCRIPTS, assert_no_processes, run_mpi
 
 from ddpbench.backends.ps_common import merge_chrome_traces
 
-SCRIPT = Path(__file__).resolve().parent / "mpi_scripts" / "ps_check.py"
+SCRIPT = SCRIPTS / "ps_check.py"
 pytestmark = pytest.mark.mpi
 
 
