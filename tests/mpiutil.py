@@ -5,7 +5,8 @@ Usage in a test::
     from mpiutil import run_mpi
     out = run_mpi(3, SCRIPTS / "check_horovod.py", "--case", "fusion")
 
-The script should print what it checked and exit non-zero on a wrong result; any failing
+The script reports what it checked as JSON lines (``mpi_scripts/_results.py``), which
+``results(out)`` reads back, and exits non-zero on a wrong result; any failing
 rank aborts the job (``mpiexec`` ends the others). On failure the exact command to re-run
 is part of the message.
 """
@@ -13,6 +14,7 @@ is part of the message.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -91,3 +93,31 @@ def assert_no_processes(pattern: str, grace: float = 5.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"processes left behind after {grace} s: {left.split()}")
         time.sleep(0.05)
+
+
+def results(out: str, check: str | None = None, **match: object) -> list[dict]:
+    """Return the JSON result records in ``out``, those of ``check`` whose fields equal ``match``."""
+    found = []
+    for line in out.splitlines():
+        line = line.strip()
+        if not line.startswith('{"'):
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or "check" not in rec:
+            continue
+        if check is not None and rec["check"] != check:
+            continue
+        if all(rec.get(k) == v for k, v in match.items()):
+            found.append(rec)
+    return found
+
+
+def one(out: str, check: str, **match: object) -> dict:
+    """Return the single record of ``check`` matching ``match``; fail the test otherwise."""
+    found = results(out, check, **match)
+    if len(found) != 1:
+        pytest.fail(f"expected one {check!r} record with {match}, found {len(found)}:\n{out[-3000:]}")
+    return found[0]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from mpiutil import REPO, SCRIPTS, assert_no_processes, run_mpi
+from mpiutil import REPO, SCRIPTS, assert_no_processes, results, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -15,11 +15,10 @@ pytestmark = pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["mpi", "horovod"])
 def test_every_op_dtype_shape_scaling_broadcast_fusion_mismatch(backend, n):
     out = run_mpi(n, SCRIPTS / "check_collectives.py", backend, timeout=180)
-    # Ranks print concurrently, so lines may interleave: pick the records out by pattern.
-    done = dict(re.findall(rf"DONE {backend} rank (\d+)/{n} checks=(\d+)", out))
-    assert sorted(done) == [str(r) for r in range(n)], out[-3000:]
+    done = {rec["rank"]: rec["checks"] for rec in results(out, "done", backend=backend, size=n)}
+    assert sorted(done) == list(range(n)), out[-3000:]
     # Every rank made the same number of checks (values, scaling, broadcast, mismatches).
-    assert len(set(done.values())) == 1 and int(done["0"]) > 590
+    assert len(set(done.values())) == 1 and done[0] > 590
 
 
 def test_horovod_stall_warning_names_tensor_and_missing_rank():

@@ -2,14 +2,13 @@
 reason) and fails instead when DDPBENCH_TEST_GPU=1 says a GPU is present."""
 
 import json
-import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from conftest import gpu_or_skip
-from mpiutil import REPO, SCRIPTS, run_mpi
+from mpiutil import REPO, SCRIPTS, one, results, run_mpi
 
 
 def test_without_cupy_import_is_clean_and_use_says_what_to_install(monkeypatch):
@@ -46,7 +45,7 @@ def test_fused_scale_kernel_matches_cpu_bits(dtype):
 def test_nccl_one_rank():
     gpu_or_skip()
     out = run_mpi(1, SCRIPTS / "check_gpu.py", "nccl", timeout=300)
-    assert re.search(r"DONE gpu nccl rank 0/1 checks=\d+", out)
+    assert one(out, "done", transport="nccl", rank=0, size=1)["checks"] > 0
 
 
 @pytest.mark.gpu
@@ -55,7 +54,7 @@ def test_nccl_one_rank():
 def test_host_staging_several_ranks_on_one_gpu(n):
     gpu_or_skip()
     out = run_mpi(n, SCRIPTS / "check_gpu.py", "host", timeout=300)
-    assert len(re.findall(rf"DONE gpu host rank \d/{n} checks=\d+", out)) == n
+    assert sorted(r["rank"] for r in results(out, "done", transport="host", size=n)) == list(range(n))
 
 
 @pytest.mark.gpu

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from mpiutil import SCRIPTS, run_mpi
+from mpiutil import SCRIPTS, one, results, run_mpi
 
 
 @pytest.mark.mpi
@@ -11,4 +11,6 @@ from mpiutil import SCRIPTS, run_mpi
 def test_bit_exact_against_the_horovod_backend(n):
     out = run_mpi(n, SCRIPTS / "numerics_bitexact.py", timeout=120.0,
                   env={"PYTHONWARNINGS": "ignore"})
-    assert f"on {n} ranks" in out and "MISMATCH" not in out
+    assert results(out, "mismatch") == []
+    rec = one(out, "bit_exact")
+    assert rec["ranks"] == n and rec["cases"] > 0

@@ -10,7 +10,7 @@ import json
 import uuid
 
 import pytest
-from mpiutil import SCRIPTS, assert_no_processes, run_mpi
+from mpiutil import SCRIPTS, assert_no_processes, one, run_mpi
 
 from ddpbench.backends.ps_common import merge_chrome_traces
 
@@ -22,43 +22,44 @@ def roles(workers: int, servers: int) -> dict[str, str]:
     return {"DDPBENCH_NUM_WORKERS": str(workers), "DDPBENCH_NUM_SERVERS": str(servers)}
 
 
-def oks(out: str) -> list[str]:
-    return [line[3:] for line in out.splitlines() if line.startswith("OK ")]
-
-
 def test_kvstore_two_workers_two_servers():
     out = run_mpi(4, SCRIPT, "kvstore", "1000", timeout=60, env=roles(2, 2))
-    assert any("big arrays split over all 2 servers" in line for line in oks(out)), out
-    assert any("server SGD equals the closed form" in line for line in oks(out)), out
-    assert "kvstore: closed" in oks(out)
+    assert one(out, "sums", tag="kvstore")["workers"] == 2
+    assert one(out, "kvstore_placement")["servers"] == 2
+    assert one(out, "kvstore_server_sgd")["steps"] == 4
+    one(out, "closed", tag="kvstore")
 
 
 def test_kvstore_one_server_three_workers():
     out = run_mpi(4, SCRIPT, "kvstore", "500", timeout=60, env=roles(3, 1))
-    assert any("exact sums over 3 workers" in line for line in oks(out)), out
+    assert one(out, "sums", tag="kvstore") == {
+        "check": "sums", "tag": "kvstore", "workers": 3, "names": 5}
+    assert one(out, "broadcast", tag="kvstore")["roots"] == 3
 
 
 def test_p3_dedicated_server_priority_and_pacing():
     out = run_mpi(3, SCRIPT, "p3_dedicated", timeout=60, env=roles(2, 1))
-    assert "p3: with water_mark=1 the high-priority slice went at position 1 of 11" in oks(out)
-    assert "p3: paced sends do not overlap on the uplink" in oks(out)
+    mark = one(out, "p3_water_mark")
+    assert (mark["water_mark"], mark["position"], mark["slices"]) == (1, 1, 11)
+    assert one(out, "p3_paced")["sends"] > 1
+    assert one(out, "sums", tag="p3")["workers"] == 2
 
 
 def test_colocated_three_workers():
     out = run_mpi(3, SCRIPT, "colocated", timeout=60)
-    want = ["byteps: credit_bytes=0 sends FIFO (priorities ignored)",
-            "p3: slices round-robin over 3 colocated servers by one counter, local slices "
-            "not sent", "byteps: average=True"]
-    for line in want:
-        assert line in oks(out), out
-    assert any(line.startswith("byteps credit: exact sums") for line in oks(out)), out
+    order = one(out, "byteps_fifo")["order"]  # keys 3..8, each in its partitions
+    assert order == sorted(order) and set(order) == set(range(3, 9))
+    assert one(out, "p3_placement")["servers"] == 3
+    assert one(out, "byteps_average")["workers"] == 3
+    for tag in ("byteps", "kvstore colocated", "byteps credit"):
+        assert one(out, "sums", tag=tag)["workers"] == 3
 
 
 @pytest.mark.parametrize("backend", ["kvstore", "byteps"])
 def test_shutdown_leaves_no_process(backend, tmp_path):
     marker = f"psmark{uuid.uuid4().hex[:12]}"
     out = run_mpi(3, SCRIPT, "shutdown", backend, marker, tmp_path, timeout=60, env=roles(2, 1))
-    assert "shutdown: closed" in oks(out)
+    one(out, "closed", tag="shutdown")
     files = sorted(p.name for p in tmp_path.glob("sends.*.json"))
     assert files == ["sends.server0.json", "sends.worker0.json", "sends.worker1.json"]
     merged = json.loads(merge_chrome_traces(tmp_path, tmp_path / "all.json").read_text())

@@ -2,7 +2,7 @@
 
 Usage: check_collectives.py BACKEND [CASE ...]   (cases: values, scaling, broadcast,
 fusion, mismatch, stall; default all but stall). Exits non-zero on the first wrong result;
-prints one OK line per case and rank.
+reports each case and rank as a JSON line (_results.py).
 """
 
 import sys
@@ -11,6 +11,7 @@ import warnings
 
 import ml_dtypes
 import numpy as np
+from _results import result
 
 import ddpbench
 from ddpbench.api import ReduceOp
@@ -198,6 +199,6 @@ def case_stall():
 
 for case in CASES:
     globals()[f"case_{case}"]()
-    print(f"OK {BACKEND} rank {rank}/{size} {case}", flush=True)
+    result("case", backend=BACKEND, rank=rank, size=size, case=case)
 kv.close()
-print(f"DONE {BACKEND} rank {rank}/{size} checks={checks}", flush=True)
+result("done", backend=BACKEND, rank=rank, size=size, checks=checks)

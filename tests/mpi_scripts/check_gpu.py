@@ -7,6 +7,7 @@ import sys
 
 import cupy
 import numpy as np
+from _results import result
 
 import ddpbench
 from ddpbench import gpu
@@ -62,4 +63,4 @@ for backend in ("mpi", "horovod"):
         kv.broadcast(f"b{root}", t, root_rank=root)
         expect("broadcast", t, np.full((4, 3), float(root)))
     kv.close()
-print(f"DONE gpu {TRANSPORT} rank {world().rank}/{world().size} checks={checks}", flush=True)
+result("done", transport=TRANSPORT, rank=world().rank, size=world().size, checks=checks)

@@ -1,7 +1,7 @@
 """Checks of the ``collective`` backend on every rank of one MPI job.
 
 Usage: python collective_check.py
-Prints one line per check on rank 0; raises (ending the job non-zero) on a wrong result.
+Reports each check on rank 0 as a JSON line (_results.py); raises (ending the job non-zero) on a wrong result.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from _results import result
 
 import ddpbench
 from ddpbench.api import ReduceOp
@@ -18,9 +19,9 @@ from ddpbench.comm import engine, world
 from ddpbench.tensor_ops import ring_chunks
 
 
-def log(msg: str) -> None:
+def log(check: str, **fields) -> None:
     if world().role_rank == 0:
-        print(msg, flush=True)
+        result(check, **fields)
 
 
 def check_ops(kv) -> None:
@@ -49,8 +50,7 @@ def check_ops(kv) -> None:
     x = np.full(8, r + 1, np.float16)
     y = kv.push_pull("scaled", x, prescale_factor=0.5, postscale_factor=3.0)
     assert np.array_equal(y, np.full(8, 1.5 * ranks.sum(), np.float16)), y
-    log(f"ops on {p} ranks: sum/max/min/prod/average exact in float16/32/64 and int32, "
-        f"as allreduce_* methods and push_pull(op=...); prescale/postscale applied")
+    log("ops", ranks=p, ops=sorted(expect), dtypes=["float16", "float32", "float64", "int32"])
 
 
 def check_bitwise_vs_horovod_ring(kv) -> None:
@@ -69,7 +69,7 @@ def check_bitwise_vs_horovod_ring(kv) -> None:
         if not np.array_equal(ours.view(np.uint16), theirs.view(np.uint16)):
             raise AssertionError(f"n={n}: collective ring differs from horovod's ring")
     eng.call(comm.Free).wait()
-    log(f"ring order on {p} ranks: float16 sums bit-identical to horovod's _ring_allreduce")
+    log("ring_order", ranks=p, dtype="float16", bit_identical_to="horovod._ring_allreduce")
 
 
 def check_striping(nrings: int) -> None:
@@ -95,9 +95,8 @@ def check_striping(nrings: int) -> None:
     if p > 1 and nrings > 1:
         assert st["max_active_rings"] >= 2, f"rings never ran concurrently: {st}"
     kv.close()
-    log(f"striping on {p} ranks, nrings={nrings}: tensor i on ring i % {nrings} "
-        f"({[len(r['names']) for r in st['rings']]} tensors), bytes per ring = ring formula, "
-        f"{st['max_active_rings']} rings observed in flight at once")
+    log("striping", ranks=p, nrings=nrings, tensors=[len(r["names"]) for r in st["rings"]],
+        max_active_rings=st["max_active_rings"])
 
 
 def check_mismatch(kv) -> None:
@@ -113,7 +112,7 @@ def check_mismatch(kv) -> None:
         raise AssertionError("a shape mismatch did not raise")
     y = kv.push_pull("after", np.ones(3, np.float32))  # the store still works
     assert np.array_equal(y, np.full(3, p, np.float32))
-    log(f"mismatch on {p} ranks: MismatchError on every rank naming both sides")
+    log("mismatch", ranks=p, error="MismatchError")
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import sys
 
 import ml_dtypes
 import numpy as np
+from _results import result
 
 import ddpbench
 from ddpbench import numerics
@@ -63,18 +64,17 @@ def main() -> int:
                 diff = np.flatnonzero(bits(got) != bits(want))
                 if got.dtype != want.dtype or diff.size:
                     i = int(diff[0]) if diff.size else 0
-                    print(f"rank {rank}: MISMATCH {dname} n={n} op={op} pre={pre} post={post}: "
-                          f"{diff.size} elements differ, first [{i}] backend {got[i]!r} "
-                          f"(0x{int(bits(got)[i]):x}) emulator {want[i]!r} "
-                          f"(0x{int(bits(want)[i]):x}); dtypes {got.dtype}/{want.dtype}",
-                          flush=True)
+                    result("mismatch", rank=rank, dtype=dname, n=n, op=str(op), pre=pre,
+                           post=post, differ=int(diff.size), first=i,
+                           backend=f"{got[i]!r} (0x{int(bits(got)[i]):x}) {got.dtype}",
+                           emulator=f"{want[i]!r} (0x{int(bits(want)[i]):x}) {want.dtype}")
                     return 1
                 checked += 1
                 nonfinite += int(np.count_nonzero(~np.isfinite(want.astype(np.float64))))
     kv.close()
     if rank == 0:
-        print(f"bit-exact: {checked} cases on {p} ranks (fp16, bf16, fp32; sizes {sizes}); "
-              f"{nonfinite} inf/nan results compared")
+        result("bit_exact", cases=checked, ranks=p, dtypes=["float16", "bfloat16", "float32"],
+               sizes=list(sizes), nonfinite=nonfinite)
     return 0
 
 

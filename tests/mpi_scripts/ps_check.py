@@ -1,7 +1,7 @@
 """Checks of the parameter-server backends, run on every rank of one launch.
 
 Usage: ps_check.py CASE [ARG]; cases below. Every assertion failure ends the job (the abort
-hooks of ddpbench.comm); rank 0 prints "OK <check>" for each check that passed.
+hooks of ddpbench.comm); rank 0 reports each check that passed as a JSON line.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import sys
 import time
 
 import numpy as np
+from _results import result
 
 import ddpbench
 from ddpbench.comm import world
 
 
-def say(kv, text):
+def say(kv, check, **fields):
     if kv.rank == 0:
-        print(f"OK {text}", flush=True)
+        result(check, **fields)
 
 
 def pattern(n, dtype):
@@ -49,7 +50,7 @@ def check_sums(kv, keys, tag):
     k0, n0, dt0 = keys[0]
     avg = kv.push_pull(k0, pattern(n0, dt0) * dt0(r + 1), op="average")
     assert np.array_equal(avg, (pattern(n0, np.float64) * (w + 1) / 2).astype(dt0))
-    say(kv, f"{tag}: exact sums over {w} workers for {len(keys)} names, lists, async, average")
+    say(kv, "sums", tag=tag, workers=w, names=len(keys))
 
 
 def check_broadcast(kv, names, tag):
@@ -59,7 +60,7 @@ def check_broadcast(kv, names, tag):
         kv.broadcast([k for k, _, _ in names], xs, root_rank=root)
         for j, x in enumerate(xs):
             assert np.all(x == 100 * root + j), (tag, root, x[:3])
-    say(kv, f"{tag}: broadcast from every root")
+    say(kv, "broadcast", tag=tag, roots=w)
 
 
 def sends(kv, kind="push"):
@@ -88,7 +89,7 @@ def case_kvstore(bound):
             shares = [len(a) for a in np.array_split(np.arange(n), s)]
             want = {(i, f"server{i}", shares[i] * item) for i in range(s)}
             assert set(got) == want, (key, got, want)
-    say(kv, f"kvstore: small arrays hashed, big arrays split over all {s} servers (trace)")
+    say(kv, "kvstore_placement", servers=s, keys=len(keys))
     # server-side SGD: closed form without momentum (exact in binary fractions)
     n_small, n_big, k = 10, 2 * bound + 3, 4
     w0 = {100: np.arange(n_small, dtype=np.float64), 101: np.arange(n_big, dtype=np.float64)}
@@ -114,14 +115,13 @@ def case_kvstore(bound):
             ref = ref + mom
             out = kv.push_pull(key, t * (r + 1.0) + np.sin(np.arange(v.size)))
         np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
-    say(kv, f"kvstore: server SGD equals the closed form after {k} steps (rescale_grad, "
-            f"momentum, wd)")
+    say(kv, "kvstore_server_sgd", steps=k, momentum=0.9, wd=0.01)
     try:
         kv.set_optimizer(lambda w, g: w)
     except TypeError as err:
         assert "SGD" in str(err)
     kv.close()
-    say(kv, "kvstore: closed")
+    say(kv, "closed", tag="kvstore")
 
 
 def case_p3_dedicated():
@@ -153,13 +153,13 @@ def case_p3_dedicated():
     assert pos == 1, f"high-priority slice sent at position {pos}: {order}"
     lows = [p for k, p in order if k != key_high]
     assert lows == list(range(10)), order
-    say(kv, f"p3: with water_mark=1 the high-priority slice went at position {pos} of 11")
+    say(kv, "p3_water_mark", water_mark=1, position=pos, slices=len(order))
     # pacing: each send holds the uplink for bytes / bandwidth
     recs = sends(kv)[before:]
     for a, b in zip(recs, recs[1:]):
         assert b.start >= a.end - 1e-9, (a, b)
         assert abs((a.end - a.start) - a.bytes / (0.5e9 / 8)) < 1e-9
-    say(kv, "p3: paced sends do not overlap on the uplink")
+    say(kv, "p3_paced", sends=len(recs))
     kv.close()
 
 
@@ -173,14 +173,14 @@ def case_colocated():
     x = pattern(2500, np.float64) * (r + 1)
     out = bp.push_pull(0, x.astype(np.float32), average=True)
     assert np.array_equal(out, (pattern(2500, np.float64) * (n + 1) / 2).astype(np.float32))
-    say(bp, "byteps: average=True")
+    say(bp, "byteps_average", workers=n)
     # credit 0: FIFO whatever the priorities
     before = len(sends(bp))
     hs = [bp.push_pull_async(k, np.ones(2500, np.float32), priority=k) for k in range(3, 9)]
     [h.wait() for h in hs]
     order = [rec.key for rec in sends(bp)[before:]]
     assert order == sorted(order), order
-    say(bp, "byteps: credit_bytes=0 sends FIFO (priorities ignored)")
+    say(bp, "byteps_fifo", credit_bytes=0, order=order)
     bp.close()
     # p3: slices round-robin over the 3 colocated servers by one counter across keys; the
     # local slices cost no message
@@ -204,8 +204,7 @@ def case_colocated():
                             for lo in range(0, s, 1000)
                             if (sum(-(-x // 1000) for _, x in sizes[:s_i]) + lo // 1000) % n == r
                             ) * (n - 1)
-    say(p3, f"p3: slices round-robin over {n} colocated servers by one counter, local "
-            f"slices not sent")
+    say(p3, "p3_placement", servers=n, sends=len(got))
     p3.close()
     kv = ddpbench.create("kvstore", servers="colocated", bigarray_bound=100)
     check_sums(kv, [("x", 50, np.float32), ("y", 301, np.float32)], "kvstore colocated")
@@ -233,7 +232,7 @@ def case_shutdown():
     kv = ddpbench.create(sys.argv[2], trace=sys.argv[4])  # every process writes its sends
     kv.push_pull("g", np.ones(10, np.float32))
     kv.close()
-    say(kv, "shutdown: closed")
+    say(kv, "closed", tag="shutdown")
     time.sleep(0.1)
 
 

@@ -1,8 +1,8 @@
 """DistributedTrainer and broadcast_parameters checks, run on every rank of one MPI job.
 
 Usage: python trainer_check.py CASE[,CASE...] BACKEND[,BACKEND...]
-Cases: deferred, reference, distributed, predivide, local_sgd. Each prints one line per
-check on rank 0 and raises (ending the job non-zero) on a wrong result.
+Cases: deferred, reference, distributed, predivide, local_sgd. Each reports one JSON
+line per check on rank 0 (_results.py) and raises (ending the job non-zero) on a wrong result.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from _results import result
 
 import ddpbench
 from ddpbench import nn
@@ -23,9 +24,9 @@ RTOL, ATOL, K = 1e-5, 1e-6, 5
 B, LR = 16, 0.2
 
 
-def log(msg: str) -> None:
+def log(check: str, **fields) -> None:
     if world().role_rank == 0:
-        print(msg, flush=True)
+        result(check, **fields)
 
 
 def gather_equal(arr: np.ndarray, what: str) -> None:
@@ -67,8 +68,8 @@ def case_deferred(kv: ddpbench.KVStore, backend: str) -> None:
             if not np.array_equal(p.data, q.data):
                 raise AssertionError(f"{backend}/{name}: {p.name} differs from root's values")
             gather_equal(p.data, f"{backend}/{name} {p.name}")
-        log(f"deferred {backend} {name}: {len(deferred)} deferred of {len(m.parameters())} "
-            f"parameters identical to root's on {kv.num_workers} ranks")
+        log("deferred", backend=backend, model=name, deferred=len(deferred),
+            parameters=len(m.parameters()), ranks=kv.num_workers)
 
 
 def train(kv, backend, name, k=K, seed_of=lambda r: 100 + r, **trainer_kw):
@@ -114,8 +115,7 @@ def case_reference(kv, backend: str, label: str = "reference", **trainer_kw) -> 
                 raise AssertionError(f"{backend}/{name} {p.name}: max error {err.max():.3g} "
                                      f"exceeds {ATOL:g} + {RTOL:g}|w|")
             worst = max(worst, float(err.max()))
-        log(f"{label} {backend} {name}: {K} steps on {kv.num_workers} ranks match the "
-            f"single-process full batch, max |w - w_ref| = {worst:.2e}")
+        log(label, backend=backend, model=name, steps=K, ranks=kv.num_workers, max_err=worst)
 
 
 def case_distributed(kv, backend: str) -> None:
@@ -153,8 +153,7 @@ def case_distributed(kv, backend: str) -> None:
     for p in m.parameters():
         if not p.distributed:
             gather_equal(p.data, f"{backend} replicated {p.name}")
-    log(f"distributed {backend}: distributed=True parameters updated locally from their own "
-        f"gradients, differ across ranks; the others identical")
+    log("distributed", backend=backend)
 
 
 def case_predivide(kv, backend: str) -> None:
@@ -175,8 +174,7 @@ def case_predivide(kv, backend: str) -> None:
         # prescale 1/f and postscale f/size each round once in fp32: a few ulps per step
         if worst > 1e-6 * scale:
             raise AssertionError(f"{backend} predivide {f}: differs from AVERAGE by {worst}")
-        log(f"predivide {backend} f={f:g}: equals AVERAGE within {worst:.2e} "
-            f"(bound 1e-6 x max|w| = {1e-6 * scale:.2e}); f != 1 with sum/max/min/product raises")
+        log("predivide", backend=backend, factor=f, max_err=worst, bound=1e-6 * scale)
 
 
 def case_local_sgd(kv, backend: str) -> None:
@@ -206,9 +204,9 @@ def case_local_sgd(kv, backend: str) -> None:
         if kv.num_workers > 1:
             assert same == synced, f"step {step}: identical={same}, expected {synced}"
     total = sum(r["ops"] for r in kv.stats["rings"]) - ops0
-    log(f"local_sgd {backend} period {period}: {2 * period + 1} steps, communicated only on "
-        f"steps {list(range(period, 2 * period + 2, period))} ({total} operations = "
-        f"{total // n} averages x {n} parameters); ranks identical exactly after each average")
+    log("local_sgd", backend=backend, period=period, steps=2 * period + 1,
+        synced_steps=list(range(period, 2 * period + 2, period)), operations=total,
+        parameters=n)
 
     # fp16 compression of the averaged deltas: one period, against the fp32 average. Each
     # delta is rounded to fp16 (2^-11 relative), summed in fp16 over p ranks and scaled in
@@ -240,8 +238,7 @@ def case_local_sgd(kv, backend: str) -> None:
         err = float(np.max(np.abs(p.data - q.data)))
         bound = (p_ + 1) * 2.0 ** -11 * dmax + 1e-6 * float(np.max(np.abs(q.data)))
         assert err <= bound, f"fp16 local SGD {p.name}: error {err} > bound {bound}"
-    log(f"local_sgd {backend} fp16 deltas: ranks identical, within (p+1) 2^-11 max|delta| "
-        f"of the fp32 average")
+    log("local_sgd_fp16", backend=backend, bound="(p+1) 2^-11 max|delta|")
 
 
 def case_onserver(kv, backend: str) -> None:
