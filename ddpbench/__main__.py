@@ -1,3 +1,5 @@
+"""``python -m ddpbench``: the same command line as the ``ddpbench`` script."""
+
 import sys
 
 from ddpbench.cli import main
