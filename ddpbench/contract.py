@@ -341,6 +341,11 @@ class Cluster(BaseModel):
         """Return the number of dedicated server hosts (0 when colocated)."""
         return self.servers if isinstance(self.servers, int) else 0
 
+    @classmethod
+    def from_point(cls, params: Mapping[str, Any]) -> Cluster:
+        """Return the cluster named by an experiment point's parameters (others ignored)."""
+        return cls(**{k: params[k] for k in cls.model_fields if k in params})
+
 
 class Schedule(BaseModel):
     """How long a point runs and how its workload is scaled.
@@ -360,10 +365,18 @@ class Schedule(BaseModel):
     size_scale: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, json_schema_extra={
         "expect": "in (0, 1] (gradient sizes x this)"})
 
+    @classmethod
+    def from_point(cls, params: Mapping[str, Any]) -> Schedule:
+        """Return the schedule named by an experiment point's parameters (others ignored)."""
+        return cls(**{k: params[k] for k in cls.model_fields if k in params})
 
-COMMON_AXES = ("workload", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
-               "warmup", "compute_scale", "size_scale", "oversubscription", "rack_size")
-"""Point-level axes shared by every backend, in the order tables show them."""
+
+_AXES_FIRST = ("workload", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
+               "warmup", "compute_scale", "size_scale")
+COMMON_AXES = (*_AXES_FIRST, *(f for f in (*Cluster.model_fields, *Schedule.model_fields)
+                               if f not in _AXES_FIRST))
+"""Point-level axes shared by every backend, in the order tables show them: the workload,
+then every field of :class:`Cluster` and :class:`Schedule` (a new field is an axis)."""
 
 
 def check_axis(axis: str, value: Any) -> Any:

@@ -110,12 +110,15 @@ class _Point(NamedTuple):
     summation_gbps: float
 
 
-def _validate(cluster: contract.Cluster | None, summation_gbps: float, **values: Any) -> _Point:
+def _validate(cluster: contract.Cluster | None, schedule: contract.Schedule | None,
+              summation_gbps: float, **values: Any) -> _Point:
     """Return the point checked against the contract's bounds, naming the field on error."""
     if values.get("servers") is None:
         values["servers"] = "colocated"
     if cluster is not None:
         values.update(cluster.model_dump())
+    if schedule is not None:
+        values.update(schedule.model_dump())
     checked = {k: contract.check_axis(k, v) for k, v in values.items()}
     checked.setdefault("iterations", 1)
     checked.setdefault("warmup", 0)
@@ -256,23 +259,25 @@ class _Sim:
             self._iter_end[t] = self.env.now
 
 
-def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
-             servers: int | str | None = None, bandwidth_gbps: float, latency_us: float = 5.0,
+def simulate(workload: str | Path | Workload, backend: str, *, workers: int | None = None,
+             servers: int | str | None = None, bandwidth_gbps: float | None = None,
+             latency_us: float = 5.0,
              iterations: int = 3, warmup: int = 1, compute_scale: float = 1.0,
              summation_gbps: float = DEFAULT_SUMMATION_GBPS, trace: bool = True,
              oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
-             cluster: contract.Cluster | None = None, **knobs: Any) -> SimResult:
+             cluster: contract.Cluster | None = None,
+             schedule: contract.Schedule | None = None, **knobs: Any) -> SimResult:
     """Simulate data-parallel training of ``workload`` with ``backend`` on an idle cluster.
 
     Args:
         workload: a shipped profile name (:data:`simulator.WORKLOADS`), a profile YAML path
             or a :class:`~simulator.workload.Workload`.
         backend: one of :data:`simulator.STRATEGIES`.
-        workers: worker hosts, one GPU each.
+        workers: worker hosts, one GPU each (required unless ``cluster`` is given).
         servers: parameter-server backends only: ``None`` or ``"colocated"`` puts one server
             on each worker host; an int is that many dedicated server hosts. Ignored by the
             allreduce backends.
-        bandwidth_gbps: NIC bandwidth per direction, Gbit/s.
+        bandwidth_gbps: NIC bandwidth per direction, Gbit/s (required unless ``cluster``).
         latency_us: one-way latency per message, microseconds.
         iterations: iterations simulated in all, including the warm-up ones.
         warmup: leading iterations left out of the steady-state iteration time.
@@ -287,7 +292,11 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
         rack_size: hosts per rack (only used when oversubscribed).
         cluster: a :class:`ddpbench.contract.Cluster`; when given, its fields replace
             ``workers``, ``servers``, ``bandwidth_gbps``, ``latency_us``,
-            ``oversubscription`` and ``rack_size``.
+            ``oversubscription`` and ``rack_size`` (an experiment point passes this: the
+            same value reaches the launcher of a real run).
+        schedule: a :class:`ddpbench.contract.Schedule`; when given, its fields replace
+            ``iterations``, ``warmup`` and ``compute_scale``, and its ``size_scale``
+            resizes the workload's tensors.
         **knobs: the backend's knobs (see :data:`simulator.STRATEGIES`).
 
     Returns:
@@ -303,12 +312,14 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int,
     """
     cls = strategy_class(backend)
     parsed = cls.parse_knobs(knobs)
-    point = _validate(cluster, summation_gbps, workers=workers, servers=servers,
+    if cluster is None and (workers is None or bandwidth_gbps is None):
+        raise TypeError("simulate() needs workers= and bandwidth_gbps=, or cluster=")
+    point = _validate(cluster, schedule, summation_gbps, workers=workers, servers=servers,
                       bandwidth_gbps=bandwidth_gbps, latency_us=latency_us,
                       iterations=iterations, warmup=warmup, compute_scale=compute_scale,
                       oversubscription=oversubscription, rack_size=rack_size)
     c, sched = point.cluster, point.schedule
-    wl = load_workload(workload).scaled(sched.compute_scale)
+    wl = load_workload(workload).resized(sched.size_scale).scaled(sched.compute_scale)
     dedicated = 0 if cls.symmetric else c.dedicated_servers()
     bandwidth = c.bandwidth_gbps * 1e9 / 8
     sim = _Sim(wl, c.workers, bandwidth, c.latency_us * 1e-6,
@@ -375,7 +386,7 @@ def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = 
         raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; available: ['ring', 'tree']")
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 1:
         raise ValueError(f"nbytes: expected an integer >= 1, got {nbytes!r}")
-    c = _validate(None, DEFAULT_SUMMATION_GBPS, workers=workers, bandwidth_gbps=bandwidth_gbps,
+    c = _validate(None, None, DEFAULT_SUMMATION_GBPS, workers=workers, bandwidth_gbps=bandwidth_gbps,
                   latency_us=latency_us, oversubscription=oversubscription,
                   rack_size=rack_size).cluster
     sim = _Sim(None, c.workers, c.bandwidth_gbps * 1e9 / 8, c.latency_us * 1e-6,

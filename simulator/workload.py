@@ -134,6 +134,18 @@ class Workload(BaseModel):
                              bwd_s=x.bwd_s * compute_scale) for x in self.layers)
         return self.model_copy(update={"layers": layers})
 
+    def resized(self, size_scale: float) -> Workload:
+        """Return a copy whose tensors hold ``size_scale`` times the elements (rounded, >= 1).
+
+        Real runs of a scaled-down profile and their simulated prediction use this same
+        copy, so both move the same bytes.
+        """
+        if size_scale == 1.0:
+            return self
+        tensors = tuple(t.model_copy(update={"numel": max(1, int(round(t.numel * size_scale)))})
+                        for t in self.tensors)
+        return self.model_copy(update={"tensors": tensors})
+
 
 def _ms(raw: dict, key: str, where: str) -> float:
     value = raw.get(key)

@@ -96,16 +96,20 @@ def assert_no_processes(pattern: str, grace: float = 5.0) -> None:
 
 
 def results(out: str, check: str | None = None, **match: object) -> list[dict]:
-    """Return the JSON result records in ``out``, those of ``check`` whose fields equal ``match``."""
-    found = []
-    for line in out.splitlines():
-        line = line.strip()
-        if not line.startswith('{"'):
-            continue
+    """Return the JSON result records in ``out``, those of ``check`` whose fields equal ``match``.
+
+    Ranks print concurrently and ``mpiexec`` may interleave their lines, so records are
+    decoded wherever one starts, not line by line.
+    """
+    decoder = json.JSONDecoder()
+    found, pos = [], out.find('{"')
+    while pos >= 0:
         try:
-            rec = json.loads(line)
+            rec, end = decoder.raw_decode(out, pos)
         except ValueError:
+            pos = out.find('{"', pos + 2)
             continue
+        pos = out.find('{"', end)
         if not isinstance(rec, dict) or "check" not in rec:
             continue
         if check is not None and rec["check"] != check:

@@ -110,24 +110,20 @@ def _knobs(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k not in skip and not k.startswith("_")}
 
 
-def _servers_arg(value: Any) -> Any:
-    return value if value == "colocated" else int(value)
+def _cluster_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Return ``params`` with ``servers`` as the Cluster takes it (results.csv stores text)."""
+    servers = params.get("servers", "colocated")
+    return {**params, "servers": servers if servers == "colocated" else int(servers)}
 
 
 def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
     from ddpbench import simulator
-    from ddpbench.experiments.throughput.worker import load_workload, scale_sizes
+    from ddpbench.experiments.throughput.worker import load_workload
 
-    workload = load_workload(params["workload"])
-    workload = scale_sizes(workload, float(params.get("size_scale", 1.0)))
     res = simulator.simulate(
-        workload, params["backend"],
-        workers=int(params["workers"]), servers=_servers_arg(params["servers"]),
-        bandwidth_gbps=float(params["bandwidth_gbps"]), latency_us=float(params["latency_us"]),
-        iterations=int(params["iterations"]), warmup=int(params["warmup"]),
-        compute_scale=float(params["compute_scale"]),
-        oversubscription=float(params.get("oversubscription", 1.0)),
-        rack_size=int(params.get("rack_size", contract.DEFAULT_RACK_SIZE)), **_knobs(params),
+        load_workload(params["workload"]), params["backend"],
+        cluster=contract.Cluster.from_point(_cluster_params(params)),
+        schedule=contract.Schedule.from_point(params), **_knobs(params),
     )
     sent = dict(getattr(res, "bytes_sent", {}) or {})
     util = dict(getattr(res, "nic_utilisation", {}) or {})
@@ -161,12 +157,13 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
             f"backend {backend!r} is not available for real runs (not installed or not "
             f"written yet); available: {ddpbench.available()}"
         )
-    if float(params.get("oversubscription", 1.0)) != 1.0:
+    cluster = contract.Cluster.from_point(_cluster_params(params))
+    if cluster.oversubscription != 1.0:
         raise ValueError("oversubscription is simulated only: a real run uses the machine's "
                          "own network; run this point with mode: simulate")
-    workers = int(params["workers"])
+    workers = cluster.workers
     if backend in contract.PS_BACKENDS:
-        servers = workers if params["servers"] == "colocated" else int(params["servers"])
+        servers = cluster.dedicated_servers() or workers
     else:
         servers = 0
     timeout = float(params.get("timeout_s", 300.0))

@@ -58,16 +58,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def scale_sizes(workload: Any, size_scale: float) -> Any:
-    """Return ``workload`` with every tensor's numel x ``size_scale`` (rounded, >= 1).
-
-    The simulator is given the same scaled profile, so its prediction and the real run
-    move the same bytes.
-    """
-    if size_scale == 1.0:
-        return workload
-    tensors = tuple(t.model_copy(update={"numel": max(1, int(round(t.numel * size_scale)))})
-                    for t in workload.tensors)
-    return workload.model_copy(update={"tensors": tensors})
+    """Return ``workload`` with every tensor's numel x ``size_scale`` (see ``Workload.resized``)."""
+    return workload.resized(size_scale)
 
 
 def load_workload(name: str) -> Any:
