@@ -221,11 +221,11 @@ BACKENDS: dict[str, BackendContract] = {
                         "fusion, prescale/postscale on the fused buffer",
                         "ddpbench.backends.horovod"),
         BackendContract("kvstore", KvstoreKnobs, "MXNet-style parameter server, server-side "
-                        "optimizer", "ddpbench.backends.kvstore", uses_servers=True),
+                        "optimizer", "ddpbench.backends.ps.kvstore", uses_servers=True),
         BackendContract("p3", P3Knobs, "priority-based slicing, round-robin placement, water "
-                        "mark", "ddpbench.backends.p3", uses_servers=True),
+                        "mark", "ddpbench.backends.ps.p3", uses_servers=True),
         BackendContract("byteps", BytepsKnobs, "partitioned push-pull with credit scheduling",
-                        "ddpbench.backends.byteps", uses_servers=True),
+                        "ddpbench.backends.ps.byteps", uses_servers=True),
         BackendContract("collective", CollectiveKnobs, "sum/max/min/prod, parallel rings, "
                         "local SGD", "ddpbench.backends.collective"),
     )

@@ -14,7 +14,7 @@ there by (priority, arrival time, sequence number); there is no preemption insid
 message. A message is delivered ``latency`` after the port has carried it. Every tie breaks
 on (time, priority, sequence number), so a run is deterministic.
 
-``backends/ps_common.py`` paces the real transport with the same model (a token bucket per
+``backends/ps/transport.py`` paces the real transport with the same model (a token bucket per
 uplink, a priority queue per downlink, latency after the downlink), so that simulated and
 real runs of the parameter-server backends can be compared message for message.
 """

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from mpiutil import SCRIPTS, assert_no_processes, one, run_mpi
 
-from ddpbench.backends.ps_common import merge_chrome_traces
+from ddpbench.trace import merge_chrome_traces
 
 SCRIPT = SCRIPTS / "ps_check.py"
 pytestmark = pytest.mark.mpi

@@ -69,7 +69,7 @@ def sends(kv, kind="push"):
 
 def case_kvstore(bound):
     """2 workers, 2 servers, int keys: sums, broadcast, split big arrays, server optimizer."""
-    from ddpbench.backends.kvstore import SGD
+    from ddpbench import SGD
 
     kv = ddpbench.create("kvstore", bigarray_bound=bound, trace=True)
     assert kv.is_capable("optimizer")

@@ -139,7 +139,7 @@ def test_port_choice_includes_a_message_arriving_as_it_frees():
 
 
 def test_real_pacing_delivers_like_the_simulated_port():
-    # The real transport's downlink (backends/ps_common.py) on the same scenario, as seen by
+    # The real transport's downlink (backends/ps/transport.py) on the same scenario, as seen by
     # host 2: messages are received a little after their senders started them and the
     # engine polls now and then; the deliveries must be the simulator's.
     import heapq
@@ -147,17 +147,18 @@ def test_real_pacing_delivers_like_the_simulated_port():
 
     import numpy as np
 
-    from ddpbench.backends import ps_common as pc
+    from ddpbench.backends.ps import transport as pt
+    from ddpbench.backends.ps import wire as pw
 
-    t = pc.Transport(SimpleNamespace(rank=2), str, bandwidth_gbps=8, latency_us=0.5)
+    t = pt.Transport(SimpleNamespace(rank=2), str, bandwidth_gbps=8, latency_us=0.5)
 
     def data(src, nbytes, prio, start_us, key):
-        m = pc.Msg(pc.PUSHPULL, 2, key, 0, priority=prio, payload=np.zeros(nbytes, np.uint8),
-                   flags=pc.FLAG_DATA)
+        m = pw.Msg(pw.PUSHPULL, 2, key, 0, priority=prio, payload=np.zeros(nbytes, np.uint8),
+                   flags=pw.FLAG_DATA)
         m.src, m.t_start = src, start_us * US
         return m
 
-    pull = pc.Msg(pc.PULL, 2, 2, 0)
+    pull = pw.Msg(pw.PULL, 2, 2, 0)
     pull.src = 1
     t._arrive(data(0, 3000, 0, 0.0, 0), 0.1 * US)  # X
     t._arrive(data(1, 1000, 0, 0.0, 1), 0.1 * US)  # L
@@ -169,7 +170,7 @@ def test_real_pacing_delivers_like_the_simulated_port():
     got = []
     while t.arrived:
         at, _, m = heapq.heappop(t.arrived)
-        got.append((round(at / US, 6), "XLH"[m.key] if m.kind == pc.PUSHPULL else "pull"))
+        got.append((round(at / US, 6), "XLH"[m.key] if m.kind == pw.PUSHPULL else "pull"))
     sim, _ = network_trace([(2, 3, 2, 1000, 5, "H")])
     assert got[:3] == [(e[0], e[2]) for e in sim if e[1] == "delivered" and e[2] != "M"]
     assert got == [(3.5, "X"), (4.5, "H"), (5.5, "L"), (5.5, "pull")]

@@ -17,7 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from ddpbench.api import NotSupportedError, register
-from ddpbench.backends.ps_common import Gate, Part, PSStore
+from ddpbench.backends.ps.placement import Part
+from ddpbench.backends.ps.transport import Gate
+from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import P3Knobs
 
 __all__ = ["P3Store"]

@@ -15,7 +15,7 @@ is set. Without an optimizer, ``push_pull`` returns the reduction, as the other 
 Example:
     >>> kv = ddpbench.create("kvstore")          # ddpbench launch -n 4 --servers 2 -- ...
     >>> kv.broadcast(0, w)                       # init: every worker and server holds w
-    >>> kv.set_optimizer(SGD(lr=0.1, momentum=0.9, rescale_grad=1 / kv.num_workers))
+    >>> kv.set_optimizer(ddpbench.SGD(lr=0.1, momentum=0.9, rescale_grad=1 / kv.num_workers))
     >>> w = kv.push_pull(0, grad, output=w)      # w is now the servers' updated weights
 """
 
@@ -24,10 +24,12 @@ from __future__ import annotations
 from typing import Any
 
 from ddpbench.api import register
-from ddpbench.backends.ps_common import SGD, Part, PSStore, even_split
+from ddpbench.backends.ps.placement import Part, even_split
+from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import KvstoreKnobs
+from ddpbench.optim import SGD
 
-__all__ = ["SGD", "KVStoreBackend"]
+__all__ = ["KVStoreBackend"]
 
 
 @register("kvstore")
@@ -71,7 +73,7 @@ class KVStoreBackend(PSStore):
                 raise ValueError(f"bad optimizer {optimizer!r}: {err}") from None
         else:
             raise TypeError(
-                f"kvstore servers run ddpbench.backends.kvstore.SGD (or a dict of its fields: "
+                f"kvstore servers run ddpbench.SGD (or a dict of its fields: "
                 f"{sorted(SGD.model_fields)}), got {type(optimizer).__name__}; the servers "
                 f"take plain hyperparameters, not code"
             )
