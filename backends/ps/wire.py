@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ddpbench.api import ReduceOp
 from ddpbench.tensor_ops import BFLOAT16
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ddpbench.backends.ps.transport import Gate
 
 __all__ = [
     "ACK", "BCAST", "BYE", "CONFIG", "DONE", "ERROR", "FLAG_DATA", "FLAG_GATED", "HEADER",
@@ -77,7 +73,7 @@ class Msg:
         self.count = 0 if payload is None else int(payload.size)
         self.src = -1
         self.t_start = self.t_enq = 0.0
-        self.gate: Gate | None = None
+        self.gate: Any = None  # the transport's Gate it counts against, if any
         self.cost = 1.0
         self.after_send: Callable[[], None] | None = None
         self.seq = 0
