@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel
 
 from ddpbench import contract
+from ddpbench.backends.ps import placement
+from ddpbench.backends.ps.placement import Part
 from ddpbench.simulator.context import SimContext
 from ddpbench.simulator.network import Gate, Link, Message
 
@@ -315,15 +318,18 @@ class _PSBase(Strategy):
     def make_parts(self) -> list[_Part]:
         """Cut every tensor into parts and place them on servers (each backend's placement rule, docs/fidelity.md)."""
 
-    def round_robin_parts(self, size: int, *, prioritised: bool) -> list[_Part]:
-        """Every tensor cut into pieces of ``size`` elements, the servers taken round-robin
-        by one counter across tensors (P3's slices, BytePS's partitions); ``prioritised``
-        gives each piece its layer's priority, -layer, else 0 (FIFO)."""
-        s, parts = self.sim.num_servers, []
-        for t in self.sim.workload.tensors:
-            for lo in range(0, t.numel, size):
-                parts.append(_Part(len(parts), t.layer, min(size, t.numel - lo),
-                                   len(parts) % s, -t.layer if prioritised else 0))
+    def placed_parts(self, place: Callable[[int, int], list[Part]], *,
+                     prioritised: bool) -> list[_Part]:
+        """Every tensor's parts from ``place(key, numel)`` (the real backend's placement
+        rule, :mod:`ddpbench.backends.ps.placement`; the key is the tensor's index, its
+        order of first use); ``prioritised`` gives each part its layer's priority, -layer,
+        else 0 (FIFO)."""
+        parts: list[_Part] = []
+        for key, t in enumerate(self.sim.workload.tensors):
+            for p in place(key, t.numel):
+                if p.count:
+                    parts.append(_Part(len(parts), t.layer, p.count, p.server,
+                                       -t.layer if prioritised else 0))
         return parts
 
     def units(self, layer: int) -> int:
@@ -404,15 +410,9 @@ class KvstoreStrategy(_PSBase):
     name = "kvstore"
 
     def make_parts(self) -> list[_Part]:
-        s, bound, parts = self.sim.num_servers, self.knobs.bigarray_bound, []
-        for key, t in enumerate(self.sim.workload.tensors):
-            if t.numel < bound:
-                parts.append(_Part(len(parts), t.layer, t.numel, (key * 9973) % s, 0))
-            else:
-                for i, share in enumerate(ring_chunk_sizes(t.numel, s)):
-                    if share:
-                        parts.append(_Part(len(parts), t.layer, int(share), i, 0))
-        return parts
+        s, bound = self.sim.num_servers, self.knobs.bigarray_bound
+        return self.placed_parts(lambda key, n: placement.kvstore_parts(key, n, bound, s),
+                                 prioritised=False)
 
 
 @register
@@ -422,7 +422,9 @@ class P3Strategy(_PSBase):
     name = "p3"
 
     def make_parts(self) -> list[_Part]:
-        return self.round_robin_parts(self.knobs.slice_params, prioritised=True)
+        s, size = self.sim.num_servers, self.knobs.slice_params
+        return self.placed_parts(lambda key, n: placement.p3_parts(key, n, size, s),
+                                 prioritised=True)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         key = (w, part.server)
@@ -439,8 +441,9 @@ class BytepsStrategy(_PSBase):
     name = "byteps"
 
     def make_parts(self) -> list[_Part]:
-        size = max(1, self.knobs.partition_bytes // self.sim.itemsize)
-        return self.round_robin_parts(size, prioritised=self.knobs.credit_bytes > 0)
+        s, size = self.sim.num_servers, max(1, self.knobs.partition_bytes // self.sim.itemsize)
+        return self.placed_parts(lambda key, n: placement.byteps_parts(key, n, size, s),
+                                 prioritised=self.knobs.credit_bytes > 0)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         if self.knobs.credit_bytes == 0:

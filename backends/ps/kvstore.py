@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpbench.api import register
-from ddpbench.backends.ps.placement import Part, even_split
+from ddpbench.backends.ps.placement import Part, kvstore_parts
 from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import KvstoreKnobs
 from ddpbench.optim import SGD
@@ -47,11 +47,8 @@ class KVStoreBackend(PSStore):
     capabilities = frozenset({"broadcast", "push_pull", "optimizer"})
     merged_push_pull = False
 
-    def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
-        s = self.num_servers
-        if numel < self.options.bigarray_bound:
-            return [Part(0, numel, (key * 9973) % s)]
-        return even_split(numel, s)
+    def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
+        return kvstore_parts(key, numel, self.options.bigarray_bound, self.num_servers)
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Make the servers run ``optimizer`` (an :class:`SGD`, its dict, or None to stop).

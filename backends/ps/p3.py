@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpbench.api import NotSupportedError, register
-from ddpbench.backends.ps.placement import Part
+from ddpbench.backends.ps.placement import Part, p3_parts
 from ddpbench.backends.ps.transport import Gate
 from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import P3Knobs
@@ -38,8 +38,8 @@ class P3Store(PSStore):
     Options = P3Knobs
     options: P3Knobs
 
-    def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
-        return self.place_round_robin(numel, self.options.slice_params)
+    def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
+        return p3_parts(key, numel, self.options.slice_params, self.num_servers)
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
         return priority, self.gate(part.server, self.options.water_mark), 1.0

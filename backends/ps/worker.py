@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import atexit
-import itertools
 import sys
 import weakref
 from collections.abc import Callable
@@ -23,7 +22,7 @@ import numpy as np
 
 from ddpbench.api import Handle, ReduceOp
 from ddpbench.backends._common import EngineStore, check_dtype
-from ddpbench.backends.ps.placement import Part, round_robin
+from ddpbench.backends.ps.placement import Part
 from ddpbench.backends.ps.server import (
     Server,
     dedicated_host_name,
@@ -82,7 +81,7 @@ class PSStore(EngineStore):
     and exits) -> ``broadcast`` (initialises the servers' copy, MXNet's ``init``) ->
     ``push_pull`` (completes when every worker has pushed every part) -> ``close``
     (collective; when every worker has closed, server ranks exit). All workers must use
-    names in the same order of first use: placement counters follow it.
+    names in the same order of first use: placement follows it.
 
     Colocated, this process's engine thread also serves the other workers: while the store
     is open, do not run blocking MPI calls on the engine (``engine().call(comm.Barrier)``);
@@ -139,7 +138,6 @@ class PSStore(EngineStore):
         self._plans: dict[int, _Plan] = {}
         self._inflight: dict[tuple[int, int], _Op] = {}
         self._gates: dict[Any, Gate] = {}
-        self._placement = itertools.count()
         self._engine.register(t)
         config = {"bandwidth_gbps": o.bandwidth_gbps, "latency_us": o.latency_us,
                   "trace": o.trace, "backend": self.type}
@@ -153,13 +151,12 @@ class PSStore(EngineStore):
 
     # -- for subclasses -------------------------------------------------------------------
     @abc.abstractmethod
-    def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
-        """Cut a new key's array into parts and place them (each backend's placement rule, docs/fidelity.md)."""
+    def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
+        """Cut a new array into parts and place them (the backend's rule, :mod:`.placement`).
 
-    def place_round_robin(self, numel: int, size: int) -> list[Part]:
-        """Cut into parts of ``size`` elements, placed by one counter that continues across
-        keys in order of first use."""
-        return round_robin(numel, size, self._placement.__next__, self.num_servers)
+        ``key`` is the name when it is an int, else the order of first use; ``declared`` is
+        always the order of first use (0, 1, ...), BytePS's declared key.
+        """
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
         """Return (queue priority, gate or None, cost against the gate) for one push."""
@@ -189,14 +186,16 @@ class PSStore(EngineStore):
     # -- placement ------------------------------------------------------------------------
     def _plan(self, name: Any, tensor: Any) -> _Plan:
         key = self._keys.get(name)
+        declared = len(self._keys)
         if key is None:
-            key = name if isinstance(name, int) else len(self._keys)
+            key = name if isinstance(name, int) else declared
             self._keys[name] = key
         dtype = np.dtype(tensor.dtype)
         plan = self._plans.get(key)
         if plan is None:
             check_dtype(name, dtype)
-            parts = [p for p in self.split(key, int(tensor.size), dtype.itemsize) if p.count]
+            parts = [p for p in self.split(key, declared, int(tensor.size), dtype.itemsize)
+                     if p.count]
             plan = self._plans[key] = _Plan(key, int(tensor.size), dtype.name, parts)
         elif plan.numel != tensor.size or plan.dtype != dtype.name:
             raise ValueError(

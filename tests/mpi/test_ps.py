@@ -50,6 +50,7 @@ def test_colocated_three_workers():
     order = one(out, "byteps_fifo")["order"]  # keys 3..8, each in its partitions
     assert order == sorted(order) and set(order) == set(range(3, 9))
     assert one(out, "p3_placement")["servers"] == 3
+    assert one(out, "byteps_placement")["servers"] == 3
     assert one(out, "byteps_average")["workers"] == 3
     for tag in ("byteps", "kvstore colocated", "byteps credit"):
         assert one(out, "sums", tag=tag)["workers"] == 3

@@ -181,29 +181,38 @@ def case_colocated():
     order = [rec.key for rec in sends(bp)[before:]]
     assert order == sorted(order), order
     say(bp, "byteps_fifo", credit_bytes=0, order=order)
+    # placement: partition i of the d-th declared tensor on djb2((d << 16) + i) % S
+    def djb2(key):
+        h = 5381
+        for c in str(key):
+            h = (h * 33 + ord(c)) % 2**64
+        return h
+
+    for rec in sends(bp):
+        assert rec.dst == f"worker{djb2((rec.key << 16) + rec.part) % n}", rec
+    say(bp, "byteps_placement", servers=n)
     bp.close()
-    # p3: slices round-robin over the 3 colocated servers by one counter across keys; the
-    # local slices cost no message
+    # p3: P3's placement (kvstore_dist.h): under slice_params whole on (key * 9973) % S,
+    # else slice i on server i % S, restarting for every key; local slices cost no message
     p3 = ddpbench.create("p3", slice_params=1000, trace=True)
     sizes = [("a", 2500), ("b", 10), ("c", 4001)]
     for name, size in sizes:
         p3.push_pull(name, np.full(size, r + 1.0, np.float32))
-    counter, want = 0, []
+    placed = []  # (key, part, server, elements)
     for key, (_, size) in enumerate(sizes):
-        for part, lo in enumerate(range(0, size, 1000)):
-            if counter % n != r:
-                want.append((key, part, f"worker{counter % n}", min(1000, size - lo) * 4))
-            counter += 1
+        if size < 1000:
+            placed.append((key, 0, key * 9973 % n, size))
+        else:
+            placed += [(key, i, i % n, min(1000, size - lo))
+                       for i, lo in enumerate(range(0, size, 1000))]
+    want = [(k, i, f"worker{srv}", cnt * 4) for k, i, srv, cnt in placed if srv != r]
     got = [(rec.key, rec.part, rec.dst, rec.bytes) for rec in sends(p3)]
     assert got == want, (got, want)
     pulls = sum(rec.bytes for rec in sends(p3, "pull"))
     sent = sum(rec.bytes for rec in p3.trace_records)
     assert sent == p3.bytes_sent
-    # each host sends the others' slices of what it serves, and its own non-local slices
-    assert pulls == 4 * sum(min(1000, s - lo) for s_i, (_, s) in enumerate(sizes)
-                            for lo in range(0, s, 1000)
-                            if (sum(-(-x // 1000) for _, x in sizes[:s_i]) + lo // 1000) % n == r
-                            ) * (n - 1)
+    # each host sends the others the sums of the slices it serves
+    assert pulls == 4 * sum(cnt for _, _, srv, cnt in placed if srv == r) * (n - 1)
     say(p3, "p3_placement", servers=n, sends=len(got))
     p3.close()
     kv = ddpbench.create("kvstore", servers="colocated", bigarray_bound=100)

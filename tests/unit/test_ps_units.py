@@ -22,12 +22,88 @@ def test_even_split_matches_array_split():
             (int(a[0]) if len(a) else p.offset, len(a), i) for i, (a, p) in enumerate(zip(shares, parts))]
 
 
-def test_round_robin_counter_continues_across_arrays():
-    counter = iter(range(100))
-    a = placement.round_robin(25, 10, lambda: next(counter), 3)
-    b = placement.round_robin(5, 10, lambda: next(counter), 3)
-    assert [(p.offset, p.count, p.server) for p in a] == [(0, 10, 0), (10, 10, 1), (20, 5, 2)]
-    assert [(p.offset, p.count, p.server) for p in b] == [(0, 5, 0)]
+# The originals' formulas, written out here independently of ddpbench's placement module.
+def p3_formula(key, numel, bound, servers):
+    """P3's MXNet fork, src/kvstore/kvstore_dist.h, EncodeDefaultKey."""
+    if numel < bound:
+        return [(0, numel, (key * 9973) % servers)]
+    out, s, i = [], numel, 0
+    while True:
+        ln = bound if s > bound else s
+        out.append((i * bound, ln, i % servers))
+        if s <= bound:
+            return out
+        s -= bound
+        i += 1
+
+
+def byteps_formula(declared, numel, bound, servers):
+    """byteps/common/operations.cc (keys) and global.cc (Hash_DJB2, EncodeDefaultKey)."""
+    out, start = [], 0
+    key = declared << 16
+    while start < numel:
+        h = 5381
+        for ch in str(key):
+            h = ((h << 5) + h + ord(ch)) & 0xFFFFFFFFFFFFFFFF
+        ln = min(bound, numel - start)
+        out.append((start, ln, h % servers))
+        start, key = start + ln, key + 1
+    return out
+
+
+SIZES = [1, 39_999, 40_000, 40_001, 120_000, 1_000_003]
+
+
+@pytest.mark.parametrize("servers", range(1, 9))
+def test_p3_placement_is_p3s_formula(servers):
+    for key in range(40):
+        for n in SIZES:
+            got = [(p.offset, p.count, p.server)
+                   for p in placement.p3_parts(key, n, 40_000, servers)]
+            assert got == p3_formula(key, n, 40_000, servers), (key, n)
+    # the slice count restarts for every key: the first slice of a big array is on server 0
+    assert {placement.p3_parts(k, 80_000, 40_000, servers)[0].server for k in range(9)} == {0}
+
+
+@pytest.mark.parametrize("servers", range(1, 9))
+def test_byteps_placement_is_byteps_djb2_formula(servers):
+    for declared in range(40):
+        for n in SIZES:
+            got = [(p.offset, p.count, p.server)
+                   for p in placement.byteps_parts(declared, n, 1_024_000, servers)]
+            assert got == byteps_formula(declared, n, 1_024_000, servers), (declared, n)
+    assert placement.djb2(0) == 5381 * 33 + ord("0")
+
+
+@pytest.mark.parametrize("servers", range(1, 9))
+def test_kvstore_placement_is_mxnets(servers):
+    for key in range(40):
+        assert [(p.offset, p.count, p.server)
+                for p in placement.kvstore_parts(key, 999_999, 1_000_000, servers)] == [
+            (0, 999_999, key * 9973 % servers)]
+    big = placement.kvstore_parts(3, 1_000_003, 1_000_000, servers)
+    assert [p.server for p in big] == list(range(servers))
+
+
+def test_simulator_places_parts_where_the_real_backends_do():
+    from types import SimpleNamespace
+
+    from ddpbench.simulator import load_workload
+    from ddpbench.simulator.strategies import BytepsStrategy, P3Strategy
+
+    wl = load_workload("vgg19")
+    for cls, knobs, rule in (
+            (P3Strategy, {"slice_params": 40_000},
+             lambda k, n: placement.p3_parts(k, n, 40_000, 3)),
+            (BytepsStrategy, {"partition_bytes": 4_096_000},
+             lambda k, n: placement.byteps_parts(k, n, 1_024_000, 3))):
+        sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4)
+        strat = cls.__new__(cls)
+        strat.sim, strat.knobs = sim, cls.parse_knobs(knobs)
+        got = [(p.layer, p.numel, p.server) for p in strat.make_parts()]
+        want = [(t.layer, p.count, p.server) for key, t in enumerate(wl.tensors)
+                for p in rule(key, t.numel)]
+        assert got == want
 
 
 def test_message_round_trip_keeps_header_and_payload():
