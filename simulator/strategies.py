@@ -29,7 +29,7 @@ from ddpbench import contract
 from ddpbench.backends.ps import placement
 from ddpbench.backends.ps.placement import Part
 from ddpbench.simulator.context import SimContext
-from ddpbench.simulator.network import Gate, Link, Message
+from ddpbench.simulator.network import Gate, Link, Message, Network
 
 __all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
 
@@ -313,6 +313,9 @@ class _PSBase(Strategy):
             self.parts[part.layer].append(part)
         self._sum_free = [0.0] * sim.num_servers
         self._gates: dict[Any, Gate] = {}
+        if sim.net is None:
+            raise RuntimeError(f"strategy {self.name!r} needs the simulated network")
+        self.net: Network = sim.net
 
     @abc.abstractmethod
     def make_parts(self) -> list[_Part]:
@@ -346,7 +349,7 @@ class _PSBase(Strategy):
                 self._arrive_push(part, w)
             else:
                 gate, cost = self.gate(w, part)
-                sim.net.send(Message(w, host, part.numel * sim.itemsize, part.priority, "push",
+                self.net.send(Message(w, host, part.numel * sim.itemsize, part.priority, "push",
                                      part.layer, self._on_push, (part, w), gate, cost))
 
     def _on_push(self, msg: Message) -> None:
@@ -391,8 +394,12 @@ class _PSBase(Strategy):
             if w == host:
                 sim.unit_done(w, part.layer)
             else:
-                sim.net.send(Message(host, w, part.numel * sim.itemsize, part.priority, "pull",
-                                     part.layer, self._on_pull, (part, w)))
+                self.send_reply(Message(host, w, part.numel * sim.itemsize, part.priority,
+                                        "pull", part.layer, self._on_pull, (part, w)))
+
+    def send_reply(self, msg: Message) -> None:
+        """Send a server's reply (the summed part) back to its worker."""
+        self.net.send(msg)
 
     def _on_pull(self, msg: Message) -> None:
         part, w = msg.data
@@ -417,21 +424,46 @@ class KvstoreStrategy(_PSBase):
 
 @register
 class P3Strategy(_PSBase):
-    """``p3``: priority-based parameter propagation (slices, priority -layer, water mark)."""
+    """``p3``: priority-based parameter propagation.
+
+    Slices as P3 places them (:func:`~ddpbench.backends.ps.placement.p3_parts`), each a
+    merged push-pull with priority -layer. By default the worker sends as P3's ps-lite
+    does: one sending thread pops the best slice into its server's socket, which holds
+    ``send_hwm`` slices, and blocks when that socket is full (:meth:`Sender.use_sockets`);
+    servers answer straight into their sockets, in the order the sums complete, without
+    priority. ``water_mark`` > 0 is ddpbench's own variant instead: at most that many
+    slices in flight per server, acknowledged on arrival, gated slices skipped, replies
+    by priority.
+    """
 
     name = "p3"
+    knobs: contract.P3Knobs
 
     def make_parts(self) -> list[_Part]:
         s, size = self.sim.num_servers, self.knobs.slice_params
         return self.placed_parts(lambda key, n: placement.p3_parts(key, n, size, s),
                                  prioritised=True)
 
+    def start(self) -> None:
+        if not self.knobs.water_mark:
+            for w in range(self.sim.workers):
+                self.net.senders[w].use_sockets(self.knobs.send_hwm)
+
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
+        if not self.knobs.water_mark:
+            return None, 1.0
         key = (w, part.server)
         g = self._gates.get(key)
         if g is None:
-            g = self._gates[key] = Gate(self.knobs.water_mark, self.sim.net.senders[w])
+            g = self._gates[key] = Gate(self.knobs.water_mark, self.net.senders[w])
         return g, 1.0
+
+    def send_reply(self, msg: Message) -> None:
+        if self.knobs.water_mark:
+            self.net.send(msg)
+            return
+        msg.priority = 0  # a ps-lite server's response carries no priority
+        self.net.senders[msg.src].send_direct(msg)
 
 
 @register

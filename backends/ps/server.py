@@ -34,6 +34,7 @@ from ddpbench.backends.ps.wire import (
     ERROR,
     FLAG_DATA,
     FLAG_GATED,
+    FLAG_PRIO_REPLY,
     OPT,
     OPT_DONE,
     PULL,
@@ -100,11 +101,14 @@ class Server:
             payload = np.frombuffer(str(payload).encode(), np.uint8)
         elif kind == REPLY and dst == self.t.me:
             payload = payload.copy()  # the local worker copies it out later; rounds move on
-        msg = Msg(kind, dst, like.key, like.part, priority=like.priority, payload=payload,
+        # A ps-lite or BytePS server answers without priority, in the order sums complete,
+        # straight into its socket; ddpbench's variants keep the push's priority.
+        priority = like.priority if like.flags & FLAG_PRIO_REPLY else 0
+        msg = Msg(kind, dst, like.key, like.part, priority=priority, payload=payload,
                   dtype=like.dtype if kind == REPLY else "uint8", flags=flags)
         if label is not None:
             msg.label = label
-        self.t.send(msg)
+        self.t.send(msg, direct=True)
 
     def _mismatch(self, msgs: dict[int, Msg]) -> str | None:
         ranks = sorted(msgs)
@@ -137,8 +141,10 @@ class Server:
         if error is None:
             try:
                 merged = self._combine(pushes)
-                if msg.kind == PUSH:
+                if msg.kind == PUSH or self.optimizer is not None:
                     self._store(slot, msg, merged)
+                    if msg.kind == PUSHPULL:  # P3's ApplyUpdates: answer with the weights
+                        merged = slot.store
             except Exception as err:  # a bad dtype/op must reach the workers, not kill us
                 error = f"{type(err).__name__} on {self.name} for key {msg.key}: {err}"
         for w in order:

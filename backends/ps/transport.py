@@ -121,7 +121,28 @@ class Transport(Protocol):
         # Called with the error when the engine fails this protocol (the worker side
         # fails its pending handles).
         self.on_fail: list[Callable[[BaseException], None]] = []
+        # P3's sockets (:meth:`use_sockets`): messages per destination handed over but not
+        # yet on the wire, the wire's order of hand-over (time, message, counted against
+        # its socket), and the message the sending thread is blocked on.
+        self.hwm: int | None = None
+        self.pipes: dict[int, int] = collections.defaultdict(int)
+        self.wire: collections.deque[tuple[float, Msg, bool]] = collections.deque()
+        self.blocked: Msg | None = None
         self.configure(bandwidth_gbps, latency_us, trace)
+
+    def use_sockets(self, hwm: int) -> None:
+        """Send as P3's ps-lite does, with sockets of ``hwm`` messages per destination.
+
+        One sending thread pops the best queued message and hands it to its destination's
+        socket; when that socket already holds ``hwm`` messages not yet on the wire, the
+        thread blocks and everything behind it waits (ps-lite/src/van.cc ``Van::Sending``,
+        ps-lite/src/zmq_van.h ``ZMQ_SNDHWM``). The uplink carries messages in the order they
+        were handed over. The simulator's :meth:`Sender.use_sockets
+        <ddpbench.simulator.network.Sender.use_sockets>` is the same rule.
+        """
+        if hwm < 1:
+            raise ValueError(f"hwm must be >= 1 message, got {hwm}")
+        self.hwm = hwm
 
     def configure(self, bandwidth_gbps: float | None, latency_us: float, trace: bool) -> None:
         self.bytes_per_s = None if bandwidth_gbps is None else bandwidth_gbps * 1e9 / 8
@@ -129,9 +150,15 @@ class Transport(Protocol):
         self.trace = bool(trace)
 
     # -- sending ------------------------------------------------------------------------
-    def send(self, msg: Msg) -> None:
-        """Send ``msg``: data through the priority queue, control at once (engine thread)."""
+    def send(self, msg: Msg, direct: bool = False) -> None:
+        """Send ``msg``: data through the priority queue, control at once (engine thread).
+
+        ``direct``: with sockets (:meth:`use_sockets`), a server's reply goes straight onto
+        the wire behind what is there (ps-lite's ``KVServer::Response``), not through the
+        sending thread's queue.
+        """
         msg.src = self.me
+        msg.direct = direct and self.hwm is not None
         msg.seq = next(self.seq)
         if msg.dst == self.me:
             self.local.append(msg)  # a part on the local server: no MPI message, no bytes
@@ -168,7 +195,77 @@ class Transport(Protocol):
             return msg
         return None
 
+    def _hand_over(self, t: float) -> None:
+        # The sending thread: best message first into its socket; stop at a full socket.
+        hwm = self.hwm
+        while self.blocked is None and self.ready:
+            msg = heapq.heappop(self.ready)[2]
+            if self.pipes[msg.dst] >= hwm:  # type: ignore[operator]
+                self.blocked = msg
+                return
+            self.pipes[msg.dst] += 1
+            self.wire.append((t, msg, True))
+
+    def _drain_sockets(self, now: float) -> bool:
+        """Replay the sending thread and the uplink up to ``now`` (P3's sockets)."""
+        bw = self.bytes_per_s
+        queued, wire = self.queued, self.wire
+        did = False
+        while queued or wire:
+            t_queue = queued[0][0] if queued else float("inf")
+            if not wire:
+                t_wire = float("inf")
+            elif bw is None:
+                t_wire = now
+            else:
+                t_wire = max(self.up_free, wire[0][0])
+            t = min(t_queue, t_wire)
+            if t > now:
+                break
+            if t_queue <= t_wire:  # queued at the instant the link frees: it competes
+                entry = heapq.heappop(queued)[2]
+                if entry[2].direct:
+                    wire.append((t, entry[2], False))
+                else:
+                    heapq.heappush(self.ready, entry)
+                    self._hand_over(t)
+                continue
+            _, msg, counted = wire.popleft()
+            if counted:
+                self.pipes[msg.dst] -= 1
+            blocked = self.blocked
+            if blocked is not None and self.pipes[blocked.dst] < self.hwm:  # type: ignore[operator]
+                self.blocked = None
+                self.pipes[blocked.dst] += 1
+                wire.append((t, blocked, True))
+                self._hand_over(t)
+            # Priority orders only the sending thread: on the wire (and at the switch) every
+            # message is equal, as for TCP through a plain switch.
+            self._transmit(msg, t, wire_priority=0)
+            did = True
+        return did
+
+    def _transmit(self, msg: Msg, start: float, wire_priority: int | None = None) -> None:
+        bw = self.bytes_per_s
+        nbytes = msg.nbytes
+        end = start + nbytes / bw if bw is not None else start
+        if bw is not None:
+            self.up_free = end
+        msg.t_start = start
+        self.bytes_sent += nbytes
+        if self.trace:
+            self.records.append(SendRecord(start, end, msg.label, msg.key, msg.part,
+                                           msg.priority, nbytes, self.host_of(self.me),
+                                           self.host_of(msg.dst)))
+        if wire_priority is not None:
+            msg.priority = wire_priority
+        self._isend(msg)
+        if msg.after_send is not None:
+            msg.after_send()
+
     def _drain_ready(self, now: float) -> bool:
+        if self.hwm is not None:
+            return self._drain_sockets(now)
         did = False
         bw = self.bytes_per_s
         queued, ready = self.queued, self.ready
@@ -190,20 +287,7 @@ class Transport(Protocol):
             msg = self._pop()
             if msg is None:  # all gated: the link waits for what is queued next
                 continue
-            nbytes = msg.nbytes
-            start = t if bw is not None else now
-            end = start + nbytes / bw if bw is not None else start
-            if bw is not None:
-                self.up_free = end
-            msg.t_start = start
-            self.bytes_sent += nbytes
-            if self.trace:
-                self.records.append(SendRecord(start, end, msg.label, msg.key,
-                                               msg.part, msg.priority, nbytes,
-                                               self.host_of(self.me), self.host_of(msg.dst)))
-            self._isend(msg)
-            if msg.after_send is not None:
-                msg.after_send()
+            self._transmit(msg, t if bw is not None else now)
             did = True
         return did
 
@@ -288,7 +372,8 @@ class Transport(Protocol):
         item()
 
     def busy(self) -> bool:
-        return bool(self.keep_polling or self.ready or self.queued or self.sends or self.arrived
+        return bool(self.keep_polling or self.ready or self.queued or self.wire or self.sends
+                    or self.arrived or self.blocked is not None
                     or self.local or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
@@ -314,7 +399,8 @@ class Transport(Protocol):
 
     def idle(self) -> bool:
         """True when nothing is queued, in flight or waiting for delivery."""
-        return not (self.ready or self.queued or self.sends or self.arrived or self.local
+        return not (self.ready or self.queued or self.wire or self.sends or self.arrived
+                    or self.blocked is not None or self.local
                     or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 

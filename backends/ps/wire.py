@@ -20,7 +20,8 @@ from ddpbench.api import ReduceOp
 from ddpbench.tensor_ops import BFLOAT16
 
 __all__ = [
-    "ACK", "BCAST", "BYE", "CONFIG", "DONE", "ERROR", "FLAG_DATA", "FLAG_GATED", "HEADER",
+    "ACK", "BCAST", "BYE", "CONFIG", "DONE", "ERROR", "FLAG_DATA", "FLAG_GATED",
+    "FLAG_PRIO_REPLY", "HEADER",
     "KIND_NAMES", "OPT", "OPT_DONE", "PULL", "PUSH", "PUSHPULL", "REPLY", "TAG", "Msg",
     "json_of", "json_payload", "np_dtype",
 ]
@@ -37,6 +38,7 @@ KIND_NAMES = ["push", "pull-request", "push", "broadcast", "pull", "ack", "done"
               "config", "optimizer", "optimizer-done", "bye"]
 FLAG_GATED = 1  # the sender waits for an arrival acknowledgement (a gate's variant knobs)
 FLAG_DATA = 2  # the message carries array elements
+FLAG_PRIO_REPLY = 4  # the reply keeps the push's priority (ddpbench's variants; else 0)
 
 _DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
            "uint8", "uint16", "uint32", "uint64"]
@@ -62,7 +64,7 @@ class Msg:
 
     __slots__ = ("kind", "src", "dst", "key", "part", "priority", "root", "count", "dtype",
                  "op", "postscale", "flags", "payload", "t_start", "t_enq", "gate", "cost",
-                 "after_send", "seq", "label")
+                 "after_send", "seq", "label", "direct")
 
     def __init__(self, kind: int, dst: int, key: int = 0, part: int = 0, *, priority: int = 0,
                  payload: Any = None, dtype: str = "uint8", op: str = "sum",
@@ -78,6 +80,7 @@ class Msg:
         self.after_send: Callable[[], None] | None = None
         self.seq = 0
         self.label = KIND_NAMES[kind]
+        self.direct = False  # a server's reply that bypasses the sending thread's queue
 
     @property
     def nbytes(self) -> int:

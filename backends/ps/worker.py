@@ -40,6 +40,7 @@ from ddpbench.backends.ps.wire import (
     ERROR,
     FLAG_DATA,
     FLAG_GATED,
+    FLAG_PRIO_REPLY,
     OPT,
     OPT_DONE,
     PULL,
@@ -51,6 +52,7 @@ from ddpbench.backends.ps.wire import (
     np_dtype,
 )
 from ddpbench.contract import PSKnobs
+from ddpbench.optim import SGD
 from ddpbench.tensor_ops import scale_
 
 __all__ = ["PSStore"]
@@ -162,6 +164,10 @@ class PSStore(EngineStore):
         """Return (queue priority, gate or None, cost against the gate) for one push."""
         return 0, None, 1.0
 
+    def prioritised_replies(self) -> bool:
+        """Return True when servers answer with the push's priority (a ddpbench variant)."""
+        return False
+
     def gate(self, key: Any, limit: float) -> Gate:
         """Return the gate named ``key`` (created with ``limit`` on first use)."""
         g = self._gates.get(key)
@@ -268,9 +274,11 @@ class PSStore(EngineStore):
                 chunk = flat[p.offset:p.offset + p.count]
                 if self.merged_push_pull:
                     qprio, gate, cost = self.schedule(priority, p, chunk.nbytes)
+                    flags = (FLAG_DATA | (FLAG_GATED if gate is not None else 0)
+                             | (FLAG_PRIO_REPLY if self.prioritised_replies() else 0))
                     msg = Msg(PUSHPULL, dst, o.plan.key, i, priority=qprio, payload=chunk,
                               dtype=o.plan.dtype, op=op.value, postscale=postscale,
-                              flags=FLAG_DATA | (FLAG_GATED if gate is not None else 0))
+                              flags=flags)
                     msg.gate, msg.cost = gate, cost
                 else:
                     msg = Msg(PUSH, dst, o.plan.key, i, payload=chunk, dtype=o.plan.dtype,
@@ -320,6 +328,29 @@ class PSStore(EngineStore):
         self._inflight.clear()
 
     # -- optimizer ----------------------------------------------------------------------------
+    def optimizer_spec(self, optimizer: Any) -> dict | None:
+        """Return ``optimizer`` (a :class:`ddpbench.SGD`, a dict of its fields, or None) as
+        the plain hyperparameters the servers take.
+
+        Raises:
+            TypeError: anything else (the servers take hyperparameters, not code).
+            ValueError: a dict with unknown fields or bad values.
+        """
+        if optimizer is None:
+            return None
+        if isinstance(optimizer, SGD):
+            return optimizer.model_dump()
+        if isinstance(optimizer, dict):
+            try:
+                return SGD(**optimizer).model_dump()
+            except Exception as err:
+                raise ValueError(f"bad optimizer {optimizer!r}: {err}") from None
+        raise TypeError(
+            f"{self.type} servers run ddpbench.SGD (or a dict of its fields: "
+            f"{sorted(SGD.model_fields)}), got {type(optimizer).__name__}; the servers "
+            f"take plain hyperparameters, not code"
+        )
+
     def _send_optimizer(self, spec: dict | None) -> None:
         """Send ``spec`` (SGD hyperparameters, or None to stop updating) to every server."""
         self.synchronize()

