@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
     "BACKENDS",
@@ -182,6 +182,9 @@ class KvstoreKnobs(PSKnobs):
     bigarray_bound: int = knob(
         1_000_000, ge=1, unit="elements", source="src/kvstore/kvstore_dist.h, MXNET_KVSTORE_BIGARRAY_BOUND",
         doc="arrays at least this big are split evenly over all servers")
+    merged_push_pull: bool = knob(
+        False, doc="false = MXNet's round trip (the pull goes once the server has answered "
+                   "the push); true = one merged push-pull message, ddpbench's own")
 
 
 class P3Knobs(PSKnobs):
@@ -201,12 +204,33 @@ class P3Knobs(PSKnobs):
 
 
 class BytepsKnobs(PSKnobs):
-    """``byteps``: partitioned push-pull with credit scheduling."""
+    """``byteps``: partitioned push-pull to summation servers, optionally ByteScheduler."""
 
     partition_bytes: int = knob(
         4_096_000, ge=1, unit="bytes", source="byteps/common/global.cc, BYTEPS_PARTITION_BYTES",
         doc="bytes per partition")
-    credit_bytes: int = knob(0, ge=0, unit="bytes", doc="bytes in flight; 0 = off (FIFO)")
+    scheduler: Literal["byteps", "bytescheduler", "window"] = knob(
+        "byteps", source="byteps/common/scheduled_queue.cc; bytescheduler/common/bytecore.py",
+        doc="'byteps': FIFO to the network (BytePS's credit orders only the local reduce "
+            "stage); 'bytescheduler': ByteScheduler's credit; 'window': ddpbench's own byte "
+            "window released on arrival, not an original's")
+    credit_params: int = knob(
+        4_000_000, ge=1, unit="elements",
+        source="bytescheduler/common/bytecore.py, BYTESCHEDULER_CREDIT",
+        doc="scheduler 'bytescheduler': parameters pushed and not yet completed on all workers")
+    credit_bytes: int = knob(
+        4_096_000, ge=1, unit="bytes",
+        doc="scheduler 'window': bytes in flight, released on arrival (ddpbench's own)")
+    merged_push_pull: bool = knob(
+        False, doc="false = BytePS's round trip (push, its acknowledgement, then the pull); "
+                   "true = one merged push-pull message, ddpbench's own")
+
+    @model_validator(mode="after")
+    def _credit_needs_acknowledged_pushes(self) -> BytepsKnobs:
+        if self.scheduler == "bytescheduler" and self.merged_push_pull:
+            raise ValueError("scheduler 'bytescheduler' returns credit when a push is "
+                             "acknowledged, so it needs merged_push_pull=false")
+        return self
 
 
 @dataclass(frozen=True)
@@ -229,9 +253,10 @@ BACKENDS: dict[str, BackendContract] = {
                         "ddpbench.backends.horovod"),
         BackendContract("kvstore", KvstoreKnobs, "MXNet-style parameter server, server-side "
                         "optimizer", "ddpbench.backends.ps.kvstore", uses_servers=True),
-        BackendContract("p3", P3Knobs, "priority-based slicing, round-robin placement, water "
-                        "mark", "ddpbench.backends.ps.p3", uses_servers=True),
-        BackendContract("byteps", BytepsKnobs, "partitioned push-pull with credit scheduling",
+        BackendContract("p3", P3Knobs, "priority-based slicing, P3's placement, ps-lite's "
+                        "blocking sockets", "ddpbench.backends.ps.p3", uses_servers=True),
+        BackendContract("byteps", BytepsKnobs, "partitioned push then pull, djb2 placement, "
+                        "FIFO or ByteScheduler's credit",
                         "ddpbench.backends.ps.byteps", uses_servers=True),
         BackendContract("collective", CollectiveKnobs, "sum/max/min/prod, parallel rings, "
                         "local SGD", "ddpbench.backends.collective"),
