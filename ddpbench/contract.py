@@ -146,11 +146,22 @@ class CollectiveKnobs(Knobs):
 
     nrings: int = knob(2, ge=1, le=64, doc="parallel rings (duplicated communicators)",
                        source="python/paddle/distributed/fleet (nrings)")
+    average_scaling: Literal["before_sum", "after_sum"] = knob(
+        "before_sum", side="real", source="python/paddle/fluid/transpiler/collective.py (GradAllReduce)",
+        doc="AVERAGE: 'before_sum' divides by the workers before the ring sum, as Paddle "
+            "scales the loss gradient by 1/n; 'after_sum' is Horovod's order, not Paddle's")
     mode: Literal["grad_allreduce", "local_sgd"] = knob(
         "grad_allreduce", side="real", sweep=False,
         doc="allreduce gradients, or average parameters")
-    local_sgd_period: int = knob(4, ge=1, side="real", sweep=False, unit="steps",
-                                 doc="local steps between parameter averages")
+    local_sgd_period: int = knob(
+        1, ge=1, side="real", sweep=False, unit="steps",
+        source="python/paddle/distributed/fleet/meta_optimizers/localsgd_optimizer.py (k_steps)",
+        doc="local steps between parameter averages (Paddle's k_steps)")
+    local_sgd_begin_step: int = knob(
+        1, ge=1, side="real", sweep=False, unit="steps",
+        source="python/paddle/distributed/fleet/meta_optimizers/localsgd_optimizer.py "
+               "(begin_step)",
+        doc="steps 1..begin_step all average; later ones every local_sgd_period steps")
     check_consistency: bool = knob(
         True, side="real", doc="check shapes, dtypes and ops across ranks per call")
 

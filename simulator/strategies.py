@@ -266,10 +266,13 @@ class HorovodStrategy(_AllreduceBase):
 
 @register
 class CollectiveStrategy(_AllreduceBase):
-    """``collective``: tensors striped round-robin (in gradient order) over ``nrings`` rings.
+    """``collective``: each tensor on its own ring of ``nrings``, assigned once.
 
-    Each ring is its own FIFO communication thread; the rings' steps share the NIC, so two
-    rings in flight each get the link half the time.
+    Paddle's transpiler gives the gradients rings round-robin when it builds the program
+    (python/paddle/fluid/transpiler/collective.py), so a tensor keeps its ring every
+    iteration: the k-th tensor to become ready (in the first iteration) uses ring
+    ``k % nrings``. Each ring is its own FIFO communication thread; the rings' steps share
+    the NIC, so two rings in flight each get the link half the time.
     """
 
     name = "collective"
@@ -279,12 +282,12 @@ class CollectiveStrategy(_AllreduceBase):
         nrings = self.knobs.nrings
         uplink = Link(self.sim.env) if nrings > 1 else None
         self._rings = [_FifoComm(self.sim, uplink) for _ in range(nrings)]
-        self._next = 0
+        self._ring_of: dict[tuple[int, int], int] = {}
 
     def grad_ready(self, w: int, layer: int) -> None:
-        for t in self._tensors[layer]:
-            self._rings[self._next % len(self._rings)].put(t)
-            self._next += 1
+        for j, t in enumerate(self._tensors[layer]):
+            ring = self._ring_of.setdefault((layer, j), len(self._ring_of) % len(self._rings))
+            self._rings[ring].put(t)
 
 
 # ---------------------------------------------------------------- parameter servers
