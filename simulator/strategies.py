@@ -327,7 +327,8 @@ class _PSBase(Strategy):
 
     @abc.abstractmethod
     def make_parts(self) -> list[_Part]:
-        """Cut every tensor into parts and place them on servers (each backend's placement rule, docs/fidelity.md)."""
+        """Cut every tensor into parts and place them on servers (the backend's rule,
+        :mod:`ddpbench.backends.ps.placement`; docs/fidelity/)."""
 
     def placed_parts(self, place: Callable[[int, int], list[Part]], *,
                      prioritised: bool) -> list[_Part]:

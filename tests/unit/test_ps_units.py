@@ -104,6 +104,17 @@ def test_simulator_places_parts_where_the_real_backends_do():
         want = [(t.layer, p.count, p.server) for key, t in enumerate(wl.tensors)
                 for p in rule(key, t.numel)]
         assert got == want
+    # MXNet's requests are FIFO: kvstore's parts carry no priority
+    from ddpbench.simulator.strategies import KvstoreStrategy
+
+    strat = KvstoreStrategy.__new__(KvstoreStrategy)
+    strat.sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4)
+    strat.knobs = KvstoreStrategy.parse_knobs({})
+    parts = strat.make_parts()
+    assert {p.priority for p in parts} == {0}
+    assert [(p.numel, p.server) for p in parts] == [
+        (p.count, p.server) for key, t in enumerate(wl.tensors)
+        for p in placement.kvstore_parts(key, t.numel, 1_000_000, 3)]
 
 
 def test_message_round_trip_keeps_header_and_payload():
