@@ -228,7 +228,7 @@ class BytepsKnobs(PSKnobs):
     credit_params: int = knob(
         4_000_000, ge=1, unit="elements",
         source="bytescheduler/common/bytecore.py, BYTESCHEDULER_CREDIT",
-        doc="scheduler 'bytescheduler': parameters pushed and not yet completed on all workers")
+        doc="scheduler 'bytescheduler': parameters pushed and not yet acknowledged")
     credit_bytes: int = knob(
         4_096_000, ge=1, unit="bytes",
         doc="scheduler 'window': bytes in flight, released on arrival (ddpbench's own)")

@@ -377,7 +377,7 @@ class _PSBase(Strategy):
         return part.priority
 
     def pushed(self, w: int, part: _Part) -> None:  # noqa: B027 - optional hook
-        """The server has answered worker ``w``'s push of ``part`` (``"ack_round"``)."""
+        """The server's answer to worker ``w``'s push of ``part`` has reached it."""
 
     def _later(self, delay: float, fn: Callable[[Any], None], value: Any) -> None:
         self.sim.env.timeout(delay, value).callbacks.append(lambda ev: fn(ev.value))
@@ -392,7 +392,7 @@ class _PSBase(Strategy):
             ack.callbacks.append(self._acked)
         if self.round_trip == "ack_arrival":
             # the acknowledgement reaches the worker, whose pull request comes back
-            self._later(2 * self.sim.latency, self._pull_request, (part, w))
+            self._later(self.sim.latency, self._push_answered, (part, w))
         self._arrive_push(part, w)
 
     @staticmethod
@@ -544,8 +544,10 @@ class BytepsStrategy(_PSBase):
     they are ready (FIFO). ``"bytescheduler"``: ByteScheduler's core
     (bytescheduler/common/bytecore.py) holds them in a priority queue (-layer first) and
     starts the best one while its credit of ``credit_params`` parameters is positive, never
-    skipping it; a push's parameters return to the credit when the push has completed on
-    all workers (MXNet's synchronous push). ``"window"`` is ddpbench's own: at most
+    skipping it; a push's parameters return to the credit when the server has acknowledged
+    it (BytePS's push response, on arrival; ByteScheduler on MXNet's synchronous push waits
+    for every worker's push instead, which deadlocks when workers have started different
+    partitions, so ddpbench does not model that). ``"window"`` is ddpbench's own: at most
     ``credit_bytes`` bytes on the wire, released on arrival, priority order with skipping.
     """
 
@@ -554,12 +556,7 @@ class BytepsStrategy(_PSBase):
 
     def start(self) -> None:
         k = self.knobs
-        if k.merged_push_pull:
-            self.round_trip = "merged"
-        elif k.scheduler == "bytescheduler":
-            self.round_trip = "ack_round"  # ByteScheduler's push completes on all workers
-        else:
-            self.round_trip = "ack_arrival"
+        self.round_trip = "merged" if k.merged_push_pull else "ack_arrival"
         if k.scheduler == "bytescheduler":
             self._cores = [_ByteSchedulerCore(self, w, k.credit_params)
                            for w in range(self.sim.workers)]
@@ -584,22 +581,17 @@ class BytepsStrategy(_PSBase):
 
     def pushed(self, w: int, part: _Part) -> None:
         if self.knobs.scheduler == "bytescheduler":
-            self._cores[w].finished(part)
+            self._cores[w].finished(part)  # the server acknowledged this worker's push
 
     def _arrive_push(self, part: _Part, w: int) -> None:
-        if (self.knobs.scheduler == "bytescheduler"
-                and self.sim.server_host(part.server) == w):
-            # a local partition completes with the round: its credit comes back then
-            part.summed.add(-1 - w)
+        if self.knobs.scheduler == "bytescheduler" and self.sim.server_host(part.server) == w:
+            # the colocated server's answer comes back over loopback like any other
+            self._later(self.sim.latency, self._pushed_local, (part, w))
         super()._arrive_push(part, w)
 
-    def _reply(self, part: _Part) -> None:
-        if self.knobs.scheduler == "bytescheduler":
-            for w in range(self.sim.workers):
-                if -1 - w in part.summed:
-                    part.summed.discard(-1 - w)
-                    self._cores[w].finished(part)
-        super()._reply(part)
+    def _pushed_local(self, value: tuple[_Part, int]) -> None:
+        part, w = value
+        self._cores[w].finished(part)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         if self.knobs.scheduler != "window":

@@ -17,7 +17,10 @@ Scheduling (``scheduler``):
 - ``"bytescheduler"``: ByteScheduler's core (bytescheduler/common/bytecore.py): a priority
   queue (the caller's priority, larger first) that starts the best partition while
   ``credit_params`` parameters of credit are left (never skipping it), and returns a
-  partition's parameters to the credit when its push has completed on all workers.
+  partition's parameters to the credit when the server has acknowledged its push
+  (BytePS's push response). ByteScheduler on MXNet's synchronous push waits for every
+  worker's push instead, which deadlocks once workers have started different partitions;
+  ddpbench does not model that.
 - ``"window"``: ddpbench's own, not an original's: at most ``credit_bytes`` bytes on the
   wire, released when a push arrives, priority order skipping what does not fit.
 
@@ -32,7 +35,7 @@ from typing import Any
 from ddpbench.api import Handle, ReduceOp, register
 from ddpbench.backends.ps.placement import Part, byteps_parts
 from ddpbench.backends.ps.transport import Gate
-from ddpbench.backends.ps.wire import FLAG_ACK_ARRIVAL, FLAG_ACK_ROUND, Msg
+from ddpbench.backends.ps.wire import FLAG_ACK_ARRIVAL, Msg
 from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import BytepsKnobs
 
@@ -58,10 +61,6 @@ class BytePSStore(PSStore):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        if self.options.scheduler == "bytescheduler":
-            # ByteScheduler's push completes once every worker's push is in (MXNet's
-            # synchronous push), which is when its credit comes back.
-            self.ack_flag = FLAG_ACK_ROUND
         self._credit = float(self.options.credit_params)
         self._waiting: list[tuple[int, int, Msg, Part]] = []
         self._seq = 0

@@ -218,19 +218,20 @@ def test_byteps_is_fifo_and_the_schedulers_let_priority_overtake():
     assert push_layers(bs).index(0) < 20
 
 
-def test_bytescheduler_credit_returns_when_the_push_completed_on_all_workers():
+def test_bytescheduler_credit_returns_when_the_push_is_acknowledged():
     # One layer of 4 partitions (1000 parameters, 4 us on the wire each), credit 2000: two
-    # go at once; the third waits until the first push's answer is back, which needs both
-    # workers' first pushes at the server. Its downlink carries them one after the other
-    # (0-4 and 4-8 us), they are in at 9 us (+1 us latency) and the answers reach the
-    # workers at 10 us: push 3 starts then. Both second pushes are in at 17 us: push 4 at 18.
+    # go at once (0-4, 4-8 us on the uplink); the third waits for the first push's answer.
+    # The server's downlink carries worker 0's first push 0-4 us and worker 1's 4-8 us;
+    # worker 0's is in at 5 us, acknowledged at 6 us, but the uplink is busy until 8 us:
+    # push 3 at 8. Worker 0's second push waits at the downlink for worker 1's first
+    # (8-12 us), is in at 13, acknowledged at 14: push 4 at 14.
     wl = Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
         {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "a", "numel": 4000}]}]})
     r = simulate(wl, "byteps", workers=2, servers=1, bandwidth_gbps=8, latency_us=1,
                  partition_bytes=4000, scheduler="bytescheduler", credit_params=2000,
                  iterations=1, warmup=0, summation_gbps=math.inf)
     starts = [round(s.start / US, 6) for s in r.timeline if s.kind == "push" and s.host == "worker0"]
-    assert starts == [0.0, 4.0, 10.0, 18.0]
+    assert starts == [0.0, 4.0, 8.0, 14.0]
 
 
 @pytest.mark.parametrize("backend", ["kvstore", "byteps"])
