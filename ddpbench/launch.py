@@ -2,23 +2,41 @@
 
 World ranks 0..W-1 are workers and W..W+S-1 servers; every process learns the split from
 ``DDPBENCH_NUM_WORKERS`` and ``DDPBENCH_NUM_SERVERS`` (see :class:`ddpbench.comm.World`).
-A rank that fails takes the job down (mpiexec ends the others; ranks that die with a
-Python exception call ``MPI_Abort`` through :mod:`ddpbench.comm`'s hooks), and the whole
-process group is killed on timeout or Ctrl-C, so no process is left behind.
+
+The launcher owns its job:
+
+- Python ranks run under :mod:`ddpbench.rank`, so an uncaught exception or a non-zero
+  ``sys.exit`` ends the job at once, with or without ``ddpbench.create``;
+- a rank that vanishes (a signal, ``os._exit``) ends the job (``mpiexec`` does that), and a
+  rank that ends cleanly while others never do ends it after ``exit_grace`` seconds;
+- SIGTERM, SIGINT and SIGHUP take down ``mpiexec`` and every rank (the job runs in a
+  process group of its own) and the launcher exits with 128 + the signal;
+- the message names the first failing rank, its exit code or how it vanished, and its
+  last lines of stderr; the exit code is that rank's, not ``mpiexec``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["launch", "mpiexec_path"]
+__all__ = ["DEFAULT_EXIT_GRACE_S", "launch", "mpiexec_path"]
+
+DEFAULT_EXIT_GRACE_S = 10.0
+"""Seconds the other ranks get to end after one rank ended cleanly (``--exit-grace``)."""
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PY_OPTS_WITH_ARG = ("-X", "-W", "-Q")
 
 
 def mpiexec_path() -> str:
@@ -40,7 +58,7 @@ def mpiexec_path() -> str:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -52,6 +70,86 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def _is_python(program: str) -> bool:
+    name = Path(program).name
+    return program == sys.executable or name.startswith("python")
+
+
+def rank_command(cmd: Sequence[str]) -> list[str]:
+    """Return ``cmd`` with a Python program run under :mod:`ddpbench.rank` (others as given)."""
+    cmd = list(cmd)
+    if not cmd or not _is_python(cmd[0]):
+        return cmd
+    i = 1
+    while i < len(cmd) and cmd[i].startswith("-") and cmd[i] not in ("-m", "-c", "-", "--"):
+        i += 2 if cmd[i] in _PY_OPTS_WITH_ARG else 1
+    if i >= len(cmd) or cmd[i] == "-":
+        return cmd  # an interactive interpreter or a script on stdin: run it as it is
+    return [*cmd[:i], "-m", "ddpbench.rank", *cmd[i:]]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+class _Job:
+    """What the ranks of one job have said about themselves in the job folder."""
+
+    def __init__(self, folder: Path, nranks: int) -> None:
+        self.folder, self.nranks = folder, nranks
+        self.status: dict[int, dict[str, Any]] = {}
+        self.pids: dict[int, int] = {}
+        self.vanished: dict[int, float] = {}
+
+    def poll(self) -> None:
+        for path in self.folder.glob("rank*.json"):
+            rank = int(path.stem[4:])
+            if rank not in self.status:
+                with contextlib.suppress(OSError, ValueError):
+                    self.status[rank] = json.loads(path.read_text())
+        for path in self.folder.glob("rank*.pid"):
+            rank = int(path.stem[4:])
+            if rank not in self.pids:
+                with contextlib.suppress(OSError, ValueError):
+                    self.pids[rank] = int(path.read_text())
+        now = time.time()
+        for rank, pid in self.pids.items():
+            if (rank not in self.status and rank not in self.vanished and not _alive(pid)
+                    and not (self.folder / f"rank{rank}.json").exists()):
+                self.vanished[rank] = now  # ranks seen gone in one poll share a time
+
+    def first_failure(self) -> tuple[str, str, int | None, list[str]] | None:
+        """Return (who, what happened, exit code or None, stderr tail) of the first failure."""
+        events: list[tuple[float, str, str, int | None, list[str]]] = []
+        for rank, st in self.status.items():
+            if st.get("code", 0) != 0:
+                how = "an uncaught exception" if st.get("how") == "exception" else st.get("how")
+                events.append((st["time"], f"rank {rank} failed first",
+                           f"exit code {st['code']} ({how})", st["code"],
+                           st.get("stderr_tail", [])))
+        if self.vanished:
+            when = min(self.vanished.values())
+            ranks = sorted(r for r, t in self.vanished.items() if t == when)
+            who = (f"rank {ranks[0]} failed first" if len(ranks) == 1 else
+                   f"ranks {ranks} ended at the same moment, one of them first")
+            events.append((when, who, "vanished without an exit status (killed by a signal "
+                           "or os._exit)", None, []))
+        return min(events)[1:] if events else None
+
+    def clean_exits(self) -> list[float]:
+        return [st["time"] for st in self.status.values() if st.get("code", 0) == 0]
+
+
 def launch(
     cmd: Sequence[str],
     workers: int,
@@ -59,6 +157,7 @@ def launch(
     *,
     hostfile: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
+    exit_grace: float = DEFAULT_EXIT_GRACE_S,
     env: dict[str, str] | None = None,
     stdout: int | None = None,
     stderr: int | None = None,
@@ -71,8 +170,12 @@ def launch(
         servers: server processes for the parameter-server backends (>= 0).
         hostfile: an MPICH host file (one host per line, ``host:slots``).
         timeout: seconds before the whole job is killed (exit code 124).
+        exit_grace: seconds the other ranks get to end once one rank has ended cleanly.
         env: extra environment variables for every rank.
         stdout, stderr: passed to ``subprocess.Popen`` (default: inherit).
+
+    Returns:
+        0, the first failing rank's exit code, 124 on timeout, 128 + N on signal N.
 
     Raises:
         ValueError: a bad count, an empty command or a missing host file.
@@ -81,6 +184,10 @@ def launch(
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     if isinstance(servers, bool) or not isinstance(servers, int) or servers < 0:
         raise ValueError(f"servers must be an integer >= 0, got {servers!r}")
+    if not (exit_grace > 0):
+        raise ValueError(f"exit_grace must be > 0 seconds, got {exit_grace!r}")
+    if timeout is not None and not (timeout > 0):
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     cmd = list(cmd)
     if not cmd:
         raise ValueError("no command given: use 'ddpbench launch -n 2 -- python script.py'")
@@ -89,33 +196,109 @@ def launch(
         if not Path(hostfile).is_file():
             raise ValueError(f"hostfile {str(hostfile)!r} does not exist")
         args += ["-f", str(hostfile)]
-    args += cmd
+    args += rank_command(cmd)
+    folder = Path(tempfile.mkdtemp(prefix="ddpbench-job-"))
     full_env = {
         **os.environ,
         "DDPBENCH_NUM_WORKERS": str(workers),
         "DDPBENCH_NUM_SERVERS": str(servers),
+        "DDPBENCH_JOB_DIR": str(folder),
         **(env or {}),
     }
-    proc = subprocess.Popen(args, env=full_env, start_new_session=True,
-                            stdout=stdout, stderr=stderr)
     try:
-        rc = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        print(f"ddpbench launch: the job did not finish within {timeout:g} s and was killed",
-              file=sys.stderr)
-        return 124
-    except KeyboardInterrupt:
-        _kill_group(proc)
-        raise
+        return _supervise(args, full_env, folder, workers + servers, timeout, exit_grace,
+                          stdout, stderr)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
+               timeout: float | None, exit_grace: float, stdout: int | None,
+               stderr: int | None) -> int:
+    got: list[int] = []
+    previous: dict[int, Any] = {}
+    if _in_main_thread():
+        for sig in _SIGNALS:
+            previous[sig] = signal.signal(sig, lambda signum, _frame: got.append(signum))
+    job = _Job(folder, nranks)
+    proc = subprocess.Popen(args, env=env, start_new_session=True, stdout=stdout,
+                            stderr=stderr)
+    start = time.monotonic()
+    ended_by: str | None = None
+    try:
+        while proc.poll() is None:
+            if got:
+                ended_by = "signal"
+                break
+            if timeout is not None and time.monotonic() - start > timeout:
+                ended_by = "timeout"
+                break
+            job.poll()
+            failure = job.first_failure()
+            if failure is not None and _wait(proc, 5.0):
+                break  # mpiexec ends the others itself; give it a moment, then we do
+            if failure is not None:
+                ended_by = "failure"
+                break
+            clean = job.clean_exits()
+            if clean and len(clean) < nranks and time.time() - min(clean) > exit_grace:
+                ended_by = "stuck"
+                break
+            time.sleep(0.01)
     finally:
         if proc.poll() is None:
             _kill_group(proc)
-    # Ranks that outlived the job's end (a daemon thread stuck in MPI) must not linger.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        # Ranks that outlived the job's end (a daemon thread stuck in MPI) must not linger.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    rc = proc.returncode
+    if ended_by is None:
+        job.poll()  # what the ranks said before mpiexec ended (not the ranks we killed)
+    if ended_by == "signal":
+        name = signal.Signals(got[0]).name
+        _say(f"stopped by {name}: mpiexec and every rank were ended")
+        return 128 + got[0]
+    if ended_by == "timeout":
+        _say(f"the job did not finish within {timeout:g} s and was killed")
+        return 124
+    failure = job.first_failure()
+    if ended_by == "stuck":
+        done = sorted(st["rank"] for st in job.status.values())
+        left = sorted(set(range(nranks)) - set(done))
+        _say(f"ranks {done} ended cleanly but ranks {left} were still running "
+             f"{exit_grace:g} s later (waiting for a rank that is gone?); the job was "
+             f"ended. Raise --exit-grace if ranks legitimately finish far apart.")
+        return 1
+    if failure is not None:
+        who, what, code, tail = failure
+        lines = "".join(f"\n  | {line}" for line in tail[-10:])
+        where = f"; its last lines of stderr:{lines}" if tail else ""
+        _say(f"{who}: {what}{where}")
+        if code is None:
+            code = rc if rc not in (0, None) else 1
+            _say(f"mpiexec's exit code: {rc} (for a rank killed by signal N, MPICH reports N)")
+        return code
     if rc != 0:
         what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-        print(f"ddpbench launch: the job failed ({what}); the failing rank's message is above",
-              file=sys.stderr)
+        _say(f"the job failed ({what} from mpiexec; no rank reported a failure)")
     return rc
+
+
+def _wait(proc: subprocess.Popen, seconds: float) -> bool:
+    try:
+        proc.wait(seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _say(message: str) -> None:
+    print(f"ddpbench launch: {message}", file=sys.stderr, flush=True)

@@ -14,6 +14,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hostfile", help="MPICH host file (host:slots per line)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="kill the whole job after this many seconds (exit 124)")
+    parser.add_argument("--exit-grace", type=float, default=None, metavar="S",
+                        help="once a rank has ended cleanly, end the job if the others have "
+                             "not ended within S seconds (default 10)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                         help="the program to run on every rank")
 
@@ -24,7 +27,10 @@ def main(args: argparse.Namespace) -> int:
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     try:
+        from ddpbench.launch import DEFAULT_EXIT_GRACE_S
+
+        grace = DEFAULT_EXIT_GRACE_S if args.exit_grace is None else args.exit_grace
         return launch(cmd, args.workers, args.servers, hostfile=args.hostfile,
-                      timeout=args.timeout)
+                      timeout=args.timeout, exit_grace=grace)
     except ValueError as err:
         raise UsageError(str(err)) from None

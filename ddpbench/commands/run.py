@@ -54,6 +54,10 @@ def main(args: argparse.Namespace) -> int:
         )
     except (ValueError, RuntimeError) as err:
         raise UsageError(str(err)) from None
+    except OSError as err:  # a full disk, a quota, a file-size limit: finished rows are kept
+        print(f"ddpbench run: error: cannot write the results in {outdir}: {err}; every row "
+              f"written before is kept: make room and run again to resume", file=sys.stderr)
+        return 1
     if args.dry_run:
         for mode, name in summary.planned:
             print(f"{mode:8s} {name}")
