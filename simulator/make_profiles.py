@@ -28,6 +28,24 @@ import yaml
 PROFILES = Path(__file__).resolve().parent / "profiles"
 BATCH_IMAGES = 128
 GPU = "the single GPU of PipeDream's published profiles (model not recorded)"
+DEVICE = "V100"
+"""The device of :data:`ddpbench.hardware.DEVICES` the PipeDream times stand for. PipeDream
+(SOSP 2019, section 5.1) ran on V100 clusters (Azure NC24 v3, AWS p3.16xlarge), and the
+ResNet-50 profile's 289 images/s at batch 128 in fp32 is a V100's speed (a P100 reaches
+219 at batch 64 in TensorFlow's published benchmarks; a Titan X about half a V100)."""
+
+
+def _matmul_fraction(rows: list[dict[str, str]]) -> float:
+    """Return the share of a measured profile's time in convolutions and linear layers."""
+    mm = total = 0.0
+    for row in rows:
+        if row["op"].startswith("Input"):
+            continue
+        t = float(row["fwd_ms"]) + float(row["bwd_ms"])
+        total += t
+        if row["op"].startswith(("Conv2d", "Linear")):
+            mm += t
+    return round(mm / total, 3)
 
 
 def _read_tsv(name: str) -> list[dict[str, str]]:
@@ -109,10 +127,17 @@ def _times(matmul_flops: float, ew_elems: float) -> tuple[float, float]:
     return round((mm + ew) * 1e3, 4), round((2 * mm + EW_BWD_RATIO * ew) * 1e3, 4)
 
 
+def _flop_fraction(layers: list[dict], mm_ms: float) -> float:
+    """Return the share of a FLOP-derived profile's time in matrix products."""
+    total = sum(x["fwd_ms"] + x["bwd_ms"] for x in layers)
+    return round(mm_ms / total, 3)
+
+
 def resnet50() -> dict:
     layers = _attach_tensors(_fold_ops(_read_tsv("pipedream_resnet50_profile.tsv")),
                              _read_tsv("resnet50_tensors.tsv"))
-    return {"name": "resnet50", "batch_size": BATCH_IMAGES, "gpu": GPU,
+    return {"name": "resnet50", "batch_size": BATCH_IMAGES, "gpu": GPU, "device": DEVICE,
+            "matmul_fraction": _matmul_fraction(_read_tsv("pipedream_resnet50_profile.tsv")),
             "notes": "torchvision ResNet-50; times: PipeDream profile, batch 128; parameterless "
                      "operators folded into the preceding layer; Input (data loading) left out.",
             "layers": layers}
@@ -154,7 +179,8 @@ def vgg19() -> dict:
                     "bwd_ms": round(layer["bwd"], 4),
                     "tensors": [{"name": t["name"].split("(")[0], "numel": int(t["params"])}
                                 for t in (w, bias)]})
-    return {"name": "vgg19", "batch_size": BATCH_IMAGES, "gpu": GPU,
+    return {"name": "vgg19", "batch_size": BATCH_IMAGES, "gpu": GPU, "device": DEVICE,
+            "matmul_fraction": _matmul_fraction(_read_tsv("pipedream_vgg16_profile.tsv")),
             "notes": "VGG-19 with biases; times: PipeDream's VGG-16 profile, batch 128, with the "
                      "three extra VGG-19 convolutions (conv8 256->256, conv12 and conv16 "
                      "512->512) given the times of their same-shaped neighbour (the previous "
@@ -181,8 +207,11 @@ def seq2seq_lstm(vocab: int = 32_000, batch: int = 64, length: int = 50) -> dict
 
     layers = []
 
+    mm_ms = [0.0]
+
     def add(name, tensors, mm, ew):
         f, b = _times(mm, ew)
+        mm_ms[0] += 3 * mm / FLOPS * 1e3
         layers.append({"name": name, "fwd_ms": f, "bwd_ms": b, "tensors": tensors})
 
     add("encoder.embed", [{"name": "source_embed_weight", "numel": vocab * e}], 0, tok * e)
@@ -203,7 +232,8 @@ def seq2seq_lstm(vocab: int = 32_000, batch: int = 64, length: int = 50) -> dict
     add("decoder.output", [{"name": "target_output_weight", "numel": vocab * h},
                            {"name": "target_output_bias", "numel": vocab}],
         2 * tok * h * vocab, tok * vocab * 2)
-    return {"name": "seq2seq_lstm", "batch_size": batch, "gpu": GPU,
+    return {"name": "seq2seq_lstm", "batch_size": batch, "gpu": GPU, "device": DEVICE,
+            "matmul_fraction": _flop_fraction(layers, mm_ms[0]),
             "notes": f"Sockeye-like RNN NMT: source/target vocabulary {vocab:,} each (untied), "
                      "embedding 512, encoder = bi-directional LSTM layer (256 units per direction, "
                      "Sockeye's split) + LSTM layer 512, decoder = 2 LSTM layers of 512 with input "
@@ -220,8 +250,11 @@ def bert_base(batch: int = 32, seq: int = 128) -> dict:
     tok = batch * seq
     layers = []
 
+    mm_ms = [0.0]
+
     def add(name, tensors, mm, ew):
         f, b = _times(mm, ew)
+        mm_ms[0] += 3 * mm / FLOPS * 1e3
         layers.append({"name": name, "fwd_ms": f, "bwd_ms": b, "tensors": tensors})
 
     def lin(prefix, n_in, n_out):
@@ -248,7 +281,8 @@ def bert_base(batch: int = 32, seq: int = 128) -> dict:
         add(f"{p}.output.dense", lin(f"{p}.output.dense", ff, h), 2 * tok * ff * h, tok * h)
         add(f"{p}.output.LayerNorm", ln(f"{p}.output.LayerNorm"), 0, tok * h * 3)
     add("pooler.dense", lin("pooler.dense", h, h), 2 * batch * h * h, batch * h)
-    return {"name": "bert_base", "batch_size": batch, "gpu": GPU,
+    return {"name": "bert_base", "batch_size": batch, "gpu": GPU, "device": DEVICE,
+            "matmul_fraction": _flop_fraction(layers, mm_ms[0]),
             "notes": f"BERT-base (HF BertModel, vocabulary {vocab:,}, 12 layers, hidden 768, 12 "
                      "heads, FFN 3072, with pooler, no pre-training heads). Batch "
                      f"{batch} sequences of {seq} tokens. Times derived from FLOPs at "

@@ -235,7 +235,9 @@ class Sender:
                 yield self._ev
                 continue
             start = env.now
-            tx = msg.nbytes / net.bandwidth
+            # The sender's CPU spends per_message on each message besides its bytes (the
+            # transport's cost; 0 on the ideal network).
+            tx = msg.nbytes / net.bandwidth + net.per_message
             msg.not_before = start + tx
             net.enter(msg)
             yield env.timeout(tx)
@@ -263,11 +265,13 @@ class Network:
             its rack's uplink and the other rack's downlink to the core, each a port of
             ``rack_size * bandwidth / oversubscription`` bytes/s.
         rack_size: hosts per rack (used only when oversubscribed).
+        per_message: seconds of sender time each message costs besides its bytes, >= 0.
     """
 
     def __init__(self, env: simpy.Environment, nhosts: int, bandwidth: float, latency: float,
                  record: Callable[[Message, float, float], None], *,
-                 oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE) -> None:
+                 oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
+                 per_message: float = 0.0) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:
@@ -276,6 +280,9 @@ class Network:
             raise ValueError(f"oversubscription must be >= 1, got {oversubscription}")
         if rack_size < 1:
             raise ValueError(f"rack_size must be >= 1, got {rack_size}")
+        if not per_message >= 0:
+            raise ValueError(f"per_message must be >= 0 s, got {per_message}")
+        self.per_message = per_message
         self.env, self.bandwidth, self.latency, self.record = env, bandwidth, latency, record
         self._seq = 0
         self.down = [Port(self, h) for h in range(nhosts)]

@@ -251,7 +251,7 @@ def test_collective_bad_input():
 def test_strategies_table_matches_contract():
     assert simulator.STRATEGIES == {
         "mpi": {},
-        "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0},
+        "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False},
         "kvstore": {"bigarray_bound": 1_000_000},
         "p3": {"slice_params": 40_000, "water_mark": 10},
         "byteps": {"partition_bytes": 4_096_000, "credit_bytes": 0},
