@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from ddpbench import contract
 from ddpbench.simulator.context import SimContext
-from ddpbench.simulator.network import Gate, Link, Message, Network
+from ddpbench.simulator.network import Gate, Link, Message, Network, call_later
 
 __all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
 
@@ -169,10 +169,10 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     reduce-scatter among a host's ``g`` GPUs over the intra-host link (g-1 steps of n/g),
     then each local rank allreduces its shard with the same local rank of every other host
     (``g`` rings of n/g elements over ``h`` hosts at once, sharing the host's NIC: a step
-    carries ``g`` chunks of n/(g h) and costs ``g`` messages), then an all-gather among
-    the host's GPUs. Closed form::
+    carries ``g`` chunks of n/(g h); the ``g`` ranks pay their per-message cost ``c`` on
+    their own CPU cores, at once), then an all-gather among the host's GPUs. Closed form::
 
-        2 (g-1) (a_i + ceil(n/g) s / b_i) + 2 (h-1) (a + g c + g ceil(n/(g h)) s / b)
+        2 (g-1) (a_i + ceil(n/g) s / b_i) + 2 (h-1) (a + c + g ceil(n/(g h)) s / b)
 
     With one GPU per host this is the flat ring, step for step.
     """
@@ -190,7 +190,7 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
         record(sim.span(0, "reduce_scatter", layer, start, env.now, shard * (g - 1)))
     if h > 1:
         chunk = -(-n // (g * h)) * itemsize
-        step = sim.latency + g * sim.per_message + g * chunk / sim.ring_bandwidth
+        step = sim.latency + sim.per_message + g * chunk / sim.ring_bandwidth
         for _ in range(2 * (h - 1)):
             start = env.now
             yield env.timeout(step)
@@ -434,13 +434,12 @@ class _PSBase(Strategy):
             # The server acknowledges each push on arrival (no payload): the window counts
             # pushes on the wire. Counting until the pull instead can deadlock when workers
             # fill their windows with different slices, each waiting for the others'.
-            ack = self.sim.env.timeout(self.sim.latency, msg)
-            ack.callbacks.append(self._acked)
+            call_later(self.sim.env, self.sim.latency, self._acked, msg)
         self._arrive_push(part, w)
 
     @staticmethod
-    def _acked(ev) -> None:
-        msg = ev.value
+    def _acked(ev: Any) -> None:
+        msg = ev._value
         msg.gate.release(msg.cost)
 
     def _arrive_push(self, part: _Part, w: int) -> None:

@@ -38,7 +38,7 @@ def test_hierarchical_allreduce_closed_form(g, h, transport):
     bi, ai = link.bandwidth_gbps * 1e9 / 8, link.latency_us * 1e-6
     a, c = 5e-6, tr.per_message_us * 1e-6
     want = (2 * (g - 1) * (ai + math.ceil(n / g) / bi)
-            + 2 * (h - 1) * (a + g * c + g * math.ceil(n / (g * h)) / b))
+            + 2 * (h - 1) * (a + c + g * math.ceil(n / (g * h)) / b))
     assert got == pytest.approx(want, rel=1e-12)
 
 
