@@ -36,7 +36,9 @@ from ddpbench import hardware
 __all__ = ["WORKLOADS", "Layer", "Tensor", "Workload", "load_workload"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base")
+WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16",
+                              "resnet101", "inception_v3", "transformer_big", "bert_large",
+                              "gpt2_xl", "sockeye")
 ITEMSIZE = 4  # gradients travel as fp32
 
 

@@ -174,6 +174,9 @@ PUBLISHED = [
     # synthetic ImageNet): ResNet-50 219 images/s at batch 64 and 195 at batch 32.
     ("resnet50", "P100", 64, 219.0, 0.15),
     ("resnet50", "P100", 32, 195.0, 0.15),
+    # The same page: Inception-v3 142 images/s on one P100 at batch 64. The profile is built
+    # from FLOPs at ResNet-50's speeds, so this checks the FLOP model and the rule together.
+    ("inception_v3", "P100", 64, 142.0, 0.25),
 ]
 
 
@@ -224,3 +227,33 @@ def test_profiles_that_record_no_device_cannot_be_rescaled(tmp_path):
                  "tensors: [{name: w, numel: 1000}]}\n")
     with pytest.raises(ValueError, match="device and matmul_fraction"):
         simulator.simulate(str(p), "horovod", workers=2, bandwidth_gbps=10, device="V100")
+
+
+# Parameter counts of the added profiles against their published or library totals.
+@pytest.mark.parametrize("name,params", [
+    ("vgg16", 138_357_544),         # torchvision vgg16
+    ("resnet101", 44_549_160),      # torchvision resnet101
+    ("inception_v3", 27_161_264),   # torchvision inception_v3 (aux classifier included)
+    ("bert_large", 335_141_888),    # HF bert-large-uncased BertModel
+    ("gpt2_xl", 1_557_611_200),     # HF gpt2-xl (tied LM head)
+    ("transformer_big", 214_245_376),  # Vaswani et al. Table 3 reports 213M
+])
+def test_added_profiles_parameter_counts(name, params):
+    wl = load_workload(name)
+    assert wl.total_params == params
+    assert wl.device in hardware.DEVICES and 0 < wl.matmul_fraction < 1
+
+
+def test_sockeye_parameter_count():
+    v, e, h = 50_000, 512, 1024
+    lstm = lambda n_in, hid: 4 * hid * (n_in + hid) + 8 * hid  # noqa: E731
+    want = (2 * v * e + 2 * lstm(e, h // 2) + 2 * h * h + h + lstm(e + h, h)
+            + 2 * h * h + h + v * h + v)
+    assert load_workload("sockeye").total_params == want
+
+
+def test_resnet101_keeps_resnet50_times_and_adds_layer3_blocks():
+    r50, r101 = load_workload("resnet50"), load_workload("resnet101")
+    extra = sum(x.fwd_s + x.bwd_s for x in r101.layers) - sum(x.fwd_s + x.bwd_s for x in r50.layers)
+    block = sum(x.fwd_s + x.bwd_s for x in r50.layers if x.name.startswith("layer3.5."))
+    assert extra == pytest.approx(17 * block)
