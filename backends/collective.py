@@ -200,6 +200,7 @@ class CollectiveStore(RequestStore):
 
     Options = _Options
     options: _Options
+    _proto: _CollectiveProtocol
     capabilities = frozenset({"broadcast", "push_pull", "reduce_kinds"})
 
     def __init__(self, **options: Any) -> None:

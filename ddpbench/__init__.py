@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 # name -> module that defines it, imported lazily so `import ddpbench` stays light.
 _LAZY = {
     "DistributedTrainer": "ddpbench.trainer",
+    "SGD": "ddpbench.optim",
     "broadcast_parameters": "ddpbench.trainer",
     "init": "ddpbench.comm",
     "nn": "ddpbench.nn",

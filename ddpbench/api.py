@@ -428,9 +428,9 @@ def _flag(flags: Any, key: str) -> bool | None:
 _BUILTIN: dict[str, str] = {
     "mpi": "ddpbench.backends.mpi",
     "horovod": "ddpbench.backends.horovod",
-    "kvstore": "ddpbench.backends.kvstore",
-    "p3": "ddpbench.backends.p3",
-    "byteps": "ddpbench.backends.byteps",
+    "kvstore": "ddpbench.backends.ps.kvstore",
+    "p3": "ddpbench.backends.ps.p3",
+    "byteps": "ddpbench.backends.ps.byteps",
     "collective": "ddpbench.backends.collective",
 }
 _REGISTRY: dict[str, type[KVStore]] = {}

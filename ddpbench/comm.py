@@ -117,7 +117,7 @@ def world() -> World:
 
 # "module:function" that runs a server rank until the workers close, then exits the process;
 # imported lazily, like the backends, so that the dependency stays backends -> ddpbench.
-SERVER_LOOP = "ddpbench.backends.ps_common:serve"
+SERVER_LOOP = "ddpbench.backends.ps.server:serve"
 
 
 def init() -> World:

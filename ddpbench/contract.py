@@ -23,7 +23,7 @@ cite the same paths).
 Example:
     >>> from ddpbench import contract
     >>> contract.defaults("p3")
-    {'slice_params': 40000, 'water_mark': 10}
+    {'slice_params': 40000, 'send_hwm': 1, 'water_mark': 0}
     >>> contract.validate_knobs("p3", {"slice_params": 0})
     Traceback (most recent call last):
     ...
@@ -194,9 +194,16 @@ class P3Knobs(PSKnobs):
     """``p3``: priority-based parameter propagation."""
 
     slice_params: int = knob(
-        40_000, ge=1, unit="elements", source="P3's MXNet fork, src/kvstore/kvstore_dist.h",
-        doc="elements per slice")
-    water_mark: int = knob(10, ge=1, unit="slices", doc="slices in flight per server")
+        40_000, ge=1, unit="elements",
+        source="P3's MXNet fork, src/kvstore/kvstore_dist.h, MXNET_KVSTORE_BIGARRAY_BOUND",
+        doc="elements per slice; smaller arrays go whole to server (key*9973) % S")
+    send_hwm: int = knob(
+        1, ge=1, unit="messages", source="P3's ps-lite, src/zmq_van.h (ZMQ_SNDHWM)",
+        doc="slices a socket to one server holds before the sending thread blocks")
+    water_mark: int = knob(
+        0, ge=0, unit="slices",
+        doc="0 = P3's sockets; > 0 = ddpbench's own window of slices in flight per server "
+            "(acknowledged on arrival, replies by priority), not P3's")
 
 
 class BytepsKnobs(PSKnobs):
@@ -227,11 +234,11 @@ BACKENDS: dict[str, BackendContract] = {
                         "fusion, prescale/postscale on the fused buffer",
                         "ddpbench.backends.horovod"),
         BackendContract("kvstore", KvstoreKnobs, "MXNet-style parameter server, server-side "
-                        "optimizer", "ddpbench.backends.kvstore", uses_servers=True),
+                        "optimizer", "ddpbench.backends.ps.kvstore", uses_servers=True),
         BackendContract("p3", P3Knobs, "priority-based slicing, round-robin placement, water "
-                        "mark", "ddpbench.backends.p3", uses_servers=True),
+                        "mark", "ddpbench.backends.ps.p3", uses_servers=True),
         BackendContract("byteps", BytepsKnobs, "partitioned push-pull with credit scheduling",
-                        "ddpbench.backends.byteps", uses_servers=True),
+                        "ddpbench.backends.ps.byteps", uses_servers=True),
         BackendContract("collective", CollectiveKnobs, "sum/max/min/prod, parallel rings, "
                         "local SGD", "ddpbench.backends.collective"),
     )

@@ -18,17 +18,20 @@ Example:
     >>> logits = model.forward(x)                  # weights get their shapes here
     >>> loss, dlogits = nn.softmax_cross_entropy(logits, y)
     >>> model.backward(dlogits)                     # fills p.grad, fires on_grad hooks
+
+The optimizer is :class:`ddpbench.SGD` (also reachable here as ``nn.SGD``): the same class
+updates parameters locally and runs on the ``kvstore`` servers.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ddpbench.optim import SGD  # the one optimizer, re-exported: nn.SGD is ddpbench.SGD
 from ddpbench.tensor_ops import array_module
 
 __all__ = [
@@ -447,50 +450,6 @@ def softmax_cross_entropy(logits: Any, labels: Any) -> tuple[float, Any]:
 def accuracy(logits: Any, labels: Any) -> float:
     """Return the fraction of rows whose largest logit is the label."""
     return float((logits.argmax(axis=1) == labels).mean())
-
-
-@dataclass(frozen=True)
-class SGD:
-    """Stochastic gradient descent with optional momentum and weight decay.
-
-    ``update`` is applied in the weight's dtype; the same object is what a parameter-server
-    backend runs on its servers (``kv.set_optimizer``), so it holds only plain numbers.
-    """
-
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0 or self.momentum < 0 or self.weight_decay < 0:
-            raise ValueError(f"SGD needs lr > 0, momentum >= 0, weight_decay >= 0; got "
-                             f"lr={self.lr}, momentum={self.momentum}, "
-                             f"weight_decay={self.weight_decay}")
-
-    def create_state(self, weight: Any) -> Any:
-        """Return the per-parameter state (a momentum buffer, or None)."""
-        return array_module(weight).zeros_like(weight) if self.momentum else None
-
-    def update(self, weight: Any, grad: Any, state: Any) -> None:
-        """Apply one step to ``weight`` in place from ``grad`` (already rescaled)."""
-        dt = weight.dtype.type
-        g = grad if not self.weight_decay else grad + dt(self.weight_decay) * weight
-        if state is not None:
-            state *= dt(self.momentum)
-            state += g
-            g = state
-        weight -= dt(self.lr) * g
-
-    def __call__(self, weight: Any, grad: Any, state: Any) -> None:
-        self.update(weight, grad, state)
-
-    def server_spec(self) -> dict[str, float]:
-        """Return the hyperparameters as the parameter servers take them (MXNet's names).
-
-        MXNet's momentum form (``mom = m mom - lr g; w += mom``) equals this one's for a
-        constant learning rate.
-        """
-        return {"lr": self.lr, "momentum": self.momentum, "wd": self.weight_decay}
 
 
 def mlp(num_classes: int = 10, hidden: Sequence[int] = (64, 64), *, seed: int = 0,

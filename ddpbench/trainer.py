@@ -6,7 +6,7 @@ changes::
     kv = ddpbench.create(backend)                   # "mpi", "horovod", "collective", "p3", ...
     model = ddpbench.nn.mlp(seed=rank)              # ranks may be seeded differently
     ddpbench.broadcast_parameters(model.parameters(), root_rank=0, kv=kv)
-    trainer = ddpbench.DistributedTrainer(model.parameters(), ddpbench.nn.SGD(lr=0.1), kv=kv)
+    trainer = ddpbench.DistributedTrainer(model.parameters(), ddpbench.SGD(lr=0.1), kv=kv)
     for x, y in loader:
         loss, dlogits = ddpbench.nn.softmax_cross_entropy(model(x), y)
         model.backward(dlogits)                     # gradients go out while backward runs
@@ -32,10 +32,10 @@ otherwise                                  locally, from the reduced gradient
 from __future__ import annotations
 
 import atexit
-import dataclasses
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from ddpbench.api import Handle, KVStore, NotSupportedError, ReduceOp, create
 from ddpbench.nn import Parameter
@@ -112,7 +112,7 @@ class DistributedTrainer:
     Args:
         params: Parameters, a dict of them, or a model with ``parameters()``.
         optimizer: an object with ``create_state(weight)`` and ``update(weight, grad,
-            state)`` (e.g. :class:`ddpbench.nn.SGD`).
+            state)`` (e.g. :class:`ddpbench.SGD`).
         kv: a KVStore, or a backend name to create one (default ``"mpi"``).
         gradient_predivide_factor: f; gradients are multiplied by 1/f before the reduction
             and by f/size after it (Horovod's definition: AVERAGE with prescale 1/f and
@@ -168,9 +168,7 @@ class DistributedTrainer:
                              "float32 weights from the pushed gradients; push float32")
         self.local_sgd = self.kv.is_capable("local_sgd")
         if self.update_on_kvstore:
-            # Servers take plain hyperparameters, not code.
-            spec = getattr(optimizer, "server_spec", None)
-            self.kv.set_optimizer(spec() if callable(spec) else optimizer)
+            self.kv.set_optimizer(optimizer)  # a ddpbench.SGD: plain hyperparameters
         self._states: dict[str, Any] = {}
         self._handles: dict[str, Handle] = {}
         self._wire: dict[str, Any] = {}
@@ -259,13 +257,12 @@ class DistributedTrainer:
         if not lr > 0:
             raise ValueError(f"learning rate must be > 0, got {lr!r}")
         opt: Any = self.optimizer
-        if dataclasses.is_dataclass(opt) and not isinstance(opt, type):
-            self.optimizer = dataclasses.replace(opt, lr=float(lr))
+        if isinstance(opt, BaseModel):  # frozen (ddpbench.SGD): a copy with the new rate
+            self.optimizer = opt.model_copy(update={"lr": float(lr)})
         else:
             self.optimizer.lr = float(lr)
         if self.update_on_kvstore:
-            spec = getattr(self.optimizer, "server_spec", None)
-            self.kv.set_optimizer(spec() if callable(spec) else self.optimizer)
+            self.kv.set_optimizer(self.optimizer)
 
     def _step_on_servers(self, batch_size: int) -> None:
         # The servers sum the pushed gradients and apply the optimizer once, so each worker

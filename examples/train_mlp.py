@@ -10,7 +10,7 @@ kv = ddpbench.create(sys.argv[1] if len(sys.argv) > 1 else "horovod")
 ds = data.teacher_student()
 model = nn.mlp(num_classes=ds.num_classes, hidden=(64,), seed=kv.rank)  # ranks differ...
 ddpbench.broadcast_parameters(model, kv=kv)       # ...until root's values win (deferred too)
-trainer = ddpbench.DistributedTrainer(model, nn.SGD(lr=0.1), kv=kv)
+trainer = ddpbench.DistributedTrainer(model, ddpbench.SGD(lr=0.1), kv=kv)
 loader = data.ShardedLoader(ds.x_train, ds.y_train, 32, rank=kv.rank,
                             num_workers=kv.num_workers)
 for step in range(200):

@@ -13,7 +13,6 @@ The training loop (one generator process per simulated worker):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import simpy
 
-from ddpbench import contract, hardware
+from ddpbench import contract, hardware, trace
 from ddpbench.simulator.network import CountingEnvironment, Message, Network
 from ddpbench.simulator.strategies import (
     Strategy,
@@ -92,30 +91,11 @@ class SimResult:
     batch_size: int = 0
 
     def to_chrome_trace(self, path: str | Path) -> Path:
-        """Write the timeline as Chrome-trace JSON (open it in https://ui.perfetto.dev)."""
-        hosts = {h: i for i, h in enumerate(self.bytes_sent)}
-        lanes = {"forward": 0, "backward": 0, "allreduce": 1, "push": 1, "pull": 1, "sum": 2}
-        lane_names = {0: "compute", 1: "send", 2: "server sum"}
-        events: list[dict[str, Any]] = []
-        for host, pid in hosts.items():
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                           "args": {"name": host}})
-            for tid, lane in lane_names.items():
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                               "args": {"name": lane}})
-        for s in self.timeline:
-            args: dict[str, Any] = {"layer": s.layer, "bytes": s.bytes}
-            if s.peer:
-                args["peer"] = s.peer
-            events.append({"ph": "X", "name": f"{s.kind} L{s.layer}", "cat": s.kind,
-                           "pid": hosts.get(s.host, 0), "tid": lanes.get(s.kind, 1),
-                           "ts": s.start * 1e6, "dur": (s.end - s.start) * 1e6, "args": args})
-        out = Path(path)
-        out.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
-                                   "otherData": {"workload": self.workload,
-                                                 "backend": self.backend,
-                                                 "workers": self.workers}}))
-        return out
+        """Write the timeline as Chrome-trace JSON (:mod:`ddpbench.trace`, the writer real
+        runs use too; open it in https://ui.perfetto.dev)."""
+        return trace.write(path, trace.chrome_trace(
+            self.timeline, hosts=list(self.bytes_sent), t0=0.0,
+            meta={"workload": self.workload, "backend": self.backend, "workers": self.workers}))
 
 
 class _Point(NamedTuple):

@@ -14,13 +14,14 @@ there by (priority, arrival time, sequence number); there is no preemption insid
 message. A message is delivered ``latency`` after the port has carried it. Every tie breaks
 on (time, priority, sequence number), so a run is deterministic.
 
-``backends/ps_common.py`` paces the real transport with the same model (a token bucket per
+``backends/ps/transport.py`` paces the real transport with the same model (a token bucket per
 uplink, a priority queue per downlink, latency after the downlink), so that simulated and
 real runs of the parameter-server backends can be compared message for message.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 from collections.abc import Callable
 from typing import Any, cast
@@ -235,9 +236,18 @@ class Sender:
     An idle sender woken by a new message chooses at the wake-up event, after the other
     messages of that instant have been queued (the order of a simpy process's resume;
     written with callbacks, not a generator, for speed).
+
+    With ``hwm`` set (:meth:`use_sockets`), the host sends as P3's ps-lite does instead
+    (ps-lite/src/van.cc ``Van::Sending``, ps-lite/src/zmq_van.h ``ZMQ_SNDHWM``): one
+    sending thread pops the best queued message and hands it to the socket of its
+    destination, which holds at most ``hwm`` messages not yet on the wire; when that socket
+    is full the thread blocks, and every message behind it waits (head-of-line blocking),
+    whatever its priority or destination. The uplink carries the sockets' messages in the
+    order they were handed over. There are no acknowledgements and no gates.
     """
 
-    __slots__ = ("net", "host", "_queue", "_idle", "_msg", "_start")
+    __slots__ = ("net", "host", "_queue", "_idle", "_msg", "_start", "hwm", "_pipes", "_wire",
+                 "_blocked")
 
     def __init__(self, net: Network, host: int) -> None:
         self.net, self.host = net, host
@@ -245,7 +255,18 @@ class Sender:
         self._idle = False
         self._msg: Message | None = None
         self._start = 0.0
-        call_later(net.env, 0, self._first, None, 0)  # as a process's Initialize event (urgent)
+        self.hwm: int | None = None
+        self._pipes: dict[int, int] = {}  # destination -> messages in its socket
+        # Messages handed over, in order; False marks a server's reply (its own socket).
+        self._wire: collections.deque[tuple[Message, bool]] = collections.deque()
+        self._blocked: Message | None = None
+        call_later(net.env, 0, self._resume, None, 0)  # as a process's Initialize (urgent)
+
+    def use_sockets(self, hwm: int) -> None:
+        """Send through per-destination sockets of ``hwm`` messages (P3's ps-lite)."""
+        if hwm < 1:
+            raise ValueError(f"hwm must be >= 1 message, got {hwm}")
+        self.hwm = hwm
 
     def send(self, msg: Message) -> None:
         """Queue ``msg``; larger ``priority`` goes first, equal priorities in FIFO order."""
@@ -254,13 +275,59 @@ class Sender:
         msg.seq = net._seq
         self.requeue((-msg.priority, msg.seq, msg))
 
+    def send_direct(self, msg: Message) -> None:
+        """Put ``msg`` on the wire behind what is already there, bypassing the queue.
+
+        A ps-lite server answers from its receiving thread straight into the socket
+        (``KVServer::Response`` calls ``Van::Send``), not through the priority queue.
+        """
+        if self.hwm is None:
+            self.send(msg)
+            return
+        msg.seq = self.net.next_seq()
+        self._wire.append((msg, False))
+        self._wake()
+
     def requeue(self, entry: tuple[float, int, Message]) -> None:
         heapq.heappush(self._queue, entry)
+        if self.hwm is not None:
+            self._hand_over()
+        self._wake()
+
+    def _wake(self) -> None:
         if self._idle:
             self._idle = False
-            call_later(self.net.env, 0, self._wake)
+            call_later(self.net.env, 0, self._resume)
+
+    def _hand_over(self) -> None:
+        # The sending thread: pop the best message, give it to its destination's socket;
+        # stop at the first message whose socket is full (it blocks there).
+        pipes, hwm = self._pipes, cast(int, self.hwm)
+        while self._blocked is None and self._queue:
+            msg = heapq.heappop(self._queue)[2]
+            if pipes.get(msg.dst, 0) >= hwm:
+                self._blocked = msg
+                return
+            pipes[msg.dst] = pipes.get(msg.dst, 0) + 1
+            self._wire.append((msg, True))
 
     def _next(self) -> Message | None:
+        if self.hwm is not None:
+            if not self._wire:
+                return None
+            msg, counted = self._wire.popleft()
+            if counted:
+                self._pipes[msg.dst] -= 1
+            blocked = self._blocked
+            if blocked is not None and self._pipes.get(blocked.dst, 0) < self.hwm:
+                self._blocked = None
+                self._pipes[blocked.dst] = self._pipes.get(blocked.dst, 0) + 1
+                self._wire.append((blocked, True))
+                self._hand_over()
+            # Priority orders only the sending thread: on the wire and at the switch every
+            # message is equal (TCP through a plain switch).
+            msg.priority = 0
+            return msg
         queue = self._queue
         while queue:
             entry = heapq.heappop(queue)
@@ -274,10 +341,7 @@ class Sender:
             return msg
         return None
 
-    def _first(self, _ev: Any) -> None:
-        self._go()
-
-    def _wake(self, _ev: Any) -> None:
+    def _resume(self, _ev: Any) -> None:
         self._go()
 
     def _go(self) -> None:

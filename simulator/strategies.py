@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Generator
-from typing import Any, ClassVar, cast
+from collections.abc import Callable, Generator
+from typing import Any, ClassVar
 
 import numpy as np
 import simpy
 from pydantic import BaseModel
 
 from ddpbench import contract
+from ddpbench.backends.ps import placement
+from ddpbench.backends.ps.placement import Part
 from ddpbench.simulator.context import SimContext
 from ddpbench.simulator.network import Gate, Link, Message, Network, call_later
 
@@ -390,29 +392,30 @@ class _PSBase(Strategy):
             self.parts[part.layer].append(part)
         self._sum_free = [0.0] * sim.num_servers
         self._gates: dict[Any, Gate] = {}
+        if sim.net is None:
+            raise RuntimeError(f"strategy {self.name!r} needs the simulated network")
+        self.net: Network = sim.net
 
     @abc.abstractmethod
     def make_parts(self) -> list[_Part]:
         """Cut every tensor into parts and place them on servers (each backend's placement rule, docs/fidelity.md)."""
 
-    def round_robin_parts(self, size: int, *, prioritised: bool) -> list[_Part]:
-        """Every tensor cut into pieces of ``size`` elements, the servers taken round-robin
-        by one counter across tensors (P3's slices, BytePS's partitions); ``prioritised``
-        gives each piece its layer's priority, -layer, else 0 (FIFO)."""
-        s, parts = self.sim.num_servers, list[_Part]()
-        for t in self.sim.workload.tensors:
-            for lo in range(0, t.numel, size):
-                parts.append(_Part(len(parts), t.layer, min(size, t.numel - lo),
-                                   len(parts) % s, -t.layer if prioritised else 0))
+    def placed_parts(self, place: Callable[[int, int], list[Part]], *,
+                     prioritised: bool) -> list[_Part]:
+        """Every tensor's parts from ``place(key, numel)`` (the real backend's placement
+        rule, :mod:`ddpbench.backends.ps.placement`; the key is the tensor's index, its
+        order of first use); ``prioritised`` gives each part its layer's priority, -layer,
+        else 0 (FIFO)."""
+        parts: list[_Part] = []
+        for key, t in enumerate(self.sim.workload.tensors):
+            for p in place(key, t.numel):
+                if p.count:
+                    parts.append(_Part(len(parts), t.layer, p.count, p.server,
+                                       -t.layer if prioritised else 0))
         return parts
 
     def units(self, layer: int) -> int:
         return len(self.parts[layer])
-
-    @property
-    def net(self) -> Network:
-        """The simulated network (parameter-server strategies always have one)."""
-        return cast(Network, self.sim.net)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         return None, 1.0
@@ -472,8 +475,12 @@ class _PSBase(Strategy):
             if w == host:
                 sim.unit_done(w, part.layer)
             else:
-                self.net.send(Message(host, w, part.numel * sim.itemsize, part.priority, "pull",
-                                     part.layer, self._on_pull, (part, w)))
+                self.send_reply(Message(host, w, part.numel * sim.itemsize, part.priority,
+                                        "pull", part.layer, self._on_pull, (part, w)))
+
+    def send_reply(self, msg: Message) -> None:
+        """Send a server's reply (the summed part) back to its worker."""
+        self.net.send(msg)
 
     def _on_pull(self, msg: Message) -> None:
         part, w = msg.data
@@ -493,34 +500,54 @@ class KvstoreStrategy(_PSBase):
     server_update = True
 
     def make_parts(self) -> list[_Part]:
-        s, bound, parts = self.sim.num_servers, self.knobs.bigarray_bound, list[_Part]()
-        for key, t in enumerate(self.sim.workload.tensors):
-            if t.numel < bound:
-                parts.append(_Part(len(parts), t.layer, t.numel, (key * 9973) % s, 0))
-            else:
-                for i, share in enumerate(ring_chunk_sizes(t.numel, s)):
-                    if share:
-                        parts.append(_Part(len(parts), t.layer, int(share), i, 0))
-        return parts
+        s, bound = self.sim.num_servers, self.knobs.bigarray_bound
+        return self.placed_parts(lambda key, n: placement.kvstore_parts(key, n, bound, s),
+                                 prioritised=False)
 
 
 @register
 class P3Strategy(_PSBase):
-    """``p3``: priority-based parameter propagation (slices, priority -layer, water mark)."""
+    """``p3``: priority-based parameter propagation.
+
+    Slices as P3 places them (:func:`~ddpbench.backends.ps.placement.p3_parts`), each a
+    merged push-pull with priority -layer. By default the worker sends as P3's ps-lite
+    does: one sending thread pops the best slice into its server's socket, which holds
+    ``send_hwm`` slices, and blocks when that socket is full (:meth:`Sender.use_sockets`);
+    servers answer straight into their sockets, in the order the sums complete, without
+    priority. ``water_mark`` > 0 is ddpbench's own variant instead: at most that many
+    slices in flight per server, acknowledged on arrival, gated slices skipped, replies
+    by priority.
+    """
 
     name = "p3"
     knobs: contract.P3Knobs
     server_update = True
 
     def make_parts(self) -> list[_Part]:
-        return self.round_robin_parts(self.knobs.slice_params, prioritised=True)
+        s, size = self.sim.num_servers, self.knobs.slice_params
+        return self.placed_parts(lambda key, n: placement.p3_parts(key, n, size, s),
+                                 prioritised=True)
+
+    def start(self) -> None:
+        if not self.knobs.water_mark:
+            for w in range(self.sim.workers):
+                self.net.senders[w].use_sockets(self.knobs.send_hwm)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
+        if not self.knobs.water_mark:
+            return None, 1.0
         key = (w, part.server)
         g = self._gates.get(key)
         if g is None:
             g = self._gates[key] = Gate(self.knobs.water_mark, self.net.senders[w])
         return g, 1.0
+
+    def send_reply(self, msg: Message) -> None:
+        if self.knobs.water_mark:
+            self.net.send(msg)
+            return
+        msg.priority = 0  # a ps-lite server's response carries no priority
+        self.net.senders[msg.src].send_direct(msg)
 
 
 @register
@@ -531,8 +558,9 @@ class BytepsStrategy(_PSBase):
     knobs: contract.BytepsKnobs
 
     def make_parts(self) -> list[_Part]:
-        size = max(1, self.knobs.partition_bytes // self.sim.itemsize)
-        return self.round_robin_parts(size, prioritised=self.knobs.credit_bytes > 0)
+        s, size = self.sim.num_servers, max(1, self.knobs.partition_bytes // self.sim.itemsize)
+        return self.placed_parts(lambda key, n: placement.byteps_parts(key, n, size, s),
+                                 prioritised=self.knobs.credit_bytes > 0)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         if self.knobs.credit_bytes == 0:

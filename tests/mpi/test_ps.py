@@ -12,7 +12,7 @@ import uuid
 import pytest
 from mpiutil import SCRIPTS, assert_no_processes, one, run_mpi
 
-from ddpbench.backends.ps_common import merge_chrome_traces
+from ddpbench.trace import merge_chrome_traces
 
 SCRIPT = SCRIPTS / "ps_check.py"
 pytestmark = pytest.mark.mpi
@@ -37,11 +37,13 @@ def test_kvstore_one_server_three_workers():
     assert one(out, "broadcast", tag="kvstore")["roots"] == 3
 
 
-def test_p3_dedicated_server_priority_and_pacing():
-    out = run_mpi(3, SCRIPT, "p3_dedicated", timeout=60, env=roles(2, 1))
-    mark = one(out, "p3_water_mark")
-    assert (mark["water_mark"], mark["position"], mark["slices"]) == (1, 1, 11)
+@pytest.mark.parametrize("variant,position", [("sockets", 3), ("water_mark", 1)])
+def test_p3_dedicated_server_send_order_and_pacing(variant, position):
+    out = run_mpi(3, SCRIPT, "p3_dedicated", variant, timeout=60, env=roles(2, 1))
+    order = one(out, "p3_send_order")
+    assert (order["variant"], order["position"], order["slices"]) == (variant, position, 11)
     assert one(out, "p3_paced")["sends"] > 1
+    assert one(out, "p3_server_sgd")["workers"] == 2
     assert one(out, "sums", tag="p3")["workers"] == 2
 
 
@@ -50,6 +52,7 @@ def test_colocated_three_workers():
     order = one(out, "byteps_fifo")["order"]  # keys 3..8, each in its partitions
     assert order == sorted(order) and set(order) == set(range(3, 9))
     assert one(out, "p3_placement")["servers"] == 3
+    assert one(out, "byteps_placement")["servers"] == 3
     assert one(out, "byteps_average")["workers"] == 3
     for tag in ("byteps", "kvstore colocated", "byteps credit"):
         assert one(out, "sums", tag=tag)["workers"] == 3

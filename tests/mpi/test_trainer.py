@@ -63,7 +63,7 @@ def test_trainer_parameter_server_backends(backend):
 @pytest.mark.mpi
 def test_update_on_kvstore_dedicated_server():
     if "kvstore" not in ddpbench.available():
-        pytest.skip("backend 'kvstore' is not written yet (backends/kvstore.py missing)")
+        pytest.skip("backend 'kvstore' is not written yet (backends/ps/kvstore.py missing)")
     workers, servers = 2, 1
     out = run_mpi(workers + servers, SCRIPTS / "trainer_check.py", "deferred,onserver",
                   "kvstore", env={"DDPBENCH_NUM_WORKERS": str(workers),

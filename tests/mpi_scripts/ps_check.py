@@ -69,7 +69,7 @@ def sends(kv, kind="push"):
 
 def case_kvstore(bound):
     """2 workers, 2 servers, int keys: sums, broadcast, split big arrays, server optimizer."""
-    from ddpbench.backends.kvstore import SGD
+    from ddpbench import SGD
 
     kv = ddpbench.create("kvstore", bigarray_bound=bound, trace=True)
     assert kv.is_capable("optimizer")
@@ -125,40 +125,51 @@ def case_kvstore(bound):
 
 
 def case_p3_dedicated():
-    """2 workers, 1 server: str keys, broadcast, and the water mark letting priority overtake."""
+    """2 workers, 1 server: str keys, broadcast, the send order of P3's sockets (argv[2] =
+    "sockets") or of the water-mark variant ("water_mark"), and pacing."""
     ddpbench.init()  # on the server rank: serves, then exits
-    kv = ddpbench.create("p3", slice_params=20_000, water_mark=1, bandwidth_gbps=0.5,
-                         trace=True)
+    variant = sys.argv[2]
+    knobs = {"water_mark": 1} if variant == "water_mark" else {}
+    kv = ddpbench.create("p3", slice_params=20_000, bandwidth_gbps=0.1, trace=True, **knobs)
     try:
-        kv.set_optimizer({"lr": 0.1})
-    except ddpbench.NotSupportedError as err:
-        assert "workers" in str(err)
+        kv.set_optimizer(lambda w, g: w)
+    except TypeError as err:
+        assert "SGD" in str(err)
     else:
-        raise AssertionError("p3 accepted an optimizer")
+        raise AssertionError("p3 accepted code as an optimizer")
     keys = [("conv1.weight", 45_000, np.float32), ("conv1.bias", 64, np.float32),
             ("fc.weight", 20_001, np.float64)]
     check_sums(kv, keys, "p3")
     check_broadcast(kv, [("conv1.weight", 45_000, np.float32), ("fc.weight", 20_001, np.float64)],
                     "p3")
-    # water_mark=1: ten low-priority slices, then one high-priority slice queued behind them
+    # ten low-priority slices, then one high-priority slice queued while the first is on
+    # the wire. P3's sockets (hwm 1): one slice in the socket and one popped, blocked on it,
+    # are ahead of the high one (position 3). Water mark 1: it goes next (position 1).
     before = len(sends(kv))
     low = kv.push_pull_async("low", np.ones(200_000, np.float32), priority=-5)
-    while len(sends(kv)) == before:  # the first low slice is on the wire, nine are queued
+    while len(sends(kv)) == before:  # the first low slice is on the wire
         time.sleep(1e-4)
     high = kv.push_pull_async("high", np.ones(100, np.float32), priority=0)
     low.wait(), high.wait()
     order = [(rec.key, rec.part) for rec in sends(kv)[before:]]
     key_high = kv._keys["high"]
     pos = order.index((key_high, 0))
-    assert pos == 1, f"high-priority slice sent at position {pos}: {order}"
     lows = [p for k, p in order if k != key_high]
     assert lows == list(range(10)), order
-    say(kv, "p3_water_mark", water_mark=1, position=pos, slices=len(order))
+    say(kv, "p3_send_order", variant=variant, position=pos, slices=len(order))
+    # server-side optimizer (P3's ApplyUpdates): the reply is the updated weights
+    w0 = np.arange(30, dtype=np.float64)
+    kv.broadcast("w", w0.copy())
+    kv.set_optimizer(ddpbench.SGD(lr=0.5, rescale_grad=0.25))
+    out = kv.push_pull("w", np.full(30, kv.rank + 1.0))
+    assert np.array_equal(out, w0 - 0.5 * 0.25 * 3.0), out[:3]  # 2 workers: 1 + 2
+    kv.set_optimizer(None)
+    say(kv, "p3_server_sgd", workers=kv.num_workers)
     # pacing: each send holds the uplink for bytes / bandwidth
     recs = sends(kv)[before:]
     for a, b in zip(recs, recs[1:]):
         assert b.start >= a.end - 1e-9, (a, b)
-        assert abs((a.end - a.start) - a.bytes / (0.5e9 / 8)) < 1e-9
+        assert abs((a.end - a.start) - a.bytes / (0.1e9 / 8)) < 1e-9
     say(kv, "p3_paced", sends=len(recs))
     kv.close()
 
@@ -181,29 +192,38 @@ def case_colocated():
     order = [rec.key for rec in sends(bp)[before:]]
     assert order == sorted(order), order
     say(bp, "byteps_fifo", credit_bytes=0, order=order)
+    # placement: partition i of the d-th declared tensor on djb2((d << 16) + i) % S
+    def djb2(key):
+        h = 5381
+        for c in str(key):
+            h = (h * 33 + ord(c)) % 2**64
+        return h
+
+    for rec in sends(bp):
+        assert rec.dst == f"worker{djb2((rec.key << 16) + rec.part) % n}", rec
+    say(bp, "byteps_placement", servers=n)
     bp.close()
-    # p3: slices round-robin over the 3 colocated servers by one counter across keys; the
-    # local slices cost no message
+    # p3: P3's placement (kvstore_dist.h): under slice_params whole on (key * 9973) % S,
+    # else slice i on server i % S, restarting for every key; local slices cost no message
     p3 = ddpbench.create("p3", slice_params=1000, trace=True)
     sizes = [("a", 2500), ("b", 10), ("c", 4001)]
     for name, size in sizes:
         p3.push_pull(name, np.full(size, r + 1.0, np.float32))
-    counter, want = 0, []
+    placed = []  # (key, part, server, elements)
     for key, (_, size) in enumerate(sizes):
-        for part, lo in enumerate(range(0, size, 1000)):
-            if counter % n != r:
-                want.append((key, part, f"worker{counter % n}", min(1000, size - lo) * 4))
-            counter += 1
+        if size < 1000:
+            placed.append((key, 0, key * 9973 % n, size))
+        else:
+            placed += [(key, i, i % n, min(1000, size - lo))
+                       for i, lo in enumerate(range(0, size, 1000))]
+    want = [(k, i, f"worker{srv}", cnt * 4) for k, i, srv, cnt in placed if srv != r]
     got = [(rec.key, rec.part, rec.dst, rec.bytes) for rec in sends(p3)]
     assert got == want, (got, want)
     pulls = sum(rec.bytes for rec in sends(p3, "pull"))
     sent = sum(rec.bytes for rec in p3.trace_records)
     assert sent == p3.bytes_sent
-    # each host sends the others' slices of what it serves, and its own non-local slices
-    assert pulls == 4 * sum(min(1000, s - lo) for s_i, (_, s) in enumerate(sizes)
-                            for lo in range(0, s, 1000)
-                            if (sum(-(-x // 1000) for _, x in sizes[:s_i]) + lo // 1000) % n == r
-                            ) * (n - 1)
+    # each host sends the others the sums of the slices it serves
+    assert pulls == 4 * sum(cnt for _, _, srv, cnt in placed if srv == r) * (n - 1)
     say(p3, "p3_placement", servers=n, sends=len(got))
     p3.close()
     kv = ddpbench.create("kvstore", servers="colocated", bigarray_bound=100)

@@ -7,51 +7,129 @@ import json
 import numpy as np
 import pytest
 
-from ddpbench.backends import ps_common as pc
-from ddpbench.backends.kvstore import KVStoreBackend
-from ddpbench.backends.p3 import P3Store
+import ddpbench
+from ddpbench import trace
+from ddpbench.backends.ps import placement, transport, wire
+from ddpbench.backends.ps.kvstore import KVStoreBackend
+from ddpbench.backends.ps.p3 import P3Store
 
 
 def test_even_split_matches_array_split():
     for n, s in [(10, 3), (7, 7), (1_000_001, 4)]:
-        parts = pc.even_split(n, s)
+        parts = placement.even_split(n, s)
         shares = np.array_split(np.arange(n), s)
         assert [(p.offset, p.count, p.server) for p in parts] == [
             (int(a[0]) if len(a) else p.offset, len(a), i) for i, (a, p) in enumerate(zip(shares, parts))]
 
 
-def test_round_robin_counter_continues_across_arrays():
-    counter = iter(range(100))
-    a = pc.round_robin(25, 10, lambda: next(counter), 3)
-    b = pc.round_robin(5, 10, lambda: next(counter), 3)
-    assert [(p.offset, p.count, p.server) for p in a] == [(0, 10, 0), (10, 10, 1), (20, 5, 2)]
-    assert [(p.offset, p.count, p.server) for p in b] == [(0, 5, 0)]
+# The originals' formulas, written out here independently of ddpbench's placement module.
+def p3_formula(key, numel, bound, servers):
+    """P3's MXNet fork, src/kvstore/kvstore_dist.h, EncodeDefaultKey."""
+    if numel < bound:
+        return [(0, numel, (key * 9973) % servers)]
+    out, s, i = [], numel, 0
+    while True:
+        ln = bound if s > bound else s
+        out.append((i * bound, ln, i % servers))
+        if s <= bound:
+            return out
+        s -= bound
+        i += 1
+
+
+def byteps_formula(declared, numel, bound, servers):
+    """byteps/common/operations.cc (keys) and global.cc (Hash_DJB2, EncodeDefaultKey)."""
+    out, start = [], 0
+    key = declared << 16
+    while start < numel:
+        h = 5381
+        for ch in str(key):
+            h = ((h << 5) + h + ord(ch)) & 0xFFFFFFFFFFFFFFFF
+        ln = min(bound, numel - start)
+        out.append((start, ln, h % servers))
+        start, key = start + ln, key + 1
+    return out
+
+
+SIZES = [1, 39_999, 40_000, 40_001, 120_000, 1_000_003]
+
+
+@pytest.mark.parametrize("servers", range(1, 9))
+def test_p3_placement_is_p3s_formula(servers):
+    for key in range(40):
+        for n in SIZES:
+            got = [(p.offset, p.count, p.server)
+                   for p in placement.p3_parts(key, n, 40_000, servers)]
+            assert got == p3_formula(key, n, 40_000, servers), (key, n)
+    # the slice count restarts for every key: the first slice of a big array is on server 0
+    assert {placement.p3_parts(k, 80_000, 40_000, servers)[0].server for k in range(9)} == {0}
+
+
+@pytest.mark.parametrize("servers", range(1, 9))
+def test_byteps_placement_is_byteps_djb2_formula(servers):
+    for declared in range(40):
+        for n in SIZES:
+            got = [(p.offset, p.count, p.server)
+                   for p in placement.byteps_parts(declared, n, 1_024_000, servers)]
+            assert got == byteps_formula(declared, n, 1_024_000, servers), (declared, n)
+    assert placement.djb2(0) == 5381 * 33 + ord("0")
+
+
+@pytest.mark.parametrize("servers", range(1, 9))
+def test_kvstore_placement_is_mxnets(servers):
+    for key in range(40):
+        assert [(p.offset, p.count, p.server)
+                for p in placement.kvstore_parts(key, 999_999, 1_000_000, servers)] == [
+            (0, 999_999, key * 9973 % servers)]
+    big = placement.kvstore_parts(3, 1_000_003, 1_000_000, servers)
+    assert [p.server for p in big] == list(range(servers))
+
+
+def test_simulator_places_parts_where_the_real_backends_do():
+    from types import SimpleNamespace
+
+    from ddpbench.simulator import load_workload
+    from ddpbench.simulator.strategies import BytepsStrategy, P3Strategy
+
+    wl = load_workload("vgg19")
+    for cls, knobs, rule in (
+            (P3Strategy, {"slice_params": 40_000},
+             lambda k, n: placement.p3_parts(k, n, 40_000, 3)),
+            (BytepsStrategy, {"partition_bytes": 4_096_000},
+             lambda k, n: placement.byteps_parts(k, n, 1_024_000, 3))):
+        sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4)
+        strat = cls.__new__(cls)
+        strat.sim, strat.knobs = sim, cls.parse_knobs(knobs)
+        got = [(p.layer, p.numel, p.server) for p in strat.make_parts()]
+        want = [(t.layer, p.count, p.server) for key, t in enumerate(wl.tensors)
+                for p in rule(key, t.numel)]
+        assert got == want
 
 
 def test_message_round_trip_keeps_header_and_payload():
     x = np.arange(5, dtype=np.float64) / 3
-    msg = pc.Msg(pc.PUSHPULL, 2, key=7, part=3, priority=-4, payload=x, dtype="float64",
-                 op="max", postscale=0.25, root=1, flags=pc.FLAG_DATA | pc.FLAG_GATED)
+    msg = wire.Msg(wire.PUSHPULL, 2, key=7, part=3, priority=-4, payload=x, dtype="float64",
+                 op="max", postscale=0.25, root=1, flags=wire.FLAG_DATA | wire.FLAG_GATED)
     msg.t_start = 12.5
-    back = pc.Msg.decode(msg.encode(), src=1, dst=2)
+    back = wire.Msg.decode(msg.encode(), src=1, dst=2)
     got = (back.kind, back.key, back.part, back.priority, back.op, back.postscale, back.root,
            back.flags, back.t_start, back.count, back.src)
-    assert got == (pc.PUSHPULL, 7, 3, -4, "max", 0.25, 1, msg.flags, 12.5, 5, 1)
+    assert got == (wire.PUSHPULL, 7, 3, -4, "max", 0.25, 1, msg.flags, 12.5, 5, 1)
     assert np.array_equal(back.payload, x) and back.payload.dtype == np.float64
     assert back.nbytes == 40
-    ctrl = pc.Msg.decode(pc.Msg(pc.PULL, 0, key=1).encode(), 0, 0)
+    ctrl = wire.Msg.decode(wire.Msg(wire.PULL, 0, key=1).encode(), 0, 0)
     assert ctrl.payload is None and ctrl.nbytes == 0
 
 
 def test_gate_lets_one_oversized_message_through_alone():
-    g = pc.Gate(100)
+    g = transport.Gate(100)
     assert g.fits(500)  # nothing in flight
     g.used = 60
     assert g.fits(40) and not g.fits(41)
 
 
-def test_sgd_step_is_mxnets_update():
-    opt = pc.SGD(lr=0.1, momentum=0.9, wd=0.01, rescale_grad=0.5, clip_gradient=1.0)
+def test_sgd_update_is_mxnets_update():
+    opt = ddpbench.SGD(lr=0.1, momentum=0.9, wd=0.01, rescale_grad=0.5, clip_gradient=1.0)
     w = np.array([1.0, -2.0, 3.0])
     g = np.array([4.0, 0.5, -1.0])
     ref_w, mom = w.copy(), np.zeros(3)
@@ -59,20 +137,30 @@ def test_sgd_step_is_mxnets_update():
         r = np.clip(0.5 * g, -1, 1) + 0.01 * ref_w
         mom = 0.9 * mom - 0.1 * r
         ref_w = ref_w + mom
-    state = None
+    state = opt.create_state(w)
     for _ in range(3):
-        state = opt.step(w, g, state)
+        opt.update(w, g, state)
     np.testing.assert_allclose(w, ref_w, rtol=1e-15)
+    assert g.tolist() == [4.0, 0.5, -1.0]  # the caller's gradient is left alone
     plain = np.array([1.0, 2.0])
-    assert pc.SGD(lr=0.5).step(plain, np.array([2.0, 4.0]), None) is None
+    assert ddpbench.SGD(lr=0.5).create_state(plain) is None
+    ddpbench.SGD(lr=0.5).update(plain, np.array([2.0, 4.0]), None)
     assert plain.tolist() == [0.0, 0.0]
+
+
+def test_one_sgd_class_for_workers_and_servers():
+    assert ddpbench.nn.SGD is ddpbench.SGD
+    opt = ddpbench.SGD(lr=0.25, momentum=0.5)
+    assert ddpbench.SGD(**opt.model_dump()) == opt  # what crosses the wire to the servers
+    with pytest.raises(ValueError, match="lr"):
+        ddpbench.SGD(lr=0)
 
 
 def test_options_validate_with_the_valid_names():
     with pytest.raises(ValueError, match="valid options"):
         P3Store.parse_options({"slice": 5})
     with pytest.raises(ValueError, match="water_mark"):
-        P3Store.parse_options({"water_mark": 0})
+        P3Store.parse_options({"water_mark": -1})
     with pytest.raises(ValueError, match="servers"):
         KVStoreBackend.parse_options({"servers": "remote"})
     assert KVStoreBackend.parse_options({}).bigarray_bound == 1_000_000
@@ -80,16 +168,33 @@ def test_options_validate_with_the_valid_names():
 
 
 def test_chrome_trace_has_the_simulators_layout(tmp_path):
-    recs = [pc.SendRecord(10.0, 10.5, "push", 3, 0, -2, 400, "worker0", "server0"),
-            pc.SendRecord(10.2, 10.3, "pull", 3, 0, -2, 400, "server0", "worker0")]
-    trace = pc.chrome_trace(recs, layer_of=lambda k: k - 1)
-    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    recs = [transport.SendRecord(10.0, 10.5, "push", 3, 0, -2, 400, "worker0", "server0"),
+            transport.SendRecord(10.2, 10.3, "pull", 3, 0, -2, 400, "server0", "worker0")]
+    out = trace.chrome_trace([r.span(lambda k: k - 1) for r in recs])
+    spans = [e for e in out["traceEvents"] if e["ph"] == "X"]
     assert [(e["name"], e["cat"], e["tid"], round(e["ts"], 3), round(e["dur"], 3))
             for e in spans] == [("push L2", "push", 1, 0.0, 0.5e6), ("pull L2", "pull", 1, 0.2e6,
                                                                       0.1e6)]
     assert spans[0]["args"]["bytes"] == 400 and spans[0]["args"]["peer"] == "server0"
     for host, rec in (("worker0", recs[0]), ("server0", recs[1])):
-        (tmp_path / f"sends.{host}.json").write_text(json.dumps(pc.chrome_trace([rec])))
-    merged = json.loads(pc.merge_chrome_traces(tmp_path, tmp_path / "all.json").read_text())
+        trace.write(tmp_path / f"sends.{host}.json", trace.chrome_trace([rec.span()]))
+    merged = json.loads(trace.merge_chrome_traces(tmp_path, tmp_path / "all.json").read_text())
     names = {e["args"]["name"] for e in merged["traceEvents"] if e["name"] == "process_name"}
     assert names == {"worker0", "server0"}
+    starts = sorted((e["ts"], e["cat"]) for e in merged["traceEvents"] if e["ph"] == "X")
+    assert [(round(ts, 3), cat) for ts, cat in starts] == [(0.0, "push"), (0.2e6, "pull")]
+
+
+def test_real_and_simulated_traces_come_from_one_writer(tmp_path):
+    from ddpbench.simulator import simulate
+
+    res = simulate("resnet50", "p3", workers=2, bandwidth_gbps=10, iterations=1, warmup=0)
+    sim = json.loads(res.to_chrome_trace(tmp_path / "sim.json").read_text())
+    rec = transport.SendRecord(1.0, 1.5, "push", 0, 0, 0, 8, "worker0", "worker1")
+    real = trace.chrome_trace([rec.span()])
+    lanes = {(e["pid"], e["tid"], e["args"]["name"]) for e in real["traceEvents"]
+             if e["name"] == "thread_name"}
+    sim_lanes = {(e["pid"], e["tid"], e["args"]["name"]) for e in sim["traceEvents"]
+                 if e["name"] == "thread_name" and e["pid"] == 0}
+    assert lanes == sim_lanes == {(0, 0, "compute"), (0, 1, "send"), (0, 2, "server sum")}
+    assert sim["otherData"]["backend"] == "p3"

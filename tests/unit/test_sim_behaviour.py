@@ -56,6 +56,30 @@ def test_full_trace_horovod_two_workers():
     assert r.events == 27
 
 
+@pytest.mark.parametrize("knobs,position", [({}, 3), ({"water_mark": 1}, 1)])
+def test_p3_send_order_under_a_blocked_socket(knobs, position):
+    # The real backend's scenario (tests/mpi_scripts/ps_check.py, case p3_dedicated): ten
+    # low-priority slices queued, a high-priority one becomes ready while the first is on
+    # the wire. P3's sockets (hwm 1): the slice in the socket and the one the sending thread
+    # holds, blocked on it, still go before it (position 3); the water-mark variant lets it
+    # overtake everything queued (position 1). Same positions as the real backend's.
+    wl = two_layers(0, 0.5, 100, 0, 0.01, 200_000)
+    r = simulate(wl, "p3", workers=2, servers=1, bandwidth_gbps=0.5, latency_us=1,
+                 slice_params=20_000, iterations=1, warmup=0, **knobs)
+    assert push_layers(r).index(0) == position
+    assert push_layers(r).count(1) == 10
+
+
+def test_p3_servers_answer_in_completion_order_without_priority():
+    wl = two_layers(0, 0.5, 100, 0, 0.01, 200_000)
+    r = simulate(wl, "p3", workers=2, servers=1, bandwidth_gbps=0.5, latency_us=1,
+                 slice_params=20_000, iterations=1, warmup=0)
+    pulls = [s for s in r.timeline if s.kind == "pull" and s.peer == "worker0"]
+    starts = [s.start for s in pulls]
+    assert starts == sorted(starts)
+    assert [s.layer for s in pulls].index(0) == 3  # the sums complete in push order
+
+
 def test_full_trace_p3_water_mark_one_lets_priority_overtake():
     # Layer 1's five slices are queued first; layer 0's slice (higher priority) becomes ready
     # at 20 us, behind them, and leaves before the three still queued.
@@ -139,7 +163,7 @@ def test_port_choice_includes_a_message_arriving_as_it_frees():
 
 
 def test_real_pacing_delivers_like_the_simulated_port():
-    # The real transport's downlink (backends/ps_common.py) on the same scenario, as seen by
+    # The real transport's downlink (backends/ps/transport.py) on the same scenario, as seen by
     # host 2: messages are received a little after their senders started them and the
     # engine polls now and then; the deliveries must be the simulator's.
     import heapq
@@ -147,17 +171,18 @@ def test_real_pacing_delivers_like_the_simulated_port():
 
     import numpy as np
 
-    from ddpbench.backends import ps_common as pc
+    from ddpbench.backends.ps import transport as pt
+    from ddpbench.backends.ps import wire as pw
 
-    t = pc.Transport(SimpleNamespace(rank=2), str, bandwidth_gbps=8, latency_us=0.5)
+    t = pt.Transport(SimpleNamespace(rank=2), str, bandwidth_gbps=8, latency_us=0.5)
 
     def data(src, nbytes, prio, start_us, key):
-        m = pc.Msg(pc.PUSHPULL, 2, key, 0, priority=prio, payload=np.zeros(nbytes, np.uint8),
-                   flags=pc.FLAG_DATA)
+        m = pw.Msg(pw.PUSHPULL, 2, key, 0, priority=prio, payload=np.zeros(nbytes, np.uint8),
+                   flags=pw.FLAG_DATA)
         m.src, m.t_start = src, start_us * US
         return m
 
-    pull = pc.Msg(pc.PULL, 2, 2, 0)
+    pull = pw.Msg(pw.PULL, 2, 2, 0)
     pull.src = 1
     t._arrive(data(0, 3000, 0, 0.0, 0), 0.1 * US)  # X
     t._arrive(data(1, 1000, 0, 0.0, 1), 0.1 * US)  # L
@@ -169,7 +194,7 @@ def test_real_pacing_delivers_like_the_simulated_port():
     got = []
     while t.arrived:
         at, _, m = heapq.heappop(t.arrived)
-        got.append((round(at / US, 6), "XLH"[m.key] if m.kind == pc.PUSHPULL else "pull"))
+        got.append((round(at / US, 6), "XLH"[m.key] if m.kind == pw.PUSHPULL else "pull"))
     sim, _ = network_trace([(2, 3, 2, 1000, 5, "H")])
     assert got[:3] == [(e[0], e[2]) for e in sim if e[1] == "delivered" and e[2] != "M"]
     assert got == [(3.5, "X"), (4.5, "H"), (5.5, "L"), (5.5, "pull")]
@@ -226,7 +251,8 @@ def test_deterministic():
     (dict(iterations=2, warmup=2), "warmup"),
     (dict(compute_scale=0), "compute_scale"),
     (dict(backend="p3", slice_params=0), "slice_params"),
-    (dict(backend="p3", water_mark=0), "water_mark"),
+    (dict(backend="p3", water_mark=-1), "water_mark"),
+    (dict(backend="p3", send_hwm=0), "send_hwm"),
     (dict(backend="byteps", credit_bytes=-1), "credit_bytes"),
     (dict(backend="p3", fusion_threshold=1), "fusion_threshold"),
     (dict(backend="nccl"), "backend"),
@@ -253,7 +279,7 @@ def test_strategies_table_matches_contract():
         "mpi": {},
         "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False},
         "kvstore": {"bigarray_bound": 1_000_000},
-        "p3": {"slice_params": 40_000, "water_mark": 10},
+        "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0},
         "byteps": {"partition_bytes": 4_096_000, "credit_bytes": 0},
         "collective": {"nrings": 2},
     }

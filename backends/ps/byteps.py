@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from ddpbench.api import Handle, ReduceOp, register
-from ddpbench.backends.ps_common import Gate, Part, PSStore
+from ddpbench.backends.ps.placement import Part, byteps_parts
+from ddpbench.backends.ps.transport import Gate
+from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import BytepsKnobs
 
 __all__ = ["BytePSStore"]
@@ -33,8 +35,9 @@ class BytePSStore(PSStore):
     Options = BytepsKnobs
     options: BytepsKnobs
 
-    def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
-        return self.place_round_robin(numel, max(1, self.options.partition_bytes // itemsize))
+    def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
+        size = max(1, self.options.partition_bytes // itemsize)
+        return byteps_parts(declared, numel, size, self.num_servers)
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
         credit = self.options.credit_bytes

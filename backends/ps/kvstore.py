@@ -1,6 +1,7 @@
 """The ``kvstore`` backend: MXNet's distributed parameter server (``dist_sync``) over MPI.
 
-Placement (each backend's placement rule, docs/fidelity.md): an array of fewer than ``bigarray_bound`` elements goes
+Placement (src/kvstore/kvstore_dist.h, docs/fidelity/kvstore.md): an array of fewer than
+``bigarray_bound`` elements goes
 whole to server ``(key * 9973) % S``; a larger one is split into ``S`` even parts
 (``np.array_split`` shares), part i on server i. Push and pull are separate requests, sent
 in FIFO order (the caller's priority is ignored): the pull goes right behind the push, and
@@ -15,7 +16,7 @@ is set. Without an optimizer, ``push_pull`` returns the reduction, as the other 
 Example:
     >>> kv = ddpbench.create("kvstore")          # ddpbench launch -n 4 --servers 2 -- ...
     >>> kv.broadcast(0, w)                       # init: every worker and server holds w
-    >>> kv.set_optimizer(SGD(lr=0.1, momentum=0.9, rescale_grad=1 / kv.num_workers))
+    >>> kv.set_optimizer(ddpbench.SGD(lr=0.1, momentum=0.9, rescale_grad=1 / kv.num_workers))
     >>> w = kv.push_pull(0, grad, output=w)      # w is now the servers' updated weights
 """
 
@@ -24,10 +25,11 @@ from __future__ import annotations
 from typing import Any
 
 from ddpbench.api import register
-from ddpbench.backends.ps_common import SGD, Part, PSStore, even_split
+from ddpbench.backends.ps.placement import Part, kvstore_parts
+from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import KvstoreKnobs
 
-__all__ = ["SGD", "KVStoreBackend"]
+__all__ = ["KVStoreBackend"]
 
 
 @register("kvstore")
@@ -45,14 +47,11 @@ class KVStoreBackend(PSStore):
     capabilities = frozenset({"broadcast", "push_pull", "optimizer"})
     merged_push_pull = False
 
-    def split(self, key: int, numel: int, itemsize: int) -> list[Part]:
-        s = self.num_servers
-        if numel < self.options.bigarray_bound:
-            return [Part(0, numel, (key * 9973) % s)]
-        return even_split(numel, s)
+    def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
+        return kvstore_parts(key, numel, self.options.bigarray_bound, self.num_servers)
 
     def set_optimizer(self, optimizer: Any) -> None:
-        """Make the servers run ``optimizer`` (an :class:`SGD`, its dict, or None to stop).
+        """Make the servers run ``optimizer`` (a :class:`ddpbench.SGD`, its dict, or None).
 
         Collective: every worker must call it with the same optimizer (the servers compare).
 
@@ -60,19 +59,4 @@ class KVStoreBackend(PSStore):
             TypeError: not an SGD, a dict of its fields, or None.
             ValueError: a dict with unknown fields or bad values.
         """
-        if optimizer is None:
-            spec = None
-        elif isinstance(optimizer, SGD):
-            spec = optimizer.model_dump()
-        elif isinstance(optimizer, dict):
-            try:
-                spec = SGD(**optimizer).model_dump()
-            except Exception as err:
-                raise ValueError(f"bad optimizer {optimizer!r}: {err}") from None
-        else:
-            raise TypeError(
-                f"kvstore servers run ddpbench.backends.kvstore.SGD (or a dict of its fields: "
-                f"{sorted(SGD.model_fields)}), got {type(optimizer).__name__}; the servers "
-                f"take plain hyperparameters, not code"
-            )
-        self._send_optimizer(spec)
+        self._send_optimizer(self.optimizer_spec(optimizer))

@@ -1,0 +1,77 @@
+"""The ``p3`` backend: Priority-based Parameter Propagation (Jayarajan et al., SysML 2019).
+
+As P3's MXNet fork does it (docs/fidelity/p3.md):
+
+- placement (src/kvstore/kvstore_dist.h, ``EncodeDefaultKey``): an array below
+  ``slice_params`` elements goes whole to server ``(key * 9973) % S``; a larger one is cut
+  into slices of ``slice_params`` elements, slice i on server ``i % S`` (restarting at
+  server 0 for every key);
+- each slice is one push carrying the caller's priority (trainers pass ``-layer_index``),
+  answered by the server with the slice's sum (or, with ``set_optimizer``, the updated
+  weights) once every worker's push is in;
+- flow control (ps-lite/src/van.cc, src/zmq_van.h): one sending thread pops the best queued
+  slice and hands it to its server's socket, which holds ``send_hwm`` (1) slices not yet
+  on the wire; a full socket blocks the thread, and every slice behind it waits. There
+  are no acknowledgements; servers answer in the order their sums complete, without
+  priority.
+
+``water_mark`` > 0 replaces the sockets with ddpbench's own scheme, which is not P3's: at
+most ``water_mark`` slices in flight per server, each acknowledged on arrival, a slice whose
+server's window is full skipped for the next, replies sent by priority.
+
+Server-side optimizer: as in P3 (``KVStoreDistServer::ApplyUpdates``), after
+``set_optimizer(ddpbench.SGD(...))`` the servers update their copy of the weights (set by
+``broadcast``) with each round's sum and answer with the updated weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpbench.api import register
+from ddpbench.backends.ps.placement import Part, p3_parts
+from ddpbench.backends.ps.transport import Gate
+from ddpbench.backends.ps.worker import PSStore
+from ddpbench.contract import P3Knobs
+
+__all__ = ["P3Store"]
+
+
+@register("p3")
+class P3Store(PSStore):
+    """Sliced, prioritised push-pull through P3's sockets (or a water mark, a variant).
+
+    Options:
+        slice_params: elements per slice (default 40,000).
+        send_hwm: slices a socket to one server holds (default 1, ZMQ_SNDHWM).
+        water_mark: 0 (default) = P3's sockets; > 0 = ddpbench's window per server.
+        servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.contract.PSKnobs`.
+    """
+
+    Options = P3Knobs
+    options: P3Knobs
+    capabilities = frozenset({"broadcast", "push_pull", "optimizer"})
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        if not self.options.water_mark:
+            hwm = self.options.send_hwm
+            self._engine.call(lambda: self._transport.use_sockets(hwm)).wait()
+
+    def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
+        return p3_parts(key, numel, self.options.slice_params, self.num_servers)
+
+    def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
+        if not self.options.water_mark:
+            return priority, None, 1.0
+        return priority, self.gate(part.server, self.options.water_mark), 1.0
+
+    def prioritised_replies(self) -> bool:
+        return bool(self.options.water_mark)
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Make the servers run ``optimizer`` (a :class:`ddpbench.SGD`, its dict, or None).
+
+        Collective. The servers' weights come from ``broadcast`` (P3's ``kv.init``).
+        """
+        self._send_optimizer(self.optimizer_spec(optimizer))

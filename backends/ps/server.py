@@ -1,0 +1,313 @@
+"""The summation server of the parameter-server backends, and the server ranks' loop.
+
+A part's pushes from all workers are combined in worker-rank order (deterministic, whatever
+the arrival order), scaled by the postscale factor, and then either sent back (merged
+push-pull) or stored, where separate pull requests read it (``kvstore``); with an optimizer
+(:class:`ddpbench.SGD`, ``set_optimizer``) the stored weights are updated instead.
+``broadcast`` goes through the server too: the root's value is stored as the part's weights
+(MXNet's ``init``) and sent to every other worker.
+
+A server rank runs :func:`serve` until every worker has closed, then exits; in colocated
+mode every worker process also runs a :class:`Server` on its own transport, and a part whose
+server is the local process costs no MPI message.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ddpbench import trace
+from ddpbench.api import Handle, ReduceOp
+from ddpbench.backends.ps.transport import SendRecord, Transport
+from ddpbench.backends.ps.wire import (
+    ACK,
+    BCAST,
+    BYE,
+    CONFIG,
+    DONE,
+    ERROR,
+    FLAG_DATA,
+    FLAG_GATED,
+    FLAG_PRIO_REPLY,
+    OPT,
+    OPT_DONE,
+    PULL,
+    PUSH,
+    PUSHPULL,
+    REPLY,
+    Msg,
+    json_of,
+)
+from ddpbench.comm import engine, world
+from ddpbench.optim import SGD
+from ddpbench.tensor_ops import reduce_ufunc, scale_
+
+__all__ = ["Server", "dedicated_host_name", "serve", "wait_idle", "write_trace"]
+
+
+class _Slot:
+    """A server's state for one part: this round's pushes, stored weights, pulls waiting."""
+
+    __slots__ = ("pushes", "store", "mom", "waiting", "bcast")
+
+    def __init__(self) -> None:
+        self.pushes: dict[int, Msg] = {}
+        self.store: np.ndarray | None = None
+        self.mom: np.ndarray | None = None
+        self.waiting: list[Msg] = []
+        self.bcast: dict[int, Msg] = {}
+
+
+class Server:
+    """A summation server on ``transport``, for ``num_workers`` workers (comm ranks 0..W-1).
+
+    Args:
+        transport: the process's transport (shared with the worker side when colocated).
+        num_workers: workers it waits for in every round.
+        name: host name used in messages ("server0", or "worker0" when colocated).
+        dedicated: True on a server rank: the first CONFIG message sets pacing and tracing.
+    """
+
+    def __init__(self, transport: Transport, num_workers: int, name: str,
+                 dedicated: bool) -> None:
+        self.t, self.w, self.name, self.dedicated = transport, num_workers, name, dedicated
+        self.slots: dict[tuple[int, int], _Slot] = {}
+        self.config: dict[str, Any] | None = None
+        self.optimizer: SGD | None = None
+        self.optimizer_from: dict[int, dict] = {}
+        self.byes: set[int] = set()
+        self.done = Handle(f"{name} shutdown")
+        for kind, fn in ((PUSH, self._on_push), (PUSHPULL, self._on_push),
+                         (PULL, self._on_pull), (BCAST, self._on_bcast),
+                         (CONFIG, self._on_config), (OPT, self._on_opt), (BYE, self._on_bye)):
+            transport.handlers[kind] = fn
+
+    def _slot(self, msg: Msg) -> _Slot:
+        slot = self.slots.get((msg.key, msg.part))
+        if slot is None:
+            slot = self.slots[(msg.key, msg.part)] = _Slot()
+        return slot
+
+    def _reply(self, dst: int, like: Msg, kind: int, payload: Any = None,
+               label: str | None = None) -> None:
+        flags = FLAG_DATA if kind == REPLY else 0
+        if kind == ERROR:
+            payload = np.frombuffer(str(payload).encode(), np.uint8)
+        elif kind == REPLY and dst == self.t.me:
+            payload = payload.copy()  # the local worker copies it out later; rounds move on
+        # A ps-lite or BytePS server answers without priority, in the order sums complete,
+        # straight into its socket; ddpbench's variants keep the push's priority.
+        priority = like.priority if like.flags & FLAG_PRIO_REPLY else 0
+        msg = Msg(kind, dst, like.key, like.part, priority=priority, payload=payload,
+                  dtype=like.dtype if kind == REPLY else "uint8", flags=flags)
+        if label is not None:
+            msg.label = label
+        self.t.send(msg, direct=True)
+
+    def _mismatch(self, msgs: dict[int, Msg]) -> str | None:
+        ranks = sorted(msgs)
+        ref = msgs[ranks[0]]
+        for r in ranks[1:]:
+            m = msgs[r]
+            for label, a, b in (("dtype", ref.dtype, m.dtype), ("element count", ref.count,
+                                m.count), ("reduce op", ref.op, m.op),
+                                ("postscale factor", ref.postscale, m.postscale)):
+                if a != b:
+                    return (f"Mismatched {label} for key {ref.key} part {ref.part} on {self.name}: "
+                            f"worker {ranks[0]} sent {a}, worker {r} sent {b}")
+        return None
+
+    # -- handlers -----------------------------------------------------------------------
+    def _on_push(self, msg: Msg) -> None:
+        if msg.flags & FLAG_GATED and msg.src != self.t.me:
+            self.t.send(Msg(ACK, msg.src, msg.key, msg.part))
+        slot = self._slot(msg)
+        if msg.src in slot.pushes:
+            self._reply(msg.src, msg, ERROR, f"worker {msg.src} pushed key {msg.key} part "
+                        f"{msg.part} twice in one round")
+            return
+        slot.pushes[msg.src] = msg
+        if len(slot.pushes) < self.w:
+            return
+        pushes, slot.pushes = slot.pushes, {}
+        order = list(pushes)  # arrival order: replies go out in it, as in the simulator
+        error = self._mismatch(pushes)
+        if error is None:
+            try:
+                merged = self._combine(pushes)
+                if msg.kind == PUSH or self.optimizer is not None:
+                    self._store(slot, msg, merged)
+                    if msg.kind == PUSHPULL:  # P3's ApplyUpdates: answer with the weights
+                        merged = slot.store
+            except Exception as err:  # a bad dtype/op must reach the workers, not kill us
+                error = f"{type(err).__name__} on {self.name} for key {msg.key}: {err}"
+        for w in order:
+            if error is not None:
+                self._reply(w, pushes[w], ERROR, error)
+            elif msg.kind == PUSHPULL:
+                self._reply(w, pushes[w], REPLY, merged)
+        if msg.kind == PUSH:
+            waiting, slot.waiting = slot.waiting, []
+            for pull in waiting:
+                self._answer_pull(slot, pull, error)
+
+    def _combine(self, pushes: dict[int, Msg]) -> np.ndarray:
+        ref = pushes[min(pushes)]
+        ufunc = reduce_ufunc(ReduceOp(ref.op))
+        acc = np.array(pushes[0].payload, copy=True)
+        for w in range(1, self.w):
+            ufunc(acc, pushes[w].payload, out=acc)
+        scale_(acc, ref.postscale)
+        return acc
+
+    def _store(self, slot: _Slot, msg: Msg, merged: np.ndarray) -> None:
+        if self.optimizer is None:
+            slot.store = merged
+            return
+        if slot.store is None:
+            raise RuntimeError(
+                f"key {msg.key} part {msg.part} has no weights on the server to update; "
+                f"broadcast the initial weights first (MXNet's kv.init)"
+            )
+        if slot.store.shape != merged.shape or slot.store.dtype != merged.dtype:
+            raise ValueError(
+                f"gradient {merged.dtype}[{merged.size}] does not match the stored weights "
+                f"{slot.store.dtype}[{slot.store.size}]"
+            )
+        if slot.mom is None:
+            slot.mom = self.optimizer.create_state(slot.store)
+        self.optimizer.update(slot.store, merged, slot.mom)
+
+    def _on_pull(self, msg: Msg) -> None:
+        slot = self._slot(msg)
+        if msg.src in slot.pushes:  # this worker's push of the open round: wait for the rest
+            slot.waiting.append(msg)
+        else:
+            self._answer_pull(slot, msg, None)
+
+    def _answer_pull(self, slot: _Slot, pull: Msg, error: str | None) -> None:
+        if error is None and slot.store is None:
+            error = f"key {pull.key} part {pull.part} was pulled before anything was pushed"
+        if error is not None:
+            self._reply(pull.src, pull, ERROR, error)
+        elif slot.store is not None:
+            pull.dtype = slot.store.dtype.name
+            self._reply(pull.src, pull, REPLY, slot.store)
+
+    def _on_bcast(self, msg: Msg) -> None:
+        slot = self._slot(msg)
+        slot.bcast[msg.src] = msg
+        if len(slot.bcast) < self.w:
+            return
+        got, slot.bcast = slot.bcast, {}
+        roots = {m.root for m in got.values()}
+        root = msg.root
+        error = None
+        if len(roots) != 1:
+            error = f"Mismatched root rank for key {msg.key}: workers sent {sorted(roots)}"
+        else:
+            value = got[root].payload
+            odd = [w for w, m in got.items() if (m.count, m.dtype) != (value.size, value.dtype.name)]
+            if odd:
+                m = got[odd[0]]
+                error = (f"Mismatched shape or dtype for broadcast of key {msg.key}: root "
+                         f"{root} sent {value.dtype.name}[{value.size}], worker {odd[0]} "
+                         f"expects {m.dtype}[{m.count}]")
+            else:
+                slot.store, slot.mom = np.array(value, copy=True), None
+        for w, m in got.items():
+            if error is not None:
+                self._reply(w, m, ERROR, error)
+            elif w == root:
+                self._reply(w, m, DONE)
+            elif slot.store is not None:
+                m.dtype = slot.store.dtype.name
+                self._reply(w, m, REPLY, slot.store, label="broadcast")
+
+    def _on_config(self, msg: Msg) -> None:
+        cfg = json_of(msg)
+        if self.config is None:
+            self.config = cfg
+            if self.dedicated:
+                self.t.configure(cfg["bandwidth_gbps"], cfg["latency_us"], bool(cfg["trace"]))
+        elif cfg != self.config:
+            raise RuntimeError(f"workers disagree on the parameter-server options: {self.config} "
+                               f"vs worker {msg.src}'s {cfg}")
+
+    def _on_opt(self, msg: Msg) -> None:
+        spec = json_of(msg)
+        self.optimizer_from[msg.src] = spec
+        if len(self.optimizer_from) == self.w:
+            specs = self.optimizer_from
+            self.optimizer_from = {}
+            if any(s != specs[0] for s in specs.values()):
+                odd = next(w for w, s in specs.items() if s != specs[0])
+                raise RuntimeError(f"Mismatched optimizer: worker 0 sent {specs[0]}, worker "
+                                   f"{odd} sent {specs[odd]}")
+            self.optimizer = None if spec is None else SGD(**spec)
+            for w in range(self.w):
+                self._reply(w, msg, OPT_DONE)
+
+    def _on_bye(self, msg: Msg) -> None:
+        self.byes.add(msg.src)
+        if len(self.byes) == self.w:
+            self.done.set_result(None)
+
+
+# ------------------------------------------------------------------------------ server ranks
+_SERVED = False
+
+
+def serve() -> None:
+    """Run this server rank until every worker has closed, then exit the process (code 0).
+
+    Called by ``ddpbench.create`` and ``ddpbench.init`` on a server rank. The workers'
+    CONFIG messages tell the server how to pace and trace.
+    """
+    global _SERVED
+    w = world()
+    if not w.is_server:
+        raise RuntimeError("serve() runs on server ranks only (ddpbench launch --servers)")
+    if _SERVED:
+        sys.exit(0)
+    _SERVED = True
+    eng = engine()
+    comm = eng.call(w.comm.Dup).wait()
+    j = w.rank - w.num_workers
+    transport = Transport(comm, dedicated_host_name(w.num_workers))
+    server = Server(transport, w.num_workers, f"server{j}", dedicated=True)
+    eng.register(transport)
+    server.done.wait()
+    wait_idle(eng, transport)
+    eng.unregister(transport)
+    if server.config and isinstance(server.config.get("trace"), str):
+        write_trace(server.config["trace"], f"server{j}", transport.records)
+    eng.call(comm.Free).wait()
+    sys.stdout.flush()
+    sys.exit(0)
+
+
+def dedicated_host_name(num_workers: int) -> Callable[[int], str]:
+    """Return comm rank -> host name when the servers are ranks W..W+S-1."""
+    return lambda r: f"worker{r}" if r < num_workers else f"server{r - num_workers}"
+
+
+def wait_idle(eng: Any, transport: Transport) -> None:
+    """Return once ``transport`` has nothing queued, in flight or waiting for delivery."""
+    while not eng.call(transport.idle).wait():
+        time.sleep(1e-3)
+
+
+def write_trace(directory: str, host: str, records: list[SendRecord]) -> None:
+    """Write ``host``'s sends as ``directory/sends.HOST.json`` (:mod:`ddpbench.trace`)."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    trace.write(path / f"sends.{host}.json", trace.chrome_trace([r.span() for r in records]))
+
+

@@ -1,0 +1,411 @@
+"""The process's uplink and downlink for the parameter-server backends.
+
+:class:`Transport` is the process's one :class:`~ddpbench.comm.Protocol` (it runs on the
+engine thread). It owns the uplink: a priority queue of data messages drained in order of
+(-priority, sequence), with optional gates (:class:`Gate`), the optional pacing
+(``bandwidth_gbps``) and the send trace. Pacing is the simulator's network model
+(``simulator/network.py``): a data message holds the sender's uplink for
+``bytes / bandwidth`` (a token bucket), then the sender moves on; it enters the receiver's
+downlink, the switch's output port, when it starts (cut-through), and the port carries one
+message at a time for ``bytes / bandwidth``, taking the best waiting one by (priority,
+arrival, sequence); delivery is ``latency`` after the port has carried it. Control messages
+(acknowledgements, pull requests, shutdown) bypass the queue and the pacing and arrive
+``latency`` after they are sent; except acknowledgements, they never overtake earlier
+messages from the same sender (a kvstore pull stays behind its push).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ddpbench import trace
+from ddpbench.backends.ps.wire import ACK, FLAG_DATA, TAG, Msg
+from ddpbench.comm import Protocol
+
+__all__ = ["Gate", "SendRecord", "Transport"]
+
+
+class Gate:
+    """A limit on what one sender has in flight (P3's water mark, BytePS's credit).
+
+    A message of ``cost`` passes when nothing is in flight or ``used + cost <= limit`` (so a
+    message larger than the limit still goes, alone); its arrival acknowledgement releases
+    it. The same rule as the simulator's gate, so both schedule alike.
+    """
+
+    __slots__ = ("limit", "used", "blocked")
+
+    def __init__(self, limit: float) -> None:
+        self.limit, self.used = limit, 0.0
+        self.blocked: list[tuple[int, int, Msg]] = []
+
+    def fits(self, cost: float, extra: float = 0.0) -> bool:
+        used = self.used + extra
+        return used == 0 or used + cost <= self.limit
+
+
+@dataclass(frozen=True)
+class SendRecord:
+    """One data message as sent: times are ``time.monotonic()`` seconds.
+
+    ``end`` is ``start + bytes / bandwidth`` when pacing (else equal to ``start``); ``kind``
+    is "push" (worker to server), "pull" (server to worker) or "broadcast" (root to server,
+    server to the other workers).
+    """
+
+    start: float
+    end: float
+    kind: str
+    key: int
+    part: int
+    priority: int
+    bytes: int
+    src: str
+    dst: str
+
+    def span(self, layer_of: Callable[[int], int] | None = None) -> trace.Span:
+        """Return this send as a trace span (``layer_of(key)``, default: the key)."""
+        layer = layer_of(self.key) if layer_of is not None else self.key
+        return trace.Span(self.src, self.kind, layer, self.start, self.end, self.bytes,
+                          self.dst, {"key": self.key, "part": self.part,
+                                     "priority": self.priority, "t_monotonic": self.start})
+
+
+# ------------------------------------------------------------------------------ transport
+class Transport(Protocol):
+    """The process's uplink and downlink: queue, gates, pacing, trace; runs on the engine.
+
+    Args:
+        comm: the communicator every message travels on.
+        host_of: comm rank -> host name for traces ("worker0", "server1").
+        bandwidth_gbps: pacing per direction, or None.
+        latency_us: added one-way delay per data message when pacing.
+        trace: record sends.
+    """
+
+    def __init__(self, comm: Any, host_of: Callable[[int], str],
+                 bandwidth_gbps: float | None = None, latency_us: float = 0.0,
+                 trace: bool = False) -> None:
+        self.comm, self.me = comm, comm.rank
+        self.host_of = host_of
+        self.handlers: dict[int, Callable[[Msg], None]] = {}
+        self.ready: list[tuple[int, int, Msg]] = []
+        # Data messages not yet offered to the uplink, by the time they were queued: when
+        # pacing, the link chooses only among those queued by the time it came free.
+        self.queued: list[tuple[float, int, tuple[int, int, Msg]]] = []
+        self.sends: list[tuple[Any, np.ndarray]] = []
+        self.recvs: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self.arrived: list[tuple[float, int, Msg]] = []
+        self.local: collections.deque[Msg] = collections.deque()
+        self.last_delivery: dict[int, float] = {}
+        # The downlink (switch output port): paced data received but not yet carried, by
+        # arrival time, and those waiting at the port at its next choice, by priority.
+        self.port_new: list[tuple[float, int, list]] = []
+        self.port_queue: list[tuple[int, float, int, list]] = []
+        # Per source, in receive order: [msg, delivery time or None while the port has not
+        # carried it yet, already scheduled]; keeps control messages behind earlier data.
+        self.order: dict[int, collections.deque[list]] = collections.defaultdict(collections.deque)
+        self.up_free = self.down_free = 0.0
+        self.seq = itertools.count()
+        self.records: list[SendRecord] = []
+        self.bytes_sent = 0
+        self.keep_polling = True
+        # Called with the error when the engine fails this protocol (the worker side
+        # fails its pending handles).
+        self.on_fail: list[Callable[[BaseException], None]] = []
+        # P3's sockets (:meth:`use_sockets`): messages per destination handed over but not
+        # yet on the wire, the wire's order of hand-over (time, message, counted against
+        # its socket), and the message the sending thread is blocked on.
+        self.hwm: int | None = None
+        self.pipes: dict[int, int] = collections.defaultdict(int)
+        self.wire: collections.deque[tuple[float, Msg, bool]] = collections.deque()
+        self.blocked: Msg | None = None
+        self.configure(bandwidth_gbps, latency_us, trace)
+
+    def use_sockets(self, hwm: int) -> None:
+        """Send as P3's ps-lite does, with sockets of ``hwm`` messages per destination.
+
+        One sending thread pops the best queued message and hands it to its destination's
+        socket; when that socket already holds ``hwm`` messages not yet on the wire, the
+        thread blocks and everything behind it waits (ps-lite/src/van.cc ``Van::Sending``,
+        ps-lite/src/zmq_van.h ``ZMQ_SNDHWM``). The uplink carries messages in the order they
+        were handed over. The simulator's :meth:`Sender.use_sockets
+        <ddpbench.simulator.network.Sender.use_sockets>` is the same rule.
+        """
+        if hwm < 1:
+            raise ValueError(f"hwm must be >= 1 message, got {hwm}")
+        self.hwm = hwm
+
+    def configure(self, bandwidth_gbps: float | None, latency_us: float, trace: bool) -> None:
+        self.bytes_per_s = None if bandwidth_gbps is None else bandwidth_gbps * 1e9 / 8
+        self.latency_s = latency_us * 1e-6 if bandwidth_gbps is not None else 0.0
+        self.trace = bool(trace)
+
+    # -- sending ------------------------------------------------------------------------
+    def send(self, msg: Msg, direct: bool = False) -> None:
+        """Send ``msg``: data through the priority queue, control at once (engine thread).
+
+        ``direct``: with sockets (:meth:`use_sockets`), a server's reply goes straight onto
+        the wire behind what is there (ps-lite's ``KVServer::Response``), not through the
+        sending thread's queue.
+        """
+        msg.src = self.me
+        msg.direct = direct and self.hwm is not None
+        msg.seq = next(self.seq)
+        if msg.dst == self.me:
+            self.local.append(msg)  # a part on the local server: no MPI message, no bytes
+            if msg.after_send is not None:
+                msg.after_send()
+        elif msg.flags & FLAG_DATA:
+            msg.t_enq = time.monotonic()
+            heapq.heappush(self.queued, (msg.t_enq, msg.seq, (-msg.priority, msg.seq, msg)))
+        else:
+            msg.t_start = time.monotonic()
+            self._isend(msg)
+
+    def release(self, gate: Gate, cost: float) -> None:
+        """Return ``cost`` to ``gate`` (an arrival was acknowledged); requeue what now fits."""
+        gate.used -= cost
+        moved = 0.0
+        now = time.monotonic()
+        while gate.blocked and gate.fits(gate.blocked[0][2].cost, moved):
+            entry = heapq.heappop(gate.blocked)
+            moved += entry[2].cost
+            entry[2].t_enq = now  # it could not have started before the gate let it go
+            heapq.heappush(self.queued, (now, entry[1], entry))
+
+    def _pop(self) -> Msg | None:
+        while self.ready:
+            entry = heapq.heappop(self.ready)
+            msg = entry[2]
+            gate = msg.gate
+            if gate is not None:
+                if not gate.fits(msg.cost):
+                    heapq.heappush(gate.blocked, entry)
+                    continue
+                gate.used += msg.cost
+            return msg
+        return None
+
+    def _hand_over(self, t: float) -> None:
+        # The sending thread: best message first into its socket; stop at a full socket.
+        hwm = self.hwm
+        while self.blocked is None and self.ready:
+            msg = heapq.heappop(self.ready)[2]
+            if self.pipes[msg.dst] >= hwm:  # type: ignore[operator]
+                self.blocked = msg
+                return
+            self.pipes[msg.dst] += 1
+            self.wire.append((t, msg, True))
+
+    def _drain_sockets(self, now: float) -> bool:
+        """Replay the sending thread and the uplink up to ``now`` (P3's sockets)."""
+        bw = self.bytes_per_s
+        queued, wire = self.queued, self.wire
+        did = False
+        while queued or wire:
+            t_queue = queued[0][0] if queued else float("inf")
+            if not wire:
+                t_wire = float("inf")
+            elif bw is None:
+                t_wire = now
+            else:
+                t_wire = max(self.up_free, wire[0][0])
+            t = min(t_queue, t_wire)
+            if t > now:
+                break
+            if t_queue <= t_wire:  # queued at the instant the link frees: it competes
+                entry = heapq.heappop(queued)[2]
+                if entry[2].direct:
+                    wire.append((t, entry[2], False))
+                else:
+                    heapq.heappush(self.ready, entry)
+                    self._hand_over(t)
+                continue
+            _, msg, counted = wire.popleft()
+            if counted:
+                self.pipes[msg.dst] -= 1
+            blocked = self.blocked
+            if blocked is not None and self.pipes[blocked.dst] < self.hwm:  # type: ignore[operator]
+                self.blocked = None
+                self.pipes[blocked.dst] += 1
+                wire.append((t, blocked, True))
+                self._hand_over(t)
+            # Priority orders only the sending thread: on the wire (and at the switch) every
+            # message is equal, as for TCP through a plain switch.
+            self._transmit(msg, t, wire_priority=0)
+            did = True
+        return did
+
+    def _transmit(self, msg: Msg, start: float, wire_priority: int | None = None) -> None:
+        bw = self.bytes_per_s
+        nbytes = msg.nbytes
+        end = start + nbytes / bw if bw is not None else start
+        if bw is not None:
+            self.up_free = end
+        msg.t_start = start
+        self.bytes_sent += nbytes
+        if self.trace:
+            self.records.append(SendRecord(start, end, msg.label, msg.key, msg.part,
+                                           msg.priority, nbytes, self.host_of(self.me),
+                                           self.host_of(msg.dst)))
+        if wire_priority is not None:
+            msg.priority = wire_priority
+        self._isend(msg)
+        if msg.after_send is not None:
+            msg.after_send()
+
+    def _drain_ready(self, now: float) -> bool:
+        if self.hwm is not None:
+            return self._drain_sockets(now)
+        did = False
+        bw = self.bytes_per_s
+        queued, ready = self.queued, self.ready
+        while queued or ready:
+            # The link chooses when it comes free (or, idle, when the next message is
+            # queued) among the messages queued by then, as the simulator's sender does:
+            # polling late must neither cost bandwidth nor let a message queued after that
+            # instant overtake (P3 would starve a reply behind the next iteration's pushes).
+            if bw is None:
+                t = now
+            elif ready:
+                t = self.up_free
+            else:
+                t = max(self.up_free, queued[0][0])
+            if t > now:
+                break
+            while queued and queued[0][0] <= t:
+                heapq.heappush(ready, heapq.heappop(queued)[2])
+            msg = self._pop()
+            if msg is None:  # all gated: the link waits for what is queued next
+                continue
+            self._transmit(msg, t if bw is not None else now)
+            did = True
+        return did
+
+    def _isend(self, msg: Msg) -> None:
+        buf = msg.encode()
+        self.sends.append((self.comm.Isend(buf, msg.dst, TAG), buf))
+
+    # -- receiving ----------------------------------------------------------------------
+    def _receive(self, now: float) -> bool:
+        from mpi4py import MPI
+
+        did = False
+        status = MPI.Status()
+        while True:
+            m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
+            if m is None:
+                break
+            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            self.recvs[status.Get_source()].append((m.Irecv(buf), buf))
+            did = True
+        for src, queue in self.recvs.items():
+            # Complete in posting order per source: MPI's non-overtaking order is what keeps
+            # a kvstore pull behind its push.
+            while queue and queue[0][0].Test():
+                _, buf = queue.popleft()
+                self._arrive(Msg.decode(buf, src, self.me), now)
+                did = True
+        return did
+
+    def _arrive(self, msg: Msg, now: float) -> None:
+        if msg.kind == ACK:  # no order to keep: the ack handler looks the part up by key
+            heapq.heappush(self.arrived, (now + self.latency_s, next(self.seq), msg))
+            return
+        if self.bytes_per_s is not None and msg.flags & FLAG_DATA:
+            entry: list[Any] = [msg, None, True]
+            # Cut-through: the message reached the port when its sender started it (the
+            # MPI message itself may be received a little later).
+            heapq.heappush(self.port_new, (min(msg.t_start, now), next(self.seq), entry))
+        else:
+            entry = [msg, now + self.latency_s, False]
+        self.order[msg.src].append(entry)
+        self._schedule_in_order(msg.src)
+
+    def _serve_port(self, now: float) -> bool:
+        """Let the downlink carry what it has chosen by ``now`` (the simulator's Port)."""
+        bw = self.bytes_per_s
+        new, queue = self.port_new, self.port_queue
+        did = False
+        while new or queue:
+            # The port chooses when it is free and something has reached it; what reaches
+            # it later, even at the same priority, waits for the next choice.
+            t = self.down_free if queue else max(self.down_free, new[0][0])
+            if t > now:
+                break
+            while new and new[0][0] <= t:
+                avail, seq, entry = heapq.heappop(new)
+                heapq.heappush(queue, (-entry[0].priority, avail, seq, entry))
+            entry = heapq.heappop(queue)[3]
+            msg = entry[0]
+            self.down_free = t + msg.nbytes / bw
+            entry[1] = self.down_free + self.latency_s
+            heapq.heappush(self.arrived, (entry[1], next(self.seq), msg))
+            self._schedule_in_order(msg.src)
+            did = True
+        return did
+
+    def _schedule_in_order(self, src: int) -> None:
+        # Data messages keep the port's order; a control message waits for every earlier
+        # message from its sender.
+        queue = self.order[src]
+        last = self.last_delivery.get(src, 0.0)
+        while queue and queue[0][1] is not None:
+            msg, at, scheduled = queue.popleft()
+            if not scheduled:
+                at = max(at, last)
+                heapq.heappush(self.arrived, (at, next(self.seq), msg))
+            last = max(last, at)
+        self.last_delivery[src] = last
+
+    # -- Protocol -----------------------------------------------------------------------
+    def accept(self, item: Callable[[], None]) -> None:
+        item()
+
+    def busy(self) -> bool:
+        return bool(self.keep_polling or self.ready or self.queued or self.wire or self.sends
+                    or self.arrived or self.blocked is not None
+                    or self.local or self.port_new or self.port_queue
+                    or any(self.recvs.values()))
+
+    def progress(self) -> bool:
+        now = time.monotonic()
+        did = self._receive(now)
+        did |= self._serve_port(now)
+        while self.arrived and self.arrived[0][0] <= now:
+            msg = heapq.heappop(self.arrived)[2]
+            self.handlers[msg.kind](msg)
+            did = True
+        while self.local:
+            msg = self.local.popleft()
+            msg.src = self.me
+            self.handlers[msg.kind](msg)
+            did = True
+        did |= self._drain_ready(time.monotonic())
+        if self.sends:
+            n = len(self.sends)
+            self.sends = [s for s in self.sends if not s[0].Test()]
+            did |= len(self.sends) != n
+        return did
+
+    def idle(self) -> bool:
+        """True when nothing is queued, in flight or waiting for delivery."""
+        return not (self.ready or self.queued or self.wire or self.sends or self.arrived
+                    or self.blocked is not None or self.local
+                    or self.port_new or self.port_queue
+                    or any(self.recvs.values()))
+
+    def fail(self, error: BaseException) -> None:
+        for fn in list(self.on_fail):
+            fn(error)
+
+

@@ -1,0 +1,128 @@
+"""The parameter-server wire format: one MPI message per request.
+
+A message is a 48-byte header (:data:`HEADER`) followed by its payload: the part's elements
+(data messages), or UTF-8 JSON (configuration, optimizer) or text (errors). The header
+keeps the payload 8-byte aligned, so a received buffer is viewed as the elements without a
+copy. Every message travels on the store's own duplicate of ``COMM_WORLD`` (dedicated
+servers) or of the workers' communicator (colocated servers) with tag :data:`TAG`.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ddpbench.api import ReduceOp
+from ddpbench.tensor_ops import BFLOAT16
+
+__all__ = [
+    "ACK", "BCAST", "BYE", "CONFIG", "DONE", "ERROR", "FLAG_DATA", "FLAG_GATED",
+    "FLAG_PRIO_REPLY", "HEADER",
+    "KIND_NAMES", "OPT", "OPT_DONE", "PULL", "PUSH", "PUSHPULL", "REPLY", "TAG", "Msg",
+    "json_of", "json_payload", "np_dtype",
+]
+
+TAG = 7305
+# kind, dtype code, op code, flags, priority, key, part, root, count, postscale, t_start
+HEADER = struct.Struct("<BBBBiqiiqdd")
+if HEADER.size != 48:  # pragma: no cover - the layout above is fixed
+    raise ImportError("the parameter-server header must be 48 bytes (8-byte aligned payload)")
+
+# Message kinds. Data kinds carry array elements and go through the paced priority queue.
+PUSH, PULL, PUSHPULL, BCAST, REPLY, ACK, DONE, ERROR, CONFIG, OPT, OPT_DONE, BYE = range(12)
+KIND_NAMES = ["push", "pull-request", "push", "broadcast", "pull", "ack", "done", "error",
+              "config", "optimizer", "optimizer-done", "bye"]
+FLAG_GATED = 1  # the sender waits for an arrival acknowledgement (a gate's variant knobs)
+FLAG_DATA = 2  # the message carries array elements
+FLAG_PRIO_REPLY = 4  # the reply keeps the push's priority (ddpbench's variants; else 0)
+
+_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+           "uint8", "uint16", "uint32", "uint64"]
+_OPS = [op.value for op in ReduceOp]
+
+
+def np_dtype(name: str) -> np.dtype:
+    """Return the NumPy dtype called ``name`` on the wire (bfloat16 from ml_dtypes)."""
+    if name == "bfloat16":
+        if BFLOAT16 is None:  # pragma: no cover - ml_dtypes is a declared dependency
+            raise TypeError("bfloat16 needs the ml_dtypes package")
+        return BFLOAT16
+    return np.dtype(name)
+
+
+class Msg:
+    """One message, outgoing or delivered.
+
+    Besides the header fields, an outgoing message carries what only its sender needs: the
+    gate it counts against (``gate``, ``cost``), a callback run once it has left
+    (``after_send``), its sequence number and the label the send trace gives it.
+    """
+
+    __slots__ = ("kind", "src", "dst", "key", "part", "priority", "root", "count", "dtype",
+                 "op", "postscale", "flags", "payload", "t_start", "t_enq", "gate", "cost",
+                 "after_send", "seq", "label", "direct")
+
+    def __init__(self, kind: int, dst: int, key: int = 0, part: int = 0, *, priority: int = 0,
+                 payload: Any = None, dtype: str = "uint8", op: str = "sum",
+                 postscale: float = 1.0, root: int = -1, flags: int = 0) -> None:
+        self.kind, self.dst, self.key, self.part = kind, dst, key, part
+        self.priority, self.payload, self.dtype, self.op = priority, payload, dtype, op
+        self.postscale, self.root, self.flags = postscale, root, flags
+        self.count = 0 if payload is None else int(payload.size)
+        self.src = -1
+        self.t_start = self.t_enq = 0.0
+        self.gate: Any = None  # the transport's Gate it counts against, if any
+        self.cost = 1.0
+        self.after_send: Callable[[], None] | None = None
+        self.seq = 0
+        self.label = KIND_NAMES[kind]
+        self.direct = False  # a server's reply that bypasses the sending thread's queue
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes of a data message (what pacing, traces and byte counts see)."""
+        if not self.flags & FLAG_DATA or self.payload is None:
+            return 0
+        return int(self.payload.nbytes)
+
+    def encode(self) -> np.ndarray:
+        """Return the header and payload as one contiguous byte buffer."""
+        payload = self.payload
+        raw = None if payload is None else payload.reshape(-1).view(np.uint8)
+        buf = np.empty(HEADER.size + (0 if raw is None else raw.size), np.uint8)
+        HEADER.pack_into(buf.data, 0, self.kind, _DTYPES.index(self.dtype),
+                         _OPS.index(self.op), self.flags, self.priority, self.key, self.part,
+                         self.root, self.count, self.postscale, self.t_start)
+        if raw is not None:
+            buf[HEADER.size:] = raw
+        return buf
+
+    @classmethod
+    def decode(cls, buf: np.ndarray, src: int, dst: int) -> Msg:
+        """Return the message in ``buf``, received from ``src`` (the payload is a view)."""
+        (kind, dt, op, flags, prio, key, part, root, count, post,
+         t_start) = HEADER.unpack_from(buf.data)
+        msg = cls(kind, dst, key, part, priority=prio, dtype=_DTYPES[dt], op=_OPS[op],
+                  postscale=post, root=root, flags=flags)
+        body = buf[HEADER.size:]
+        msg.count = count
+        if flags & FLAG_DATA:
+            msg.payload = body.view(np_dtype(msg.dtype))
+        elif len(body):
+            msg.payload = body
+        msg.src, msg.t_start = src, t_start
+        return msg
+
+
+def json_payload(obj: Any) -> np.ndarray:
+    """Return ``obj`` as a JSON byte payload (plain data only: no code crosses the wire)."""
+    return np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+
+
+def json_of(msg: Msg) -> Any:
+    """Return the JSON value a control message carries (None without a payload)."""
+    return json.loads(bytes(msg.payload).decode()) if msg.payload is not None else None
