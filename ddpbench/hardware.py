@@ -130,7 +130,7 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
     Transport("ideal", 1.0, 0.0, 1.0, False,
               "the analytic network of the closed forms: line rate, messages and control "
               "free (the default; results before transports existed)"),
-    Transport("tcp", 0.94, 20.0, 1.0, True,
+    Transport("tcp", 0.94, 5.0, 1.0, True,
               "efficiency: TCP/IPv4 payload per Ethernet frame at MTU 1500 with timestamps, "
               "1448 of 1538 bytes on the wire; per message: a kernel TCP send/receive of a "
               "small message through ZeroMQ (ps-lite's van) or MPI over TCP, ~20 us of CPU"),
