@@ -116,6 +116,9 @@ class _Call:
         self._ok, self._value = True, value
 
 
+_heappush = heapq.heappush
+
+
 def call_later(env: simpy.Environment, delay: float, callback: Callable[[Any], None],
                value: Any = None, priority: int = 1) -> None:
     """Run ``callback(event)`` ``delay`` from now (``event._value`` is ``value``).
@@ -123,8 +126,8 @@ def call_later(env: simpy.Environment, delay: float, callback: Callable[[Any], N
     ``priority`` orders events of one instant as simpy does (0 urgent, 1 normal); at 2 a
     port chooses only once every message that reaches it at that instant has arrived.
     """
-    queue = cast(list[tuple[float, int, int, Any]], env._queue)
-    heapq.heappush(queue, (env.now + delay, priority, next(env._eid), _Call(callback, value)))
+    e: Any = env  # simpy's own heap and counter, as Environment.schedule uses them
+    _heappush(e._queue, (e._now + delay, priority, next(e._eid), _Call(callback, value)))
 
 
 class Port:
@@ -361,13 +364,13 @@ class Sender:
         call_later(env, tx, self._sent)
 
     def _sent(self, ev: Any) -> None:
-        msg = cast(Message, self._msg)
+        msg: Any = self._msg
         self.net.record(msg, self._start, self.net.env.now)
         self._go()
 
 
 def _deliver(ev: _Call) -> None:
-    msg = cast(Message, ev._value)
+    msg: Message = ev._value
     msg.on_arrive(msg)
 
 
