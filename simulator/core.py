@@ -23,7 +23,7 @@ import numpy as np
 import simpy
 
 from ddpbench import contract, hardware, trace
-from ddpbench.simulator.network import CountingEnvironment, Message, Network
+from ddpbench.simulator.network import CountingEnvironment, Message, Network, call_later
 from ddpbench.simulator.strategies import (
     Strategy,
     hierarchical_allreduce,
@@ -351,16 +351,23 @@ class _Sim:
         if self._units[i] == 0:
             self._layer_done(w, i)
         elif self._bcast is not None and self._bcast[i] > 0:
-            # Local reduction before the push, one layer after another on the host's link.
-            done = max(self.env.now, self._local_free[w]) + self._bcast[i]
-            self._local_free[w] = done
-            ev = self.env.timeout(done - self.env.now, (w, i))
-            ev.callbacks.append(self._reduced)
+            self._local(w, i, self._reduced)  # reduce the host's GPUs before the push
         else:
             self.strategy.grad_ready(w, i)
 
-    def _reduced(self, ev: simpy.Event) -> None:
-        w, i = cast(tuple[int, int], ev.value)
+    def _local(self, w: int, layer: int, then: Any) -> None:
+        """Run ``then`` once host ``w``'s link has passed ``layer`` among its GPUs.
+
+        The host's reductions and broadcasts share its intra-host link, one layer after
+        another in the order they were asked for.
+        """
+        assert self._bcast is not None
+        done = max(self.env.now, self._local_free[w]) + self._bcast[layer]
+        self._local_free[w] = done
+        call_later(self.env, done - self.env.now, then, (w, layer))
+
+    def _reduced(self, ev: Any) -> None:
+        w, i = cast(tuple[int, int], ev._value)
         self.strategy.grad_ready(w, i)
 
     def unit_done(self, w: int, layer: int) -> None:
@@ -369,15 +376,12 @@ class _Sim:
         rem[layer] -= 1
         if rem[layer] == 0:
             if self._bcast is not None and self._bcast[layer] > 0:
-                done = max(self.env.now, self._local_free[w]) + self._bcast[layer]
-                self._local_free[w] = done
-                ev = self.env.timeout(done - self.env.now, (w, layer))
-                ev.callbacks.append(self._broadcast_done)
+                self._local(w, layer, self._broadcast_done)  # to the host's GPUs
             else:
                 self._layer_done(w, layer)
 
-    def _broadcast_done(self, ev: simpy.Event) -> None:
-        w, layer = cast(tuple[int, int], ev.value)
+    def _broadcast_done(self, ev: Any) -> None:
+        w, layer = cast(tuple[int, int], ev._value)
         self._layer_done(w, layer)
 
     def _layer_done(self, w: int, layer: int) -> None:
