@@ -226,7 +226,11 @@ def test_equal_priorities_reduce_p3_to_fifo():
     assert [s.bytes for s in pushes] == [4000] * 5
 
 
-@pytest.mark.parametrize("workload", simulator.WORKLOADS)
+_FAST = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base")
+
+
+@pytest.mark.parametrize("workload", [w if w in _FAST else pytest.param(w, marks=pytest.mark.slow)
+                                      for w in simulator.WORKLOADS])
 def test_p3_never_slower_than_kvstore(workload):
     kw = dict(workers=4, bandwidth_gbps=10)
     p3 = simulate(workload, "p3", **kw).iteration_time_s

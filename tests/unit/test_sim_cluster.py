@@ -74,8 +74,8 @@ def test_hierarchical_beats_the_flat_ring_when_the_nic_is_slow_and_messages_cost
 def test_transport_costs_per_message_so_small_slices_are_slower():
     def p3(slice_params, transport):
         return simulate("vgg19", "p3", workers=4, bandwidth_gbps=10, transport=transport,
-                        slice_params=slice_params, iterations=2, size_scale=0.1, compute_scale=0.05,
-                        trace=False).iteration_time_s
+                        slice_params=slice_params, iterations=2, size_scale=0.05,
+                        compute_scale=0.025, trace=False).iteration_time_s
 
     # On the ideal network smaller slices never cost more bytes; over TCP each slice costs
     # 20 us of sender time, so 2,000-parameter slices (8 KB, ~6.5 us of wire at 10 Gbit/s)
