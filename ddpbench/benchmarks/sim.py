@@ -36,6 +36,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="iterations simulated per case, the first one warm-up (default 2)")
     parser.add_argument("--max-workers", type=int, default=1024,
                         help="skip cases with more hosts (default 1024)")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="another ddpbench checkout (e.g. the main branch's): time each "
+                             "case with its code too, in a subprocess of this run, and print "
+                             "the CPU-time ratio baseline / this (cases it cannot run: -)")
+
+
+_CHILD = """\
+import json, sys, time
+from ddpbench.simulator import simulate
+case = json.loads(sys.argv[1])
+c0 = time.process_time()
+r = simulate(case["workload"], case["backend"], bandwidth_gbps=case["bw"],
+             iterations=case["iterations"], warmup=1, **case["setting"])
+print(json.dumps({"cpu": time.process_time() - c0, "events": r.events,
+                  "iteration_time_s": r.iteration_time_s}))
+"""
+
+
+def _baseline(checkout: str, case: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the case's cpu seconds and events under ``checkout``'s code, or None."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": checkout}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(case)], env=env, cwd=checkout,
+                          capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        return None
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -51,6 +83,8 @@ def main(args: argparse.Namespace) -> int:
           "iterations (1 warm-up)")
     header = (f"{'case':<22}{'workers':>8}{'wall s':>9}{'cpu s':>8}{'target s':>10}{'events':>10}"
               f"{'iter s':>10}{'events/s':>10}")
+    if args.baseline:
+        header += f"{'base cpu s':>11}{'base/this':>10}"
     print(header)
     print("-" * len(header))
     failed = 0
@@ -69,6 +103,17 @@ def main(args: argparse.Namespace) -> int:
             failed += 1
         if wall > target:
             note += "  OVER TARGET"
-        print(f"{case:<22}{workers:>8}{wall:>9.2f}{cpu:>8.2f}{target:>10.0f}{r.events:>10}"
-              f"{r.iteration_time_s:>10.4f}{r.events / cpu if cpu else 0:>10.0f}{note}")
+        line = (f"{case:<22}{workers:>8}{wall:>9.2f}{cpu:>8.2f}{target:>10.0f}{r.events:>10}"
+                f"{r.iteration_time_s:>10.4f}{r.events / cpu if cpu else 0:>10.0f}")
+        if args.baseline:
+            base = _baseline(args.baseline, {"workload": workload, "backend": backend,
+                                             "setting": setting, "bw": args.bandwidth_gbps,
+                                             "iterations": args.iterations})
+            if base is None:
+                line += f"{'-':>11}{'-':>10}"
+            else:
+                line += f"{base['cpu']:>11.2f}{base['cpu'] / cpu if cpu else 0:>10.2f}"
+                if base["events"] != r.events or base["iteration_time_s"] != r.iteration_time_s:
+                    note += "  DIFFERS FROM BASELINE"
+        print(line + note)
     return 1 if failed else 0
