@@ -4,13 +4,20 @@ What it offers beyond ``mpi`` and ``horovod``:
 
 - Reduce kinds as operations of their own: ``allreduce_sum``, ``allreduce_max``,
   ``allreduce_min``, ``allreduce_prod`` (and the same through ``push_pull(op=...)``).
-- ``nrings`` duplicated communicators driven concurrently: the k-th tensor submitted goes
-  to ring ``k % nrings`` (round-robin striping, as NCCL spreads work over channels), and
-  the engine thread advances every ring's current reduction with nonblocking point-to-point
-  steps, so a small tensor on one ring is not stuck behind a large one on another.
+- ``nrings`` duplicated communicators driven concurrently: the k-th name first used goes
+  to ring ``k % nrings`` and stays there (Paddle's transpiler assigns rings once, when it
+  builds the program: python/paddle/fluid/transpiler/collective.py), and the engine thread
+  advances every ring's current reduction with nonblocking point-to-point steps, so a
+  small tensor on one ring is not stuck behind a large one on another.
+- ``op=AVERAGE`` divides by the workers before the sum (``average_scaling="before_sum"``):
+  Paddle's GradAllReduce scales the loss gradient by 1/n, so every gradient enters the
+  ring sum already divided; ``"after_sum"`` is Horovod's order, not Paddle's.
 - Two modes for trainers: ``grad_allreduce`` (gradients reduced every step) and
-  ``local_sgd`` (workers step alone; every ``local_sgd_period`` steps the parameters are
-  averaged, communicated as the delta against a snapshot taken at the last average).
+  ``local_sgd`` (workers step alone; the parameters are averaged, as the delta against a
+  snapshot taken at the last average, on Paddle's schedule: every step up to
+  ``local_sgd_begin_step`` (1), then every ``local_sgd_period`` (k_steps, 1) steps, i.e.
+  at steps 1, 1 + k, 1 + 2k, ...; python/paddle/distributed/fleet/meta_optimizers/
+  localsgd_optimizer.py).
 
 Each reduction is a ring allreduce with exactly the chunking and reduction order of
 the chunking of :func:`ddpbench.tensor_ops.ring_chunks` (``horovod``'s ``_ring_allreduce``, which is blocking; here every
@@ -103,13 +110,14 @@ class _CollectiveProtocol(Protocol):
     def __init__(self, comms: Sequence[Any], validate: bool) -> None:
         self.rings = [_Ring(i, c) for i, c in enumerate(comms)]
         self.validate = validate
-        self.counter = 0
+        self.ring_of: dict[Any, int] = {}
         self.max_active = 0
 
     def accept(self, item: Request) -> None:
-        ring = self.rings[self.counter % len(self.rings)]
-        self.counter += 1
-        ring.queue.append(item)
+        # Paddle's transpiler gives each gradient its ring once, when it builds the program
+        # (ring_id = (ring_id + 1) % nrings over the gradients): a name keeps its ring.
+        index = self.ring_of.setdefault(item.meta.name, len(self.ring_of) % len(self.rings))
+        self.rings[index].queue.append(item)
 
     def busy(self) -> bool:
         return any(r.current is not None or r.queue for r in self.rings)
@@ -186,11 +194,13 @@ class CollectiveStore(RequestStore):
     """Ring allreduce with separate reduce kinds, ``nrings`` parallel rings and local SGD.
 
     Options:
-        nrings: communicators driven concurrently; tensors are striped over them
-            round-robin in submission order (default 2).
+        nrings: communicators driven concurrently; each name gets ring k % nrings, k its
+            order of first use, and keeps it (default 2).
+        average_scaling: ``before_sum`` (default, Paddle) or ``after_sum`` (Horovod's).
         mode: ``grad_allreduce`` (default) or ``local_sgd``; read by
             :class:`ddpbench.DistributedTrainer` (capability ``'local_sgd'``).
-        local_sgd_period: steps between parameter averages in ``local_sgd`` mode (4).
+        local_sgd_period: steps between parameter averages in ``local_sgd`` mode (1).
+        local_sgd_begin_step: steps 1..this all average (1).
         check_consistency: compare each call's metadata across ranks first (True).
 
     Example:
@@ -211,6 +221,7 @@ class CollectiveStore(RequestStore):
         self._engine.register(self._proto)
         self._snapshots: dict[Any, np.ndarray] = {}
         self._local_steps = 0
+        self._last_sync = self.options.local_sgd_begin_step
         self.syncs = 0
 
     def is_capable(self, capability: str) -> bool:
@@ -258,18 +269,23 @@ class CollectiveStore(RequestStore):
         if reset:
             self._snapshots.clear()
             self._local_steps = 0
+            self._last_sync = self.options.local_sgd_begin_step
         for n, t in zip(names, tensors):
             if n not in self._snapshots:
                 self._snapshots[n] = np.array(t, copy=True)
 
     def sync_parameters(self, names: Sequence[Any], tensors: Sequence[Any], *,
                         compression: str | None = None) -> bool:
-        """Count one local step; every ``local_sgd_period`` steps average the parameters.
+        """Count one local step and average the parameters on Paddle's schedule.
 
-        The average is ``snapshot + mean_i(w_i - snapshot)``: the deltas are what travels
-        (small numbers that fp16 carries far better than the weights themselves), and every
-        rank ends with the same values. Collective on the steps that average. Returns True
-        when this call communicated.
+        Step s (1, 2, ...) averages when ``s <= local_sgd_begin_step`` or when
+        ``local_sgd_period`` steps have passed since the last average (Paddle's
+        ``LocalSGDOptimizer``: ``step > begin_step`` and ``step - last_step == k_steps``).
+        The average is ``snapshot - sum_i(snapshot - w_i) / n`` as Paddle computes it (sum
+        first, then scale; the same bits as ``snapshot + mean_i(w_i - snapshot)``): the
+        deltas are what travels (small numbers that fp16 carries far better than the
+        weights themselves), and every rank ends with the same values. Collective on the
+        steps that average. Returns True when this call communicated.
 
         Raises:
             RuntimeError: not in ``local_sgd`` mode, or no snapshot for a name.
@@ -278,8 +294,11 @@ class CollectiveStore(RequestStore):
             raise RuntimeError(f"sync_parameters needs mode='local_sgd'; this store has "
                                f"mode={self.options.mode!r}")
         self._local_steps += 1
-        if self._local_steps % self.options.local_sgd_period:
+        step = self._local_steps
+        if (step > self.options.local_sgd_begin_step
+                and step - self._last_sync != self.options.local_sgd_period):
             return False
+        self._last_sync = step
         missing = [n for n in names if n not in self._snapshots]
         if missing:
             raise RuntimeError(f"no snapshot of {missing[:3]}: call snapshot_parameters first")
@@ -289,7 +308,9 @@ class CollectiveStore(RequestStore):
             d = np.subtract(t, self._snapshots[n])
             d = d.astype(wire) if wire is not None else d
             deltas.append(d)
-            handles.append(self.push_pull_async(n, d, op=ReduceOp.AVERAGE))
+            # Paddle sums the deltas, then scales by 1/n (after the sum, unlike gradients)
+            handles.append(self.push_pull_async(n, d, op=ReduceOp.SUM,
+                                                postscale_factor=1.0 / self.num_workers))
         for n, t, d, h in zip(names, tensors, deltas, handles):
             h.wait()
             snap = self._snapshots[n]
@@ -297,6 +318,14 @@ class CollectiveStore(RequestStore):
             snap[...] = t
         self.syncs += 1
         return True
+
+    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+        if op is ReduceOp.AVERAGE and self.options.average_scaling == "before_sum":
+            # Paddle divides before the sum (it scales the loss gradient by 1/n); the size
+            # is read at call time, as for AVERAGE everywhere.
+            prescale, op = prescale / self.num_workers, ReduceOp.SUM
+        return super()._push_pull_async(name, tensor, output, priority=priority, op=op,
+                                        prescale=prescale, postscale=postscale)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _release(self) -> None:

@@ -152,11 +152,22 @@ class CollectiveKnobs(Knobs):
 
     nrings: int = knob(2, ge=1, le=64, doc="parallel rings (duplicated communicators)",
                        source="python/paddle/distributed/fleet (nrings)")
+    average_scaling: Literal["before_sum", "after_sum"] = knob(
+        "before_sum", side="real", source="python/paddle/fluid/transpiler/collective.py (GradAllReduce)",
+        doc="AVERAGE: 'before_sum' divides by the workers before the ring sum, as Paddle "
+            "scales the loss gradient by 1/n; 'after_sum' is Horovod's order, not Paddle's")
     mode: Literal["grad_allreduce", "local_sgd"] = knob(
         "grad_allreduce", side="real", sweep=False,
         doc="allreduce gradients, or average parameters")
-    local_sgd_period: int = knob(4, ge=1, side="real", sweep=False, unit="steps",
-                                 doc="local steps between parameter averages")
+    local_sgd_period: int = knob(
+        1, ge=1, side="real", sweep=False, unit="steps",
+        source="python/paddle/distributed/fleet/meta_optimizers/localsgd_optimizer.py (k_steps)",
+        doc="local steps between parameter averages (Paddle's k_steps)")
+    local_sgd_begin_step: int = knob(
+        1, ge=1, side="real", sweep=False, unit="steps",
+        source="python/paddle/distributed/fleet/meta_optimizers/localsgd_optimizer.py "
+               "(begin_step)",
+        doc="steps 1..begin_step all average; later ones every local_sgd_period steps")
     check_consistency: bool = knob(
         True, side="real", doc="check shapes, dtypes and ops across ranks per call")
 
@@ -188,6 +199,9 @@ class KvstoreKnobs(PSKnobs):
     bigarray_bound: int = knob(
         1_000_000, ge=1, unit="elements", source="src/kvstore/kvstore_dist.h, MXNET_KVSTORE_BIGARRAY_BOUND",
         doc="arrays at least this big are split evenly over all servers")
+    merged_push_pull: bool = knob(
+        False, doc="false = MXNet's round trip (the pull goes once the server has answered "
+                   "the push); true = one merged push-pull message, ddpbench's own")
 
 
 class P3Knobs(PSKnobs):
@@ -207,12 +221,33 @@ class P3Knobs(PSKnobs):
 
 
 class BytepsKnobs(PSKnobs):
-    """``byteps``: partitioned push-pull with credit scheduling."""
+    """``byteps``: partitioned push-pull to summation servers, optionally ByteScheduler."""
 
     partition_bytes: int = knob(
         4_096_000, ge=1, unit="bytes", source="byteps/common/global.cc, BYTEPS_PARTITION_BYTES",
         doc="bytes per partition")
-    credit_bytes: int = knob(0, ge=0, unit="bytes", doc="bytes in flight; 0 = off (FIFO)")
+    scheduler: Literal["byteps", "bytescheduler", "window"] = knob(
+        "byteps", source="byteps/common/scheduled_queue.cc; bytescheduler/common/bytecore.py",
+        doc="'byteps': FIFO to the network (BytePS's credit orders only the local reduce "
+            "stage); 'bytescheduler': ByteScheduler's credit; 'window': ddpbench's own byte "
+            "window released on arrival, not an original's")
+    credit_params: int = knob(
+        4_000_000, ge=1, unit="elements",
+        source="bytescheduler/common/bytecore.py, BYTESCHEDULER_CREDIT",
+        doc="scheduler 'bytescheduler': parameters pushed and not yet acknowledged")
+    credit_bytes: int = knob(
+        4_096_000, ge=1, unit="bytes",
+        doc="scheduler 'window': bytes in flight, released on arrival (ddpbench's own)")
+    merged_push_pull: bool = knob(
+        False, doc="false = BytePS's round trip (push, its acknowledgement, then the pull); "
+                   "true = one merged push-pull message, ddpbench's own")
+
+    @model_validator(mode="after")
+    def _credit_needs_acknowledged_pushes(self) -> BytepsKnobs:
+        if self.scheduler == "bytescheduler" and self.merged_push_pull:
+            raise ValueError("scheduler 'bytescheduler' returns credit when a push is "
+                             "acknowledged, so it needs merged_push_pull=false")
+        return self
 
 
 @dataclass(frozen=True)
@@ -235,9 +270,10 @@ BACKENDS: dict[str, BackendContract] = {
                         "ddpbench.backends.horovod"),
         BackendContract("kvstore", KvstoreKnobs, "MXNet-style parameter server, server-side "
                         "optimizer", "ddpbench.backends.ps.kvstore", uses_servers=True),
-        BackendContract("p3", P3Knobs, "priority-based slicing, round-robin placement, water "
-                        "mark", "ddpbench.backends.ps.p3", uses_servers=True),
-        BackendContract("byteps", BytepsKnobs, "partitioned push-pull with credit scheduling",
+        BackendContract("p3", P3Knobs, "priority-based slicing, P3's placement, ps-lite's "
+                        "blocking sockets", "ddpbench.backends.ps.p3", uses_servers=True),
+        BackendContract("byteps", BytepsKnobs, "partitioned push then pull, djb2 placement, "
+                        "FIFO or ByteScheduler's credit",
                         "ddpbench.backends.ps.byteps", uses_servers=True),
         BackendContract("collective", CollectiveKnobs, "sum/max/min/prod, parallel rings, "
                         "local SGD", "ddpbench.backends.collective"),

@@ -18,6 +18,7 @@ Parameter-server strategies simulate every worker and server host.
 from __future__ import annotations
 
 import abc
+import heapq
 import math
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar
@@ -338,10 +339,13 @@ class HorovodStrategy(_AllreduceBase):
 
 @register
 class CollectiveStrategy(_AllreduceBase):
-    """``collective``: tensors striped round-robin (in gradient order) over ``nrings`` rings.
+    """``collective``: each tensor on its own ring of ``nrings``, assigned once.
 
-    Each ring is its own FIFO communication thread; the rings' steps share the NIC, so two
-    rings in flight each get the link half the time.
+    Paddle's transpiler gives the gradients rings round-robin when it builds the program
+    (python/paddle/fluid/transpiler/collective.py), so a tensor keeps its ring every
+    iteration: the k-th tensor to become ready (in the first iteration) uses ring
+    ``k % nrings``. Each ring is its own FIFO communication thread; the rings' steps share
+    the NIC, so two rings in flight each get the link half the time.
     """
 
     name = "collective"
@@ -351,24 +355,26 @@ class CollectiveStrategy(_AllreduceBase):
         nrings = self.knobs.nrings
         uplink = Link(self.sim.env) if nrings > 1 else None
         self._rings = [_FifoComm(self.sim, uplink) for _ in range(nrings)]
-        self._next = 0
+        self._ring_of: dict[tuple[int, int], int] = {}
 
     def grad_ready(self, w: int, layer: int) -> None:
-        for t in self._tensors[layer]:
-            self._rings[self._next % len(self._rings)].put(t)
-            self._next += 1
+        for j, t in enumerate(self._tensors[layer]):
+            ring = self._ring_of.setdefault((layer, j), len(self._ring_of) % len(self._rings))
+            self._rings[ring].put(t)
 
 
 # ---------------------------------------------------------------- parameter servers
 
 
 class _Part:
-    __slots__ = ("layer", "numel", "server", "priority", "arrived", "index")
+    __slots__ = ("layer", "numel", "server", "priority", "arrived", "index", "pulls", "summed")
 
     def __init__(self, index: int, layer: int, numel: int, server: int, priority: float) -> None:
         self.index, self.layer, self.numel = index, layer, numel
         self.server, self.priority = server, priority
         self.arrived: list[int] = []
+        self.pulls: set[int] = set()  # pull requests waiting for this round's sum
+        self.summed: set[int] = set()  # workers whose sum is ready, no pull request yet
 
 
 class _PSBase(Strategy):
@@ -398,7 +404,8 @@ class _PSBase(Strategy):
 
     @abc.abstractmethod
     def make_parts(self) -> list[_Part]:
-        """Cut every tensor into parts and place them on servers (each backend's placement rule, docs/fidelity.md)."""
+        """Cut every tensor into parts and place them on servers (the backend's rule,
+        :mod:`ddpbench.backends.ps.placement`; docs/fidelity/)."""
 
     def placed_parts(self, place: Callable[[int, int], list[Part]], *,
                      prioritised: bool) -> list[_Part]:
@@ -420,16 +427,37 @@ class _PSBase(Strategy):
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         return None, 1.0
 
+    round_trip: str = "merged"
+    """How a part comes back: ``"merged"`` (the server answers the push with the sum),
+    ``"ack_round"`` (MXNet: the server answers the push once every worker's is in, then
+    the worker pulls) or ``"ack_arrival"`` (BytePS: the push is acknowledged on arrival,
+    then the worker pulls; the pull is answered once the sum is ready). Acknowledgements
+    and pull requests are control messages: ``latency`` each, no bandwidth."""
+
     def grad_ready(self, w: int, layer: int) -> None:
-        sim = self.sim
         for part in self.parts[layer]:
-            host = sim.server_host(part.server)
-            if host == w:
-                self._arrive_push(part, w)
-            else:
-                gate, cost = self.gate(w, part)
-                self.net.send(Message(w, host, part.numel * sim.itemsize, part.priority, "push",
-                                     part.layer, self._on_push, (part, w), gate, cost))
+            self.post(w, part)
+
+    def post(self, w: int, part: _Part) -> None:
+        """Hand ``part``'s push to the network (a scheduler may hold it back first)."""
+        sim = self.sim
+        host = sim.server_host(part.server)
+        if host == w:
+            self._arrive_push(part, w)
+        else:
+            gate, cost = self.gate(w, part)
+            self.net.send(Message(w, host, part.numel * sim.itemsize, self.push_priority(part),
+                                  "push", part.layer, self._on_push, (part, w), gate, cost))
+
+    def push_priority(self, part: _Part) -> float:
+        """Return the priority a push carries on the worker's uplink."""
+        return part.priority
+
+    def pushed(self, w: int, part: _Part) -> None:  # noqa: B027 - optional hook
+        """The server's answer to worker ``w``'s push of ``part`` has reached it."""
+
+    def _later(self, delay: float, fn: Callable[[Any], None], value: Any) -> None:
+        self.sim.env.timeout(delay, value).callbacks.append(lambda ev: fn(ev.value))
 
     def _on_push(self, msg: Message) -> None:
         part, w = msg.data
@@ -438,6 +466,9 @@ class _PSBase(Strategy):
             # pushes on the wire. Counting until the pull instead can deadlock when workers
             # fill their windows with different slices, each waiting for the others'.
             call_later(self.sim.env, self.sim.latency, self._acked, msg)
+        if self.round_trip == "ack_arrival":
+            # the acknowledgement reaches the worker, whose pull request comes back
+            self._later(self.sim.latency, self._push_answered, (part, w))
         self._arrive_push(part, w)
 
     @staticmethod
@@ -474,9 +505,39 @@ class _PSBase(Strategy):
         for w in order:
             if w == host:
                 sim.unit_done(w, part.layer)
-            else:
-                self.send_reply(Message(host, w, part.numel * sim.itemsize, part.priority,
-                                        "pull", part.layer, self._on_pull, (part, w)))
+            elif self.round_trip == "merged":
+                self._send_sum(part, w)
+            elif self.round_trip == "ack_arrival":
+                if w in part.pulls:
+                    part.pulls.discard(w)
+                    self._send_sum(part, w)
+                else:
+                    part.summed.add(w)
+            else:  # MXNet: the push's answer reaches the worker, which then pulls
+                self._later(sim.latency, self._push_answered, (part, w))
+
+    def _push_answered(self, value: tuple[_Part, int]) -> None:
+        part, w = value
+        self.pushed(w, part)
+        self._later(self.sim.latency, self._pull_request, (part, w))
+
+    def _pull_request(self, value: tuple[_Part, int]) -> None:
+        part, w = value
+        if self.round_trip == "ack_round" or w in part.summed:
+            part.summed.discard(w)
+            self._send_sum(part, w)
+        else:
+            part.pulls.add(w)
+
+    def _send_sum(self, part: _Part, w: int) -> None:
+        sim = self.sim
+        self.send_reply(Message(sim.server_host(part.server), w, part.numel * sim.itemsize,
+                                self.reply_priority(part), "pull", part.layer, self._on_pull,
+                                (part, w)))
+
+    def reply_priority(self, part: _Part) -> float:
+        """Return the priority of a server's answer (0: servers answer in FIFO order)."""
+        return 0
 
     def send_reply(self, msg: Message) -> None:
         """Send a server's reply (the summed part) back to its worker."""
@@ -491,13 +552,17 @@ class _PSBase(Strategy):
 class KvstoreStrategy(_PSBase):
     """``kvstore``: MXNet's parameter server, FIFO push then pull.
 
-    The pull request is not simulated as a message: MXNet issues it right behind the push,
-    so it always reaches the server before the sum is ready; the server then answers it.
+    MXNet's round trip: the server answers each push once every worker's push is in, and
+    the worker's pull request follows that answer; the server answers it with the sum
+    (``merged_push_pull=True``: one merged message, ddpbench's own).
     """
 
     name = "kvstore"
     knobs: contract.KvstoreKnobs
     server_update = True
+
+    def start(self) -> None:
+        self.round_trip = "merged" if self.knobs.merged_push_pull else "ack_round"
 
     def make_parts(self) -> list[_Part]:
         s, bound = self.sim.num_servers, self.knobs.bigarray_bound
@@ -542,33 +607,110 @@ class P3Strategy(_PSBase):
             g = self._gates[key] = Gate(self.knobs.water_mark, self.net.senders[w])
         return g, 1.0
 
+    def reply_priority(self, part: _Part) -> float:
+        return part.priority if self.knobs.water_mark else 0
+
     def send_reply(self, msg: Message) -> None:
         if self.knobs.water_mark:
             self.net.send(msg)
-            return
-        msg.priority = 0  # a ps-lite server's response carries no priority
-        self.net.senders[msg.src].send_direct(msg)
+        else:  # a ps-lite server answers straight into its socket
+            self.net.senders[msg.src].send_direct(msg)
 
 
 @register
 class BytepsStrategy(_PSBase):
-    """``byteps``: partitions round-robin over servers; ByteScheduler credits when > 0."""
+    """``byteps``: partitions placed by BytePS's hash, pushed, acknowledged, then pulled.
+
+    ``scheduler="byteps"`` (BytePS's default): partitions go to the network in the order
+    they are ready (FIFO). ``"bytescheduler"``: ByteScheduler's core
+    (bytescheduler/common/bytecore.py) holds them in a priority queue (-layer first) and
+    starts the best one while its credit of ``credit_params`` parameters is positive, never
+    skipping it; a push's parameters return to the credit when the server has acknowledged
+    it (BytePS's push response, on arrival; ByteScheduler on MXNet's synchronous push waits
+    for every worker's push instead, which deadlocks when workers have started different
+    partitions, so ddpbench does not model that). ``"window"`` is ddpbench's own: at most
+    ``credit_bytes`` bytes on the wire, released on arrival, priority order with skipping.
+    """
 
     name = "byteps"
     knobs: contract.BytepsKnobs
 
+    def start(self) -> None:
+        k = self.knobs
+        self.round_trip = "merged" if k.merged_push_pull else "ack_arrival"
+        if k.scheduler == "bytescheduler":
+            self._cores = [_ByteSchedulerCore(self, w, k.credit_params)
+                           for w in range(self.sim.workers)]
+
     def make_parts(self) -> list[_Part]:
         s, size = self.sim.num_servers, max(1, self.knobs.partition_bytes // self.sim.itemsize)
         return self.placed_parts(lambda key, n: placement.byteps_parts(key, n, size, s),
-                                 prioritised=self.knobs.credit_bytes > 0)
+                                 prioritised=self.knobs.scheduler != "byteps")
+
+    def grad_ready(self, w: int, layer: int) -> None:
+        if self.knobs.scheduler != "bytescheduler":
+            super().grad_ready(w, layer)
+            return
+        for part in self.parts[layer]:
+            self._cores[w].add(part)
+
+    def push_priority(self, part: _Part) -> float:
+        return part.priority if self.knobs.scheduler == "window" else 0
+
+    def reply_priority(self, part: _Part) -> float:
+        return part.priority if self.knobs.scheduler == "window" else 0
+
+    def pushed(self, w: int, part: _Part) -> None:
+        if self.knobs.scheduler == "bytescheduler":
+            self._cores[w].finished(part)  # the server acknowledged this worker's push
+
+    def _arrive_push(self, part: _Part, w: int) -> None:
+        if self.knobs.scheduler == "bytescheduler" and self.sim.server_host(part.server) == w:
+            # the colocated server's answer comes back over loopback like any other
+            self._later(self.sim.latency, self._pushed_local, (part, w))
+        super()._arrive_push(part, w)
+
+    def _pushed_local(self, value: tuple[_Part, int]) -> None:
+        part, w = value
+        self._cores[w].finished(part)
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
-        if self.knobs.credit_bytes == 0:
+        if self.knobs.scheduler != "window":
             return None, 1.0
         g = self._gates.get(w)
         if g is None:
             g = self._gates[w] = Gate(self.knobs.credit_bytes, self.net.senders[w])
         return g, float(part.numel * self.sim.itemsize)
+
+
+class _ByteSchedulerCore:
+    """ByteScheduler's scheduling loop for one worker (bytescheduler/common/bytecore.py).
+
+    Tasks wait in a priority queue; the loop takes the best one when the credit is above
+    zero (a task may take it below zero), and otherwise waits for credit without looking
+    past that task. A task's size returns to the credit when it finishes.
+    """
+
+    def __init__(self, strategy: BytepsStrategy, w: int, credit: float) -> None:
+        self.strategy, self.w = strategy, w
+        self.credit = self.limit = float(credit)
+        self.queue: list[tuple[float, int, _Part]] = []
+        self.seq = 0
+
+    def add(self, part: _Part) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (-part.priority, self.seq, part))
+        self._run()
+
+    def finished(self, part: _Part) -> None:
+        self.credit = min(self.credit + part.numel, self.limit)
+        self._run()
+
+    def _run(self) -> None:
+        while self.queue and self.credit > 0:
+            part = heapq.heappop(self.queue)[2]
+            self.credit -= part.numel
+            self.strategy.post(self.w, part)
 
 
 STRATEGIES: dict[str, dict[str, Any]] = {

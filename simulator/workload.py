@@ -19,7 +19,7 @@ A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
 ``device`` or ``batch_size`` other than the profile's (see :func:`ddpbench.hardware.compute_factor`).
 
 Tensors are numbered in file order: that number is the tensor's key for the parameter-server
-placement rules of each backend's placement rule, docs/fidelity.md.
+placement rules of each backend (:mod:`ddpbench.backends.ps.placement`, docs/fidelity/).
 """
 
 from __future__ import annotations

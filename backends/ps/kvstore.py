@@ -1,11 +1,13 @@
 """The ``kvstore`` backend: MXNet's distributed parameter server (``dist_sync``) over MPI.
 
-Placement (src/kvstore/kvstore_dist.h, docs/fidelity/kvstore.md): an array of fewer than
-``bigarray_bound`` elements goes
-whole to server ``(key * 9973) % S``; a larger one is split into ``S`` even parts
-(``np.array_split`` shares), part i on server i. Push and pull are separate requests, sent
-in FIFO order (the caller's priority is ignored): the pull goes right behind the push, and
-the server answers it once every worker's push of the round is in.
+As MXNet does it (src/kvstore/kvstore_dist.h, src/kvstore/kvstore_dist_server.h;
+docs/fidelity/kvstore.md): an array of fewer than ``bigarray_bound`` elements goes whole to
+server ``(key * 9973) % S``; a larger one is split into ``S`` even parts (``np.array_split``
+shares), part i on server i. Push and pull are separate requests in FIFO order (the
+caller's priority is ignored): the server answers each push once every worker's push of
+the round is in, and only then does the worker send its pull (MXNet's engine orders the
+pull after the push on the same buffer). ``merged_push_pull=True`` is ddpbench's own
+shortcut, one message each way, which saves that round trip.
 
 Server-side optimizer: after ``set_optimizer(SGD(...))`` the servers apply each round's
 summed gradient to their copy of the weights and ``push_pull`` returns the updated weights.
@@ -45,7 +47,9 @@ class KVStoreBackend(PSStore):
     Options = KvstoreKnobs
     options: KvstoreKnobs
     capabilities = frozenset({"broadcast", "push_pull", "optimizer"})
-    merged_push_pull = False
+
+    def merged(self) -> bool:
+        return self.options.merged_push_pull
 
     def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
         return kvstore_parts(key, numel, self.options.bigarray_bound, self.num_servers)

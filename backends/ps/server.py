@@ -32,6 +32,8 @@ from ddpbench.backends.ps.wire import (
     CONFIG,
     DONE,
     ERROR,
+    FLAG_ACK_ARRIVAL,
+    FLAG_ACK_ROUND,
     FLAG_DATA,
     FLAG_GATED,
     FLAG_PRIO_REPLY,
@@ -54,7 +56,7 @@ __all__ = ["Server", "dedicated_host_name", "serve", "wait_idle", "write_trace"]
 class _Slot:
     """A server's state for one part: this round's pushes, stored weights, pulls waiting."""
 
-    __slots__ = ("pushes", "store", "mom", "waiting", "bcast")
+    __slots__ = ("pushes", "store", "mom", "waiting", "bcast", "error")
 
     def __init__(self) -> None:
         self.pushes: dict[int, Msg] = {}
@@ -62,6 +64,7 @@ class _Slot:
         self.mom: np.ndarray | None = None
         self.waiting: list[Msg] = []
         self.bcast: dict[int, Msg] = {}
+        self.error: str | None = None  # the last round's error, for its pulls
 
 
 class Server:
@@ -125,7 +128,9 @@ class Server:
 
     # -- handlers -----------------------------------------------------------------------
     def _on_push(self, msg: Msg) -> None:
-        if msg.flags & FLAG_GATED and msg.src != self.t.me:
+        # BytePS acknowledges a push on arrival (the worker then pulls); a gated push of
+        # ddpbench's windows is acknowledged on arrival too (no local window to release).
+        if msg.flags & FLAG_ACK_ARRIVAL or (msg.flags & FLAG_GATED and msg.src != self.t.me):
             self.t.send(Msg(ACK, msg.src, msg.key, msg.part))
         slot = self._slot(msg)
         if msg.src in slot.pushes:
@@ -143,19 +148,25 @@ class Server:
                 merged = self._combine(pushes)
                 if msg.kind == PUSH or self.optimizer is not None:
                     self._store(slot, msg, merged)
-                    if msg.kind == PUSHPULL:  # P3's ApplyUpdates: answer with the weights
-                        merged = slot.store
+                    if msg.kind == PUSHPULL and slot.store is not None:
+                        merged = slot.store  # P3's ApplyUpdates: answer with the weights
             except Exception as err:  # a bad dtype/op must reach the workers, not kill us
                 error = f"{type(err).__name__} on {self.name} for key {msg.key}: {err}"
+        if msg.kind == PUSHPULL:
+            for w in order:
+                if error is not None:
+                    self._reply(w, pushes[w], ERROR, error)
+                else:
+                    self._reply(w, pushes[w], REPLY, merged)
+            return
+        # Separate push and pull: errors reach the workers through their pulls.
+        slot.error = error
         for w in order:
-            if error is not None:
-                self._reply(w, pushes[w], ERROR, error)
-            elif msg.kind == PUSHPULL:
-                self._reply(w, pushes[w], REPLY, merged)
-        if msg.kind == PUSH:
-            waiting, slot.waiting = slot.waiting, []
-            for pull in waiting:
-                self._answer_pull(slot, pull, error)
+            if pushes[w].flags & FLAG_ACK_ROUND:  # MXNet answers every push of the round now
+                self.t.send(Msg(ACK, w, msg.key, msg.part))
+        waiting, slot.waiting = slot.waiting, []
+        for pull in waiting:
+            self._answer_pull(slot, pull, error)
 
     def _combine(self, pushes: dict[int, Msg]) -> np.ndarray:
         ref = pushes[min(pushes)]
@@ -189,7 +200,7 @@ class Server:
         if msg.src in slot.pushes:  # this worker's push of the open round: wait for the rest
             slot.waiting.append(msg)
         else:
-            self._answer_pull(slot, msg, None)
+            self._answer_pull(slot, msg, slot.error)
 
     def _answer_pull(self, slot: _Slot, pull: Msg, error: str | None) -> None:
         if error is None and slot.store is None:
@@ -220,7 +231,7 @@ class Server:
                          f"{root} sent {value.dtype.name}[{value.size}], worker {odd[0]} "
                          f"expects {m.dtype}[{m.count}]")
             else:
-                slot.store, slot.mom = np.array(value, copy=True), None
+                slot.store, slot.mom, slot.error = np.array(value, copy=True), None, None
         for w, m in got.items():
             if error is not None:
                 self._reply(w, m, ERROR, error)

@@ -21,7 +21,7 @@ from ddpbench.tensor_ops import BFLOAT16
 
 __all__ = [
     "ACK", "BCAST", "BYE", "CONFIG", "DONE", "ERROR", "FLAG_DATA", "FLAG_GATED",
-    "FLAG_PRIO_REPLY", "HEADER",
+    "FLAG_ACK_ARRIVAL", "FLAG_ACK_ROUND", "FLAG_PRIO_REPLY", "HEADER",
     "KIND_NAMES", "OPT", "OPT_DONE", "PULL", "PUSH", "PUSHPULL", "REPLY", "TAG", "Msg",
     "json_of", "json_payload", "np_dtype",
 ]
@@ -39,6 +39,8 @@ KIND_NAMES = ["push", "pull-request", "push", "broadcast", "pull", "ack", "done"
 FLAG_GATED = 1  # the sender waits for an arrival acknowledgement (a gate's variant knobs)
 FLAG_DATA = 2  # the message carries array elements
 FLAG_PRIO_REPLY = 4  # the reply keeps the push's priority (ddpbench's variants; else 0)
+FLAG_ACK_ARRIVAL = 8  # acknowledge the push when it arrives (BytePS), then it is pulled
+FLAG_ACK_ROUND = 16  # acknowledge the push when every worker's is in (MXNet), then pull
 
 _DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
            "uint8", "uint16", "uint32", "uint64"]

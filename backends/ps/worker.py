@@ -38,6 +38,7 @@ from ddpbench.backends.ps.wire import (
     CONFIG,
     DONE,
     ERROR,
+    FLAG_ACK_ROUND,
     FLAG_DATA,
     FLAG_GATED,
     FLAG_PRIO_REPLY,
@@ -97,7 +98,7 @@ class PSStore(EngineStore):
     Options = PSKnobs
     options: PSKnobs
     capabilities = frozenset({"broadcast", "push_pull"})
-    merged_push_pull = True  # False: separate push and pull requests (kvstore)
+    ack_flag = FLAG_ACK_ROUND  # when the server answers a separate push (MXNet's rule)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -269,29 +270,35 @@ class PSStore(EngineStore):
             scale_(flat, prescale)
 
         def send(o: _Op) -> None:
+            merged = self.merged()
             for i, p in enumerate(o.plan.parts):
                 dst = self._server_rank(p.server)
                 chunk = flat[p.offset:p.offset + p.count]
-                if self.merged_push_pull:
-                    qprio, gate, cost = self.schedule(priority, p, chunk.nbytes)
-                    flags = (FLAG_DATA | (FLAG_GATED if gate is not None else 0)
-                             | (FLAG_PRIO_REPLY if self.prioritised_replies() else 0))
-                    msg = Msg(PUSHPULL, dst, o.plan.key, i, priority=qprio, payload=chunk,
-                              dtype=o.plan.dtype, op=op.value, postscale=postscale,
-                              flags=flags)
-                    msg.gate, msg.cost = gate, cost
-                else:
-                    msg = Msg(PUSH, dst, o.plan.key, i, payload=chunk, dtype=o.plan.dtype,
-                              op=op.value, postscale=postscale, flags=FLAG_DATA)
-                    # MXNet issues the pull right behind the push; the server answers it
-                    # once every worker's push of this round is in.
-                    msg.after_send = self._pull_after(dst, o.plan.key, i)
-                self._transport.send(msg)
+                qprio, gate, cost = self.schedule(priority, p, chunk.nbytes)
+                flags = (FLAG_DATA | (FLAG_GATED if gate is not None else 0)
+                         | (FLAG_PRIO_REPLY if self.prioritised_replies() else 0)
+                         | (0 if merged else self.ack_flag))
+                # Merged: the server answers the push with the sum. Otherwise the push is
+                # acknowledged (on arrival, BytePS; once every worker's is in, MXNet) and
+                # the worker then pulls (:meth:`_on_ack`).
+                msg = Msg(PUSHPULL if merged else PUSH, dst, o.plan.key, i, priority=qprio,
+                          payload=chunk, dtype=o.plan.dtype, op=op.value,
+                          postscale=postscale, flags=flags)
+                msg.gate, msg.cost = gate, cost
+                self.dispatch(msg, p)
 
         return self._start(plan, flat, output, send)
 
-    def _pull_after(self, dst: int, key: int, part: int) -> Callable[[], None]:
-        return lambda: self._transport.send(Msg(PULL, dst, key, part))
+    def merged(self) -> bool:
+        """Return True when a push is answered with the sum (one merged message)."""
+        return True
+
+    def dispatch(self, msg: Msg, part: Part) -> None:
+        """Send one part's push (engine thread); a scheduler may hold it back first."""
+        self._transport.send(msg)
+
+    def pushed(self, part: Part) -> None:
+        """The server has acknowledged this worker's push of ``part`` (engine thread)."""
 
     # -- engine-thread handlers ---------------------------------------------------------------
     def _on_reply(self, msg: Msg) -> None:
@@ -317,9 +324,13 @@ class PSStore(EngineStore):
         if plan is None or not 0 <= msg.part < len(plan.parts):
             raise RuntimeError(f"worker {self.rank}: stray ack for key {msg.key} part {msg.part}")
         p = plan.parts[msg.part]
+        dst = self._server_rank(p.server)
         _, gate, cost = self.schedule(0, p, p.count * np_dtype(plan.dtype).itemsize)
-        if gate is not None:
+        if gate is not None and dst != self._transport.me:
             self._transport.release(gate, cost)
+        if not self.merged():
+            self.pushed(p)
+            self._transport.send(Msg(PULL, dst, msg.key, msg.part))
 
     def _fail_all(self, error: BaseException) -> None:
         for op in list(self._inflight.values()):

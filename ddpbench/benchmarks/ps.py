@@ -40,14 +40,22 @@ def scaled_workload(name: str, model_scale: float) -> Any:
 
 
 # -- worker side ----------------------------------------------------------------------------
+def _stamp(times: list[float]) -> Any:
+    """Return a done-callback that appends the completion time to ``times``."""
+    return lambda _handle: times.append(time.monotonic())
+
+
 def worker(cfg: dict[str, Any]) -> None:
     import ddpbench
+    from ddpbench.backends.ps.worker import PSStore
     from ddpbench.comm import engine, world
 
     ddpbench.init()  # a server rank serves here and exits
     wl = scaled_workload(cfg["workload"], cfg["model_scale"]).scaled(cfg["compute_scale"])
     kv = ddpbench.create(cfg["backend"], bandwidth_gbps=cfg["bandwidth_gbps"],
                          latency_us=cfg["latency_us"], trace=True, **cfg["knobs"])
+    if not isinstance(kv, PSStore):
+        raise ValueError(f"bench ps runs parameter-server backends, got {cfg['backend']!r}")
     w = world()
     grads = [np.ones(t.numel, np.float32) for t in wl.tensors]
     by_layer: list[list[int]] = [[] for _ in wl.layers]
@@ -71,7 +79,7 @@ def worker(cfg: dict[str, Any]) -> None:
             hs = []
             for key in by_layer[i]:
                 h = kv.push_pull_async(key, grads[key], priority=-i)
-                h.add_done_callback(lambda _h, t=t: done_at[t].append(time.monotonic()))
+                h.add_done_callback(_stamp(done_at[t]))
                 hs.append(h)
             handles[i] = hs
     kv.synchronize()

@@ -23,9 +23,9 @@ CASES: list[tuple[str, str, str, dict[str, Any], float, int | None]] = [
     ("resnet50 hier. jitter", "resnet50", "horovod", _HIER, 10.0, 33007),
     ("vgg19 p3 40k slices", "vgg19", "p3", {"workers": 8, "slice_params": 40_000}, 5.0, 310446),
     ("vgg19 p3 40k slices", "vgg19", "p3", {"workers": 64}, 10.0, 2720382),
-    ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 4}, 5.0, 2857),
-    ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 16}, 5.0, 37201),
-    ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 64}, 10.0, 540696),
+    ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 4}, 5.0, 3709),
+    ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 16}, 5.0, 49381),
+    ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 64}, 10.0, 724903),
 ]
 
 

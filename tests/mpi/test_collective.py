@@ -13,6 +13,9 @@ def test_collective_ops_ring_order_and_striping(n):
     out = run_mpi(n, SCRIPTS / "collective_check.py", timeout=90)
     assert one(out, "ops")["ranks"] == n
     assert one(out, "ring_order")["bit_identical_to"] == "horovod._ring_allreduce"
+    order = one(out, "average_order")  # Paddle divides before the sum: no fp16 overflow
+    assert order["before_sum"] == pytest.approx(40000, rel=2e-3)
+    assert (order["after_sum"] == float("inf")) == (n > 1)
     assert one(out, "striping", nrings=3)["tensors"] == [3, 2, 2]  # tensor i on ring i % 3
     assert one(out, "striping", nrings=1)["tensors"] == [3]
     if n > 1:

@@ -54,7 +54,8 @@ def test_colocated_three_workers():
     assert one(out, "p3_placement")["servers"] == 3
     assert one(out, "byteps_placement")["servers"] == 3
     assert one(out, "byteps_average")["workers"] == 3
-    for tag in ("byteps", "kvstore colocated", "byteps credit"):
+    for tag in ("byteps", "kvstore colocated", "byteps credit", "bytescheduler",
+                "byteps merged"):
         assert one(out, "sums", tag=tag)["workers"] == 3
 
 

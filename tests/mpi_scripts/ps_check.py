@@ -230,9 +230,19 @@ def case_colocated():
     check_sums(kv, [("x", 50, np.float32), ("y", 301, np.float32)], "kvstore colocated")
     check_broadcast(kv, [("x", 50, np.float32), ("y", 301, np.float32)], "kvstore colocated")
     kv.close()
-    bc = ddpbench.create("byteps", partition_bytes=400, credit_bytes=800, bandwidth_gbps=0.2)
+    bc = ddpbench.create("byteps", partition_bytes=400, scheduler="window", credit_bytes=800,
+                         bandwidth_gbps=0.2)
     check_sums(bc, [(0, 1000, np.float32), (1, 77, np.float32)], "byteps credit")
     bc.close()
+    # ByteScheduler's credit (100 parameters = one partition in flight) and the merged
+    # variant: the same sums
+    bs = ddpbench.create("byteps", partition_bytes=400, scheduler="bytescheduler",
+                         credit_params=100, bandwidth_gbps=0.2)
+    check_sums(bs, [(0, 1000, np.float32), (1, 77, np.float32)], "bytescheduler")
+    bs.close()
+    bm = ddpbench.create("byteps", partition_bytes=400, merged_push_pull=True)
+    check_sums(bm, [(0, 1000, np.float32), (1, 77, np.float32)], "byteps merged")
+    bm.close()
 
 
 def case_die():

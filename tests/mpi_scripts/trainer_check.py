@@ -197,7 +197,7 @@ def case_local_sgd(kv, backend: str) -> None:
         before = sum(r["ops"] for r in kv.stats["rings"])
         tr.step(B)
         sent = sum(r["ops"] for r in kv.stats["rings"]) - before
-        synced = step % period == 0
+        synced = step == 1 or (step - 1) % period == 0  # Paddle: steps 1, 1 + k, 1 + 2k
         assert sent == (n if synced else 0), f"step {step}: {sent} operations, period {period}"
         views = comm.allgather(m.parameters()[0].data)
         same = all(np.array_equal(v, views[0]) for v in views)
@@ -205,7 +205,7 @@ def case_local_sgd(kv, backend: str) -> None:
             assert same == synced, f"step {step}: identical={same}, expected {synced}"
     total = sum(r["ops"] for r in kv.stats["rings"]) - ops0
     log("local_sgd", backend=backend, period=period, steps=2 * period + 1,
-        synced_steps=list(range(period, 2 * period + 2, period)), operations=total,
+        synced_steps=list(range(1, 2 * period + 2, period)), operations=total,
         parameters=n)
 
     # fp16 compression of the averaged deltas: one period, against the fp32 average. Each
@@ -217,14 +217,15 @@ def case_local_sgd(kv, backend: str) -> None:
         tr = ddpbench.DistributedTrainer(m.parameters(), nn.SGD(lr=LR), kv=kv,
                                          compression=compression)
         m.forward(loader.batch(0)[0])
-        start = [p.data.copy() for p in m.parameters()]
-        for step in range(period):
+        for step in range(period + 1):
+            if step == 1:  # step 1 averaged (Paddle's schedule): the snapshot from here on
+                start = [p.data.copy() for p in m.parameters()]
             x, y = loader.batch(step)
             _, d = nn.softmax_cross_entropy(m.forward(x), y)
             m.backward(d)
             # this rank's delta as the average will see it (plain SGD: the local update)
             own = [p.data - np.float32(LR) * (p.grad * np.float32(1 / B)) - s0
-                   for p, s0 in zip(m.parameters(), start)]
+                   for p, s0 in zip(m.parameters(), start)] if step else []
             tr.step(B)
         return m, start, own
 

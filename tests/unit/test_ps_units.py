@@ -104,6 +104,17 @@ def test_simulator_places_parts_where_the_real_backends_do():
         want = [(t.layer, p.count, p.server) for key, t in enumerate(wl.tensors)
                 for p in rule(key, t.numel)]
         assert got == want
+    # MXNet's requests are FIFO: kvstore's parts carry no priority
+    from ddpbench.simulator.strategies import KvstoreStrategy
+
+    strat = KvstoreStrategy.__new__(KvstoreStrategy)
+    strat.sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4)
+    strat.knobs = KvstoreStrategy.parse_knobs({})
+    parts = strat.make_parts()
+    assert {p.priority for p in parts} == {0}
+    assert [(p.numel, p.server) for p in parts] == [
+        (p.count, p.server) for key, t in enumerate(wl.tensors)
+        for p in placement.kvstore_parts(key, t.numel, 1_000_000, 3)]
 
 
 def test_message_round_trip_keeps_header_and_payload():
@@ -198,3 +209,46 @@ def test_real_and_simulated_traces_come_from_one_writer(tmp_path):
                  if e["name"] == "thread_name" and e["pid"] == 0}
     assert lanes == sim_lanes == {(0, 0, "compute"), (0, 1, "send"), (0, 2, "server sum")}
     assert sim["otherData"]["backend"] == "p3"
+
+
+def test_real_sockets_send_like_the_simulated_sockets():
+    # P3's sockets (hwm 1) in the real transport and in the simulator's sender: the same
+    # messages queued at the same times leave in the same order at the same times.
+    import heapq
+    from types import SimpleNamespace
+
+    from ddpbench.simulator.network import CountingEnvironment, Message, Network
+
+    nbytes, bw = 1000, 1e9  # 1 us per message at 8 Gbit/s
+    # (queued at, destination, priority, key)
+    sends = [(0.0, 1, -1, k) for k in range(5)] + [(0.0, 2, -1, 10 + k) for k in range(2)]
+    sends += [(1.5e-6, 1, 0, 99), (2.5e-6, 2, 5, 98)]
+
+    class Req:
+        def Test(self):  # noqa: N802 - mpi4py's name
+            return True
+
+    comm = SimpleNamespace(rank=0, Isend=lambda buf, dst, tag: Req())
+    t = transport.Transport(comm, str, bandwidth_gbps=8, trace=True)
+    t.use_sockets(1)
+    for i, (at, dst, prio, key) in enumerate(sends):
+        m = wire.Msg(wire.PUSHPULL, dst, key, 0, priority=prio,
+                     payload=np.zeros(nbytes, np.uint8), flags=wire.FLAG_DATA)
+        m.src, m.seq, m.t_enq = 0, i, at
+        heapq.heappush(t.queued, (at, i, (-prio, i, m)))
+    t._drain_ready(1.0)
+    real = [(r.key, round(r.start * 1e6, 6)) for r in t.records]
+
+    env = CountingEnvironment()
+    log = []
+    net = Network(env, 3, bw, 0.0, lambda m, s, e: log.append((m.data, round(s * 1e6, 6))))
+    net.senders[0].use_sockets(1)
+    for at, dst, prio, key in sends:
+        msg = Message(0, dst, nbytes, prio, "push", 0, lambda m: None, key)
+        env.timeout(at).callbacks.append(lambda ev, msg=msg: net.send(msg))
+    env.run()
+    assert real == log
+    # Head-of-line blocking: the thread blocks on server 1's full socket, so server 2's
+    # slices (10, 11) wait behind all of server 1's; key 99 (priority 0, queued at 1.5 us)
+    # is popped only when the thread unblocks and leaves fifth.
+    assert [k for k, _ in real] == [0, 1, 2, 3, 99, 98, 4, 10, 11]

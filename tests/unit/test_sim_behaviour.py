@@ -204,14 +204,49 @@ def push_layers(result, host="worker0"):
     return [s.layer for s in result.timeline if s.kind == "push" and s.host == host]
 
 
-def test_byteps_credit_zero_is_fifo_and_credit_enables_priority():
+def test_byteps_is_fifo_and_the_schedulers_let_priority_overtake():
     wl = two_layers(0, 0.01, 4000, 0, 0.01, 20_000)
     kw = dict(workers=1, servers=1, bandwidth_gbps=8, latency_us=1, partition_bytes=4000,
               iterations=1, warmup=0)
-    fifo = simulate(wl, "byteps", credit_bytes=0, **kw)
+    fifo = simulate(wl, "byteps", **kw)
     assert push_layers(fifo) == [1] * 20 + [0] * 4  # ready order, whatever the priority
-    prio = simulate(wl, "byteps", credit_bytes=4000, **kw)
-    assert push_layers(prio).index(0) < 20  # layer 0 overtakes queued layer-1 partitions
+    window = simulate(wl, "byteps", scheduler="window", credit_bytes=4000, **kw)
+    assert push_layers(window).index(0) < 20  # layer 0 overtakes queued layer-1 partitions
+    # ByteScheduler: credit of 3000 parameters = 3 partitions of 1000 in flight; layer 0
+    # becomes ready at 20 us, when the first credit has come back.
+    bs = simulate(wl, "byteps", scheduler="bytescheduler", credit_params=3000, **kw)
+    assert push_layers(bs).index(0) < 20
+
+
+def test_bytescheduler_credit_returns_when_the_push_is_acknowledged():
+    # One layer of 4 partitions (1000 parameters, 4 us on the wire each), credit 2000: two
+    # go at once (0-4, 4-8 us on the uplink); the third waits for the first push's answer.
+    # The server's downlink carries worker 0's first push 0-4 us and worker 1's 4-8 us;
+    # worker 0's is in at 5 us, acknowledged at 6 us, but the uplink is busy until 8 us:
+    # push 3 at 8. Worker 0's second push waits at the downlink for worker 1's first
+    # (8-12 us), is in at 13, acknowledged at 14: push 4 at 14.
+    wl = Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "a", "numel": 4000}]}]})
+    r = simulate(wl, "byteps", workers=2, servers=1, bandwidth_gbps=8, latency_us=1,
+                 partition_bytes=4000, scheduler="bytescheduler", credit_params=2000,
+                 iterations=1, warmup=0, summation_gbps=math.inf)
+    starts = [round(s.start / US, 6) for s in r.timeline if s.kind == "push" and s.host == "worker0"]
+    assert starts == [0.0, 4.0, 8.0, 14.0]
+
+
+@pytest.mark.parametrize("backend", ["kvstore", "byteps"])
+def test_separate_push_and_pull_cost_a_round_trip(backend):
+    # Latency-bound: one small part, one worker and one dedicated server. Merged: push (4 us
+    # + 100 us) and the sum back (4 us + 100 us). MXNet and BytePS add the push's answer
+    # and the pull request: 2 x 100 us more.
+    wl = Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "a", "numel": 1000}]}]})
+    kw = dict(workers=1, servers=1, bandwidth_gbps=8, latency_us=100, iterations=1,
+              warmup=0, summation_gbps=math.inf)
+    merged = simulate(wl, backend, merged_push_pull=True, **kw).iteration_time_s
+    original = simulate(wl, backend, **kw).iteration_time_s
+    assert merged == pytest.approx(208 * US)
+    assert original == pytest.approx(408 * US)
 
 
 def test_equal_priorities_reduce_p3_to_fifo():
@@ -257,7 +292,9 @@ def test_deterministic():
     (dict(backend="p3", slice_params=0), "slice_params"),
     (dict(backend="p3", water_mark=-1), "water_mark"),
     (dict(backend="p3", send_hwm=0), "send_hwm"),
-    (dict(backend="byteps", credit_bytes=-1), "credit_bytes"),
+    (dict(backend="byteps", credit_bytes=0), "credit_bytes"),
+    (dict(backend="byteps", scheduler="bytescheduler", merged_push_pull=True),
+     "merged_push_pull"),
     (dict(backend="p3", fusion_threshold=1), "fusion_threshold"),
     (dict(backend="nccl"), "backend"),
     (dict(workload="alexnet"), "workload"),
@@ -282,9 +319,11 @@ def test_strategies_table_matches_contract():
     assert simulator.STRATEGIES == {
         "mpi": {},
         "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False},
-        "kvstore": {"bigarray_bound": 1_000_000},
+        "kvstore": {"bigarray_bound": 1_000_000, "merged_push_pull": False},
         "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0},
-        "byteps": {"partition_bytes": 4_096_000, "credit_bytes": 0},
+        "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",
+                   "credit_params": 4_000_000, "credit_bytes": 4_096_000,
+                   "merged_push_pull": False},
         "collective": {"nrings": 2},
     }
 

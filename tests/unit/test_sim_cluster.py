@@ -13,7 +13,7 @@ from ddpbench.simulator import load_workload, simulate, simulate_collective
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "sim_reference.json").read_text())
 """Iteration end times, event counts and bytes of 64 points, recorded from the simulator
-before hosts, transports, devices and jitter existed (main at 364edfc)."""
+before hosts, transports, devices and jitter existed (main at 8360b62)."""
 
 
 @pytest.mark.parametrize("case", REFERENCE, ids=lambda c: f"{c['workload']}-{c['backend']}-"
