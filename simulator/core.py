@@ -13,6 +13,7 @@ The training loop (one generator process per simulated worker):
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -397,6 +398,23 @@ class _Sim:
             self._iter_end[t] = self.env.now
 
 
+def _without_gc(run: Any) -> Any:
+    """Return ``run()`` with Python's cyclic garbage collector paused.
+
+    A run creates millions of short-lived objects (events, messages) beside a growing
+    timeline; every collection would walk the timeline again (40% of a 64-host P3 run).
+    The simulation's objects do not depend on cycle collection: an event drops its
+    callbacks once processed, so memory stays the same (measured: 326 MB either way).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return run()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 _EMPTY = Workload(name="none", batch_size=1, layers=(Layer(name="none", fwd_s=0, bwd_s=0),),
                   tensors=(Tensor(name="none", numel=1, layer=0),))
 
@@ -468,7 +486,7 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
     batch = sched.batch_size or wl.batch_size
     sim = _Sim(wl, c, symmetric=cls.symmetric, summation=point.summation_gbps * 1e9 / 8,
                trace=trace)
-    ends = sim.run_training(cls(sim, parsed), sched.iterations)
+    ends = _without_gc(lambda: sim.run_training(cls(sim, parsed), sched.iterations))
     base = ends[sched.warmup - 1] if sched.warmup > 0 else 0.0
     iter_time = (ends[-1] - base) / (sched.iterations - sched.warmup)
     n = sched.iterations

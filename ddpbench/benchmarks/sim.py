@@ -71,6 +71,7 @@ def _baseline(checkout: str, case: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import gc
     import time
 
     from ddpbench.simulator import simulate
@@ -92,6 +93,10 @@ def main(args: argparse.Namespace) -> int:
         workers = setting.get("workers") or setting["hosts"] * setting["gpus_per_host"]
         if setting.get("hosts", workers) > args.max_workers:
             continue
+        # The previous case's result (a timeline of up to millions of spans) would otherwise
+        # stay alive and make every garbage collection of this case walk it.
+        r = None
+        gc.collect()
         t0, c0 = time.perf_counter(), time.process_time()
         r = simulate(workload, backend, bandwidth_gbps=args.bandwidth_gbps,
                      iterations=args.iterations, warmup=1, **setting)
