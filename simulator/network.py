@@ -21,14 +21,14 @@ real runs of the parameter-server backends can be compared message for message.
 
 from __future__ import annotations
 
-import collections
 import heapq
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import simpy
 
 from ddpbench import contract
+from ddpbench.backends.ps.sockets import Sockets
 
 __all__ = ["CountingEnvironment", "Gate", "Link", "Message", "Network", "Port", "Sender",
            "call_later"]
@@ -249,8 +249,7 @@ class Sender:
     order they were handed over. There are no acknowledgements and no gates.
     """
 
-    __slots__ = ("net", "host", "_queue", "_idle", "_msg", "_start", "hwm", "_pipes", "_wire",
-                 "_blocked")
+    __slots__ = ("net", "host", "_queue", "_idle", "_msg", "_start", "sockets")
 
     def __init__(self, net: Network, host: int) -> None:
         self.net, self.host = net, host
@@ -258,18 +257,13 @@ class Sender:
         self._idle = False
         self._msg: Message | None = None
         self._start = 0.0
-        self.hwm: int | None = None
-        self._pipes: dict[int, int] = {}  # destination -> messages in its socket
-        # Messages handed over, in order; False marks a server's reply (its own socket).
-        self._wire: collections.deque[tuple[Message, bool]] = collections.deque()
-        self._blocked: Message | None = None
+        self.sockets: Sockets[Message] | None = None
         call_later(net.env, 0, self._resume, None, 0)  # as a process's Initialize (urgent)
 
     def use_sockets(self, hwm: int) -> None:
-        """Send through per-destination sockets of ``hwm`` messages (P3's ps-lite)."""
-        if hwm < 1:
-            raise ValueError(f"hwm must be >= 1 message, got {hwm}")
-        self.hwm = hwm
+        """Send through per-destination sockets of ``hwm`` messages (P3's ps-lite,
+        :class:`ddpbench.backends.ps.sockets.Sockets`, the real transport's rule too)."""
+        self.sockets = Sockets(hwm)
 
     def send(self, msg: Message) -> None:
         """Queue ``msg``; larger ``priority`` goes first, equal priorities in FIFO order."""
@@ -284,17 +278,18 @@ class Sender:
         A ps-lite server answers from its receiving thread straight into the socket
         (``KVServer::Response`` calls ``Van::Send``), not through the priority queue.
         """
-        if self.hwm is None:
+        if self.sockets is None:
             self.send(msg)
             return
         msg.seq = self.net.next_seq()
-        self._wire.append((msg, False))
+        self.sockets.direct(msg)
         self._wake()
 
     def requeue(self, entry: tuple[float, int, Message]) -> None:
-        heapq.heappush(self._queue, entry)
-        if self.hwm is not None:
-            self._hand_over()
+        if self.sockets is not None:
+            self.sockets.queue(entry)
+        else:
+            heapq.heappush(self._queue, entry)
         self._wake()
 
     def _wake(self) -> None:
@@ -302,34 +297,13 @@ class Sender:
             self._idle = False
             call_later(self.net.env, 0, self._resume)
 
-    def _hand_over(self) -> None:
-        # The sending thread: pop the best message, give it to its destination's socket;
-        # stop at the first message whose socket is full (it blocks there).
-        pipes, hwm = self._pipes, cast(int, self.hwm)
-        while self._blocked is None and self._queue:
-            msg = heapq.heappop(self._queue)[2]
-            if pipes.get(msg.dst, 0) >= hwm:
-                self._blocked = msg
-                return
-            pipes[msg.dst] = pipes.get(msg.dst, 0) + 1
-            self._wire.append((msg, True))
-
     def _next(self) -> Message | None:
-        if self.hwm is not None:
-            if not self._wire:
-                return None
-            msg, counted = self._wire.popleft()
-            if counted:
-                self._pipes[msg.dst] -= 1
-            blocked = self._blocked
-            if blocked is not None and self._pipes.get(blocked.dst, 0) < self.hwm:
-                self._blocked = None
-                self._pipes[blocked.dst] = self._pipes.get(blocked.dst, 0) + 1
-                self._wire.append((blocked, True))
-                self._hand_over()
-            # Priority orders only the sending thread: on the wire and at the switch every
-            # message is equal (TCP through a plain switch).
-            msg.priority = 0
+        if self.sockets is not None:
+            msg = self.sockets.take()
+            if msg is not None:
+                # Priority orders only the sending thread: on the wire and at the switch
+                # every message is equal (TCP through a plain switch).
+                msg.priority = 0
             return msg
         queue = self._queue
         while queue:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ddpbench import trace
+from ddpbench.backends.ps.sockets import Sockets
 from ddpbench.backends.ps.wire import ACK, FLAG_DATA, TAG, Msg
 from ddpbench.comm import Protocol
 
@@ -121,13 +122,7 @@ class Transport(Protocol):
         # Called with the error when the engine fails this protocol (the worker side
         # fails its pending handles).
         self.on_fail: list[Callable[[BaseException], None]] = []
-        # P3's sockets (:meth:`use_sockets`): messages per destination handed over but not
-        # yet on the wire, the wire's order of hand-over (time, message, counted against
-        # its socket), and the message the sending thread is blocked on.
-        self.hwm: int | None = None
-        self.pipes: dict[int, int] = collections.defaultdict(int)
-        self.wire: collections.deque[tuple[float, Msg, bool]] = collections.deque()
-        self.blocked: Msg | None = None
+        self.sockets: Sockets[Msg] | None = None  # P3's sockets (:meth:`use_sockets`)
         self.configure(bandwidth_gbps, latency_us, trace)
 
     def use_sockets(self, hwm: int) -> None:
@@ -140,9 +135,7 @@ class Transport(Protocol):
         were handed over. The simulator's :meth:`Sender.use_sockets
         <ddpbench.simulator.network.Sender.use_sockets>` is the same rule.
         """
-        if hwm < 1:
-            raise ValueError(f"hwm must be >= 1 message, got {hwm}")
-        self.hwm = hwm
+        self.sockets = Sockets(hwm)
 
     def configure(self, bandwidth_gbps: float | None, latency_us: float, trace: bool) -> None:
         self.bytes_per_s = None if bandwidth_gbps is None else bandwidth_gbps * 1e9 / 8
@@ -158,7 +151,7 @@ class Transport(Protocol):
         sending thread's queue.
         """
         msg.src = self.me
-        msg.direct = direct and self.hwm is not None
+        msg.direct = direct and self.sockets is not None
         msg.seq = next(self.seq)
         if msg.dst == self.me:
             self.local.append(msg)  # a part on the local server: no MPI message, no bytes
@@ -195,50 +188,31 @@ class Transport(Protocol):
             return msg
         return None
 
-    def _hand_over(self, t: float) -> None:
-        # The sending thread: best message first into its socket; stop at a full socket.
-        hwm = self.hwm
-        while self.blocked is None and self.ready:
-            msg = heapq.heappop(self.ready)[2]
-            if self.pipes[msg.dst] >= hwm:  # type: ignore[operator]
-                self.blocked = msg
-                return
-            self.pipes[msg.dst] += 1
-            self.wire.append((t, msg, True))
-
-    def _drain_sockets(self, now: float) -> bool:
+    def _drain_sockets(self, sockets: Sockets[Msg], now: float) -> bool:
         """Replay the sending thread and the uplink up to ``now`` (P3's sockets)."""
         bw = self.bytes_per_s
-        queued, wire = self.queued, self.wire
+        queued = self.queued
         did = False
-        while queued or wire:
+        while True:
             t_queue = queued[0][0] if queued else float("inf")
-            if not wire:
+            head = sockets.head_time()
+            if head is None:
                 t_wire = float("inf")
-            elif bw is None:
-                t_wire = now
             else:
-                t_wire = max(self.up_free, wire[0][0])
+                t_wire = now if bw is None else max(self.up_free, head)
             t = min(t_queue, t_wire)
             if t > now:
                 break
             if t_queue <= t_wire:  # queued at the instant the link frees: it competes
                 entry = heapq.heappop(queued)[2]
                 if entry[2].direct:
-                    wire.append((t, entry[2], False))
+                    sockets.direct(entry[2], t)
                 else:
-                    heapq.heappush(self.ready, entry)
-                    self._hand_over(t)
+                    sockets.queue(entry, t)
                 continue
-            _, msg, counted = wire.popleft()
-            if counted:
-                self.pipes[msg.dst] -= 1
-            blocked = self.blocked
-            if blocked is not None and self.pipes[blocked.dst] < self.hwm:  # type: ignore[operator]
-                self.blocked = None
-                self.pipes[blocked.dst] += 1
-                wire.append((t, blocked, True))
-                self._hand_over(t)
+            msg = sockets.take(t)
+            if msg is None:  # pragma: no cover - head_time said there was one
+                break
             # Priority orders only the sending thread: on the wire (and at the switch) every
             # message is equal, as for TCP through a plain switch.
             self._transmit(msg, t, wire_priority=0)
@@ -264,8 +238,8 @@ class Transport(Protocol):
             msg.after_send()
 
     def _drain_ready(self, now: float) -> bool:
-        if self.hwm is not None:
-            return self._drain_sockets(now)
+        if self.sockets is not None:
+            return self._drain_sockets(self.sockets, now)
         did = False
         bw = self.bytes_per_s
         queued, ready = self.queued, self.ready
@@ -372,8 +346,8 @@ class Transport(Protocol):
         item()
 
     def busy(self) -> bool:
-        return bool(self.keep_polling or self.ready or self.queued or self.wire or self.sends
-                    or self.arrived or self.blocked is not None
+        return bool(self.keep_polling or self.ready or self.queued or self.sends
+                    or self.arrived or not self._sockets_idle()
                     or self.local or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
@@ -399,10 +373,13 @@ class Transport(Protocol):
 
     def idle(self) -> bool:
         """True when nothing is queued, in flight or waiting for delivery."""
-        return not (self.ready or self.queued or self.wire or self.sends or self.arrived
-                    or self.blocked is not None or self.local
+        return not (self.ready or self.queued or self.sends or self.arrived
+                    or not self._sockets_idle() or self.local
                     or self.port_new or self.port_queue
                     or any(self.recvs.values()))
+
+    def _sockets_idle(self) -> bool:
+        return self.sockets is None or self.sockets.idle()
 
     def fail(self, error: BaseException) -> None:
         for fn in list(self.on_fail):

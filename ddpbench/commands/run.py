@@ -20,6 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         f"{os.cpu_count()} cores)")
     parser.add_argument("--force", action="store_true",
                         help="run finished points again (their rows are replaced)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start over in an empty folder; the old one is kept beside it "
+                             "as <folder>.<UTC time>")
     parser.add_argument("--dry-run", action="store_true",
                         help="list the points that would run, run nothing")
     parser.add_argument("--executor", choices=["local", "mpi"], default="local",
@@ -46,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         summary = runner.run_experiment(
             exp, outdir, jobs=args.jobs, executor=args.executor, only=args.only,
-            force=args.force, dry_run=args.dry_run, progress=not args.no_progress,
+            force=args.force, fresh=args.fresh, dry_run=args.dry_run, progress=not args.no_progress,
             render_report=not args.no_report,
         )
     except (ValueError, RuntimeError) as err:
@@ -57,6 +60,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"{len(summary.planned)} of {summary.total} points would run "
               f"({summary.skipped} finished; --force runs them again)")
         return 0
+    if summary.moved_aside is not None:
+        print(f"--fresh: the old folder is kept as {summary.moved_aside}")
+    if summary.archived:
+        print(f"{summary.archived} rows made under another version of the spec (changed "
+              f"points, knobs or input files) moved to {summary.history}")
     print(f"{exp.name}: {summary.ok} ran ok, {summary.failed} failed, {summary.skipped} "
           f"already finished, of {summary.total} points -> {outdir / 'results.csv'}")
     if summary.report:

@@ -45,6 +45,12 @@ experiment of that kind fail with a clear error naming the module.
     ``_``-keys, as ``label[k=v,...]`` with sorted keys, e.g. ``"float16[N=64,f=8]"``.
     Two different points must not share a name.
 
+``key_params(params: dict) -> dict``  (optional)
+    The point's parameters with every default that changes its result filled in (knob
+    defaults from the contract, cluster defaults). The runner keys each result on a digest
+    of these and of the input files they name (:mod:`ddpbench.experiments.manifest`), so
+    a result is reused only while none of them changes.
+
 ``run_point(params: dict) -> dict``
     Run one point and return a flat row of results: str/int/float/bool/None values;
     lists and dicts are stored as JSON text. It runs in a worker process for non-real
@@ -58,7 +64,7 @@ experiment of that kind fail with a clear error naming the module.
     Write ``outdir/report.md`` (and ``report.html``) with tables and PNG plots from ``df``,
     the DataFrame of every row of results.csv (columns: the params, the results, and the
     runner's ``experiment``, ``kind``, ``mode``, ``point``, ``repetition``, ``status``,
-    ``error``, ``wall_s``, ``finished_at``); failed rows are included. Return the paths
+    ``error``); failed rows are included. Return the paths
     written. :class:`ddpbench.experiments.report.Document` writes markdown and escaped HTML at once.
     Use matplotlib's Agg backend (``ddpbench.experiments.report.pyplot()`` gives one).
 

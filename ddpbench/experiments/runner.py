@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpbench.experiments import manifest
 from ddpbench.experiments.kinds import load_kind
 from ddpbench.experiments.naming import public
 from ddpbench.experiments.schema import Experiment
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 RUNNER_COLUMNS = ("experiment", "kind", "mode", "point", "repetition", "status", "error")
-TAIL_COLUMNS = ("wall_s", "finished_at")
+_LEGACY_COLUMNS = ("wall_s", "finished_at")  # written into results.csv before the run log
 # -- results.csv -----------------------------------------------------------------------------
 def _umask_mode() -> int:
     mask = os.umask(0)
@@ -107,6 +108,13 @@ class ResultsStore:
             if None in row or not row.get("point"):
                 continue  # a malformed line (more cells than the header): ignore it
             self._add(row)
+        legacy = [c for c in _LEGACY_COLUMNS if c in self.header]
+        if legacy:  # wall times and timestamps now live in the untracked run log
+            self.header = [c for c in self.header if c not in legacy]
+            for row in self.rows:
+                for c in legacy:
+                    row.pop(c, None)
+            self._rewrite()
 
     def _add(self, row: dict[str, str]) -> None:
         key = row_key(row)
@@ -115,6 +123,20 @@ class ResultsStore:
         else:
             self._index[key] = len(self.rows)
             self.rows.append(row)
+
+    def reset(self) -> None:
+        """Forget every row (the folder was moved aside)."""
+        self.header, self.rows, self._index = [], [], {}
+
+    def remove(self, rows: list[dict[str, str]]) -> None:
+        """Take ``rows`` out of the file (atomic rewrite)."""
+        drop = {id(r) for r in rows}
+        kept = [r for r in self.rows if id(r) not in drop]
+        self.rows, self._index = [], {}
+        for r in kept:
+            self._add(r)
+        if self.path.exists():
+            self._rewrite()
 
     def done(self) -> set[tuple[str, str, str]]:
         """Return the keys whose row finished with status ``ok``."""
@@ -205,6 +227,9 @@ class RunSummary:
     failures: list[tuple[str, str]] = field(default_factory=list)
     report: list[Path] = field(default_factory=list)
     planned: list[tuple[str, str]] = field(default_factory=list)
+    archived: int = 0
+    history: Path | None = None
+    moved_aside: Path | None = None
 
 
 def expand_points(exp: Experiment, only: str | None = None) -> list[Point]:
@@ -286,14 +311,31 @@ def _write_files(outdir: Path, files: dict[str, str]) -> None:
         os.replace(tmp, target)
 
 
+def point_keys(exp: Experiment, points: list[Point] | None = None) -> dict[str, str]:
+    """Return row id -> key of every point of ``exp`` (see :mod:`.manifest`)."""
+    points = expand_points(exp) if points is None else points
+    fill = getattr(load_kind(exp.kind), "key_params", None)  # optional: defaults filled in
+    return {manifest.row_id(p.mode, p.name, p.params.get("repetition", 0)):
+            manifest.point_key(exp.kind, public(fill(p.params) if fill else p.params))
+            for p in points}
+
+
 def save_experiment(exp: Experiment, outdir: Path) -> None:
-    """Store the validated experiment in ``outdir/experiment.json`` for re-rendering."""
-    doc = {"name": exp.name, "kind": exp.kind, "description": exp.description,
-           "source": exp.path, "spec": exp.spec.model_dump(mode="json")}
-    text = json.dumps(doc, indent=2) + "\n"
-    target = outdir / "experiment.json"
-    if not target.exists() or target.read_text(encoding="utf-8") != text:
-        _write_files(outdir, {"experiment.json": text})
+    """Store the validated experiment and its points' keys in ``outdir/experiment.json``."""
+    manifest.write_manifest(exp, outdir, point_keys(exp))
+
+
+def _saved_keys(doc: dict[str, Any]) -> dict[str, str]:
+    """Return the keys of a manifest written before keys were kept (from its saved spec)."""
+    try:
+        kind = load_kind(doc.get("kind", "throughput"))
+        exp = Experiment(name=doc["name"], kind=doc.get("kind", "throughput"),
+                         description=doc.get("description", ""),
+                         spec=kind.Spec.model_validate(doc["spec"]),
+                         path=doc.get("source", "<saved>"))
+        return point_keys(exp)
+    except Exception:  # noqa: BLE001 - an old spec that no longer validates keeps nothing
+        return {}
 
 
 def load_saved_experiment(outdir: Path) -> Experiment:
@@ -325,6 +367,7 @@ def run_experiment(
     executor: str = "local",
     only: str | None = None,
     force: bool = False,
+    fresh: bool = False,
     dry_run: bool = False,
     progress: bool = True,
     render_report: bool = True,
@@ -339,6 +382,7 @@ def run_experiment(
         executor: ``"local"`` (processes on this machine) or ``"mpi"`` (mpi4py.futures).
         only: run only points whose name matches (glob or substring).
         force: run finished points again (their rows are replaced).
+        fresh: move an existing ``outdir`` aside (``<outdir>.<UTC time>``) and start over.
         dry_run: list what would run; run nothing, write nothing.
         progress: show a progress bar with ETA on stderr.
         render_report: render the report after the run.
@@ -346,36 +390,80 @@ def run_experiment(
 
     Returns:
         A summary; ``failed > 0`` means some point failed (its row says why).
+
+    Raises:
+        ValueError: a bad executor, ``only`` matching no point, or a folder that belongs to
+            another experiment (:class:`~.manifest.FolderError`).
     """
     if executor not in ("local", "mpi"):
         raise ValueError(f"unknown executor {executor!r}; valid: ['local', 'mpi']")
     outdir = Path(outdir)
-    points = expand_points(exp, only)
+    manifest.check_outdir(outdir)
+    every = expand_points(exp)
+    keys = point_keys(exp, every)
+    points = expand_points(exp, only) if only else every
+    if only and not points:
+        names = ", ".join(p.name for p in every[:3])
+        raise ValueError(f"--only {only!r} matches none of the {len(every)} points of "
+                         f"{exp.name} (names look like: {names})")
     summary = RunSummary(outdir=outdir, total=len(points))
-    store = ResultsStore(outdir / "results.csv") if not dry_run else None
-    done = set() if force else (
-        store.done() if store is not None else ResultsStore(outdir / "results.csv").done()
-    )
+    store = ResultsStore(outdir / "results.csv")
+    if dry_run:
+        doc = None if fresh else manifest.read_manifest(outdir)
+        if doc is not None and doc["name"] != exp.name:
+            raise manifest.FolderError(f"{outdir} holds the results of experiment "
+                                       f"{doc['name']!r}, not {exp.name!r}")
+        stale = {row_key(r) for r in manifest.stale_rows(doc, keys, store.rows, _saved_keys)
+                 } if doc is not None else {row_key(r) for r in store.rows}
+        done = set() if force or fresh else store.done() - stale
+    else:
+        outdir.mkdir(parents=True, exist_ok=True)
+        lock = _lock(outdir)
+        try:
+            claimed = manifest.claim(exp, outdir, keys, store, fresh=fresh,
+                                     old_keys=_saved_keys)
+        except BaseException:
+            lock.close()
+            raise
+        if claimed.moved_aside is not None:
+            lock.close()
+            outdir.mkdir(parents=True, exist_ok=True)
+            lock = _lock(outdir)
+            manifest.write_manifest(exp, outdir, keys)
+        summary.moved_aside, summary.history, summary.archived = (
+            claimed.moved_aside, claimed.history, claimed.moved)
+        done = set() if force else store.done()
     todo = [p for p in points if p.key not in done]
     summary.skipped = len(points) - len(todo)
     summary.planned = [(p.mode, p.name) for p in todo]
     if dry_run:
         return summary
-    assert store is not None  # not a dry run
-    outdir.mkdir(parents=True, exist_ok=True)
-    save_experiment(exp, outdir)
-    lock = _lock(outdir)
     try:
         _run_points(exp, outdir, store, todo, summary, jobs, executor, progress, on_row)
     finally:
         lock.close()
     report_md = outdir / "report.md"
-    fresh = (report_md.exists() and summary.ok + summary.failed == 0
+    up_to_date = (report_md.exists() and summary.ok + summary.failed + summary.archived == 0
              and all(report_md.stat().st_mtime >= (outdir / f).stat().st_mtime
                      for f in ("results.csv", "experiment.json")))
-    if render_report and not fresh:
+    if render_report and not up_to_date:
         summary.report = render(exp, outdir)
     return summary
+
+
+RUN_LOG = "run-log.jsonl"
+"""Per folder, one JSON line per point run: when it finished and how long it took. Kept out
+of results.csv (and out of git) so a committed report changes only when its results do."""
+
+
+def log_run(outdir: Path, row: dict[str, Any], seconds: float) -> None:
+    """Append the wall time and finishing time of ``row``'s point to the run log."""
+    entry = {"point": row.get("point"), "mode": row.get("mode"),
+             "repetition": row.get("repetition"), "status": row.get("status"),
+             "wall_s": round(seconds, 4),
+             "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    with open(outdir / RUN_LOG, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def _lock(outdir: Path) -> Any:
@@ -416,9 +504,8 @@ def _run_points(
         else:
             summary.failed += 1
             summary.failures.append((point.name, str(result)))
-        row["wall_s"] = round(seconds, 4)
-        row["finished_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         store.append(row)
+        log_run(outdir, row, seconds)
         if on_row is not None:
             on_row(row)
         bar.update(1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import json
 import math
@@ -132,8 +131,6 @@ def _runner_row(name: str, point: dict[str, Any], result: dict[str, Any],
                 "point": point_name(point), "repetition": 0, "status": "ok"})
     row.update({k: v for k, v in point.items() if not k.startswith("_") and k not in row})
     row.update({k: v for k, v in result.items() if not k.startswith("_") and k not in row})
-    row["wall_s"] = round(seconds, 4)
-    row["finished_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return row
 
 
@@ -149,8 +146,16 @@ def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = Non
     """
     import pandas as pd
 
-    outdir.mkdir(parents=True, exist_ok=True)
+    from ddpbench.experiments import manifest, runner
+    from ddpbench.experiments.schema import Experiment
+
     name = name or outdir.name
+    manifest.check_outdir(outdir)
+    doc = manifest.read_manifest(outdir)
+    if doc is not None and doc["name"] != name:
+        raise manifest.FolderError(f"{outdir} holds the results of experiment "
+                                   f"{doc['name']!r}, not {name!r}; use another --out")
+    outdir.mkdir(parents=True, exist_ok=True)
     tasks = [(c, spec.factors.for_world(c["world_size"]), spec.elements, spec.seed)
              for c in _cells(spec)]
     # Big world sizes first, so the slowest cells do not finish last on one process.
@@ -176,9 +181,8 @@ def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = Non
     df = pd.DataFrame(out_rows)
     path = outdir / "results.csv"
     df.to_csv(path, index=False)
-    doc = {"name": name, "kind": "numerics", "description": description, "source": source,
-           "spec": spec.model_dump(mode="json")}
-    (outdir / "experiment.json").write_text(json.dumps(doc, indent=2) + "\n")
+    runner.save_experiment(Experiment(name=name, kind="numerics", description=description,
+                                      spec=spec, path=source), outdir)
     return [path, outdir / "experiment.json", *render(df, outdir, spec)]
 
 

@@ -8,11 +8,11 @@ spans) and :mod:`.report` (tables and plots).
 
 from __future__ import annotations
 
-from ddpbench.experiments.throughput.points import expand, point_name, run_point
+from ddpbench.experiments.throughput.points import expand, key_params, point_name, run_point
 from ddpbench.experiments.throughput.report import render
 from ddpbench.experiments.throughput.spec import ThroughputSpec, check, prepare
 
 Spec = ThroughputSpec
 
-__all__ = ["Spec", "ThroughputSpec", "check", "expand", "point_name", "prepare", "render",
-           "run_point"]
+__all__ = ["Spec", "ThroughputSpec", "check", "expand", "key_params", "point_name", "prepare",
+           "render", "run_point"]

@@ -23,7 +23,7 @@ from ddpbench.experiments.naming import format_value, make_name, public
 from ddpbench.experiments.throughput.spec import ThroughputSpec
 from ddpbench.experiments.throughput.timeline import compact_timeline, span_dict, timeline_file
 
-__all__ = ["expand", "point_name", "run_point"]
+__all__ = ["expand", "key_params", "point_name", "run_point"]
 
 
 # Run settings left out of a point's name while they hold their default value, so names
@@ -100,6 +100,22 @@ def point_name(params: dict[str, Any]) -> str:
         and not (k in _NAME_DEFAULTS and v == _NAME_DEFAULTS[k])
     }
     return make_name(params["backend"], named)
+
+def key_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Return ``params`` with every knob default and Cluster/Schedule default filled in.
+
+    The runner keys a result on these, so a point run under one default (say P3's
+    ``water_mark``) is not reused after the contract changes that default.
+    """
+    side = "real" if params.get("mode") == "real" else "sim"
+    filled: dict[str, Any] = {}
+    if params.get("backend") in contract.BACKENDS:
+        filled.update(contract.defaults(params["backend"], side))
+    filled.update({k: f.default for k, f in contract.Schedule.model_fields.items()})
+    filled.update({k: f.default for k, f in contract.Cluster.model_fields.items()})
+    filled.update(params)
+    return filled
+
 
 def run_point(params: dict[str, Any]) -> dict[str, Any]:
     """Run one point in simulation or on real processes; return its result row."""
