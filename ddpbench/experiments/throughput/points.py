@@ -107,7 +107,7 @@ def key_params(params: dict[str, Any]) -> dict[str, Any]:
     The runner keys a result on these, so a point run under one default (say P3's
     ``water_mark``) is not reused after the contract changes that default.
     """
-    side = "real" if params.get("mode") == "real" else "sim"
+    side: contract.Side = "real" if params.get("mode") == "real" else "sim"
     filled: dict[str, Any] = {}
     if params.get("backend") in contract.BACKENDS:
         filled.update(contract.defaults(params["backend"], side))
