@@ -52,6 +52,7 @@ __all__ = [
     "HorovodKnobs",
     "Knobs",
     "KvstoreKnobs",
+    "NEUTRAL_AT_DEFAULT",
     "MpiKnobs",
     "P3Knobs",
     "PSKnobs",
@@ -508,6 +509,17 @@ def _cluster_message(err: ValidationError) -> str:
     if expect:
         return f"{field} must be {expect}, got {e.get('input')!r}"
     return _message(err, field)
+
+
+NEUTRAL_AT_DEFAULT: dict[str, Any] = {
+    "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
+    "device": None, "server_sum_gbps": 80.0, "server_update_gbps": None, "jitter": 0.0,
+    "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
+    "hierarchical": False,
+}
+"""Fields and knobs added after results were first keyed, with the value under which they
+change nothing: it reproduces, bit for bit, the results from before they existed
+(``tests/unit/test_sim_cluster.py`` checks it). At that value a point keeps its old key."""
 
 
 class Schedule(BaseModel):

@@ -95,3 +95,14 @@ def test_hosts_and_workers_that_disagree_name_both(tmp_path):
         (row,) = list(csv.DictReader(f))
     assert "multiple of gpus_per_host" in row["error"]
     assert exp.name == "both"
+
+
+@pytest.mark.parametrize("name", ["p3_vs_ring", "scaling", "real_local"])
+def test_shipped_reports_stay_finished(name, capsys):
+    """Fields at their neutral value leave a point's key: no shipped result goes stale."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    assert cli_main(["run", str(root / "experiments" / f"{name}.yaml"), "--outdir",
+                     str(root / "reports" / name), "--dry-run"]) == 0
+    assert "0 of " in capsys.readouterr().out

@@ -114,6 +114,11 @@ def key_params(params: dict[str, Any]) -> dict[str, Any]:
     filled.update({k: f.default for k, f in contract.Schedule.model_fields.items()})
     filled.update({k: f.default for k, f in contract.Cluster.model_fields.items()})
     filled.update(params)
+    # Fields added later leave the key at the value under which they change nothing, so
+    # the results keyed before they existed stay valid.
+    for k, neutral in contract.NEUTRAL_AT_DEFAULT.items():
+        if k in filled and filled[k] == neutral and type(filled[k]) is type(neutral):
+            del filled[k]
     return filled
 
 
