@@ -39,6 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ddpbench import hardware
+
 __all__ = [
     "BACKENDS",
     "COMMON_AXES",
@@ -50,6 +52,7 @@ __all__ = [
     "HorovodKnobs",
     "Knobs",
     "KvstoreKnobs",
+    "NEUTRAL_AT_DEFAULT",
     "MpiKnobs",
     "P3Knobs",
     "PSKnobs",
@@ -133,6 +136,10 @@ class HorovodKnobs(Knobs):
         1.0, ge=0, allow_inf_nan=False, unit="ms", env="HOROVOD_CYCLE_TIME",
         source="horovod/common/operations.cc, HOROVOD_CYCLE_TIME",
         doc="time between planning rounds of the coordinator")
+    hierarchical: bool = knob(
+        False, side="sim", env="HOROVOD_HIERARCHICAL_ALLREDUCE",
+        source="horovod/common/ops/nccl_operations.cc, NCCLHierarchicalAllreduce",
+        doc="intra-host reduce-scatter, inter-host allreduce, intra-host all-gather")
     gpu_transport: Literal["nccl", "host"] = knob("nccl", side="real", doc=_GPU_TRANSPORT_DOC)
     stall_timeout: float = knob(
         60.0, gt=0, allow_inf_nan=False, unit="s", side="real",
@@ -354,31 +361,122 @@ def validate_knobs(name: str, values: Mapping[str, Any], side: Side = "both") ->
 
 
 # -- the cluster a point runs on ----------------------------------------------------------------
+def _expect(text: str) -> Any:
+    return {"expect": text}
+
+
 class Cluster(BaseModel):
     """Where a point runs: the same value reaches the simulator and the launcher.
 
+    A cluster is ``hosts`` worker hosts of ``gpus_per_host`` GPUs each (``workers`` =
+    hosts x gpus_per_host processes, one per GPU), joined inside a host by ``intra_link``
+    and across hosts by one NIC per host that its GPUs share, driven by ``transport``.
+    Give ``workers`` or ``hosts`` (or both, agreeing); the other follows. The defaults
+    (one GPU per host, the ``ideal`` transport, no jitter, the profile's own device) are the
+    simulator's analytic network, whose results the closed forms check.
+
     Attributes:
-        workers: worker processes (one GPU or one CPU process each).
-        servers: parameter-server backends only: ``"colocated"`` (one server beside each
-            worker) or a count of dedicated server hosts/ranks.
-        bandwidth_gbps: NIC bandwidth per direction, Gbit/s (real runs pace at it).
+        workers: worker processes (one GPU or one CPU process each), in all.
+        hosts: worker hosts; ``None`` = ``workers / gpus_per_host``.
+        gpus_per_host: GPUs (worker processes) per worker host, sharing its NIC.
+        servers: parameter-server backends only: ``"colocated"`` (one server on each worker
+            host) or a count of dedicated CPU-only server hosts (the BytePS/P3 set-up with
+            separate server machines).
+        bandwidth_gbps: NIC line rate per direction, Gbit/s (real runs pace at it).
         latency_us: one-way latency per message, microseconds.
         oversubscription: 1 = one non-blocking switch; above 1 racks of ``rack_size``
             hosts reach the core over links of ``rack_size * bandwidth / oversubscription``
             (simulated only).
         rack_size: hosts per rack when oversubscribed.
+        intra_link: the link between a host's GPUs (:data:`ddpbench.hardware.INTRA_LINKS`).
+        transport: how NICs are driven (:data:`ddpbench.hardware.TRANSPORTS`): achievable
+            fraction of line rate, per-message cost, duplex.
+        device: the GPU (or CPU) of every worker (:data:`ddpbench.hardware.DEVICES`);
+            ``None`` = the device the workload's profile was measured on.
+        server_sum_gbps: each server's summation throughput, Gbit/s of incoming gradient
+            (10 GB/s default: a few CPU cores adding fp32 with SIMD, as BytePS's CPU
+            servers do).
+        server_update_gbps: each server's optimizer throughput for backends that update on
+            the server (``kvstore``, ``p3``), Gbit/s of parameters; ``None`` = free.
+        jitter: sigma of each worker's per-iteration compute factor, a log-normal of mean 1
+            (0.05 = about 5% iteration-to-iteration variation); 0 = every worker equal.
+        stragglers: workers (chosen by ``seed``) slower than the rest in every iteration.
+        straggler_slowdown: how much slower a straggler computes.
+        seed: seed of the jitter and of the stragglers' choice.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    workers: int = Field(4, ge=1, strict=True, json_schema_extra={"expect": ">= 1"})
+    workers: int = Field(4, ge=1, strict=True, json_schema_extra=_expect(">= 1"))
+    hosts: int | None = Field(None, ge=1, strict=True, json_schema_extra=_expect(
+        "a positive integer (worker hosts)"))
+    gpus_per_host: int = Field(1, ge=1, strict=True, json_schema_extra=_expect(
+        "a positive integer"))
     servers: int | Literal["colocated"] = "colocated"
     bandwidth_gbps: float = Field(10.0, gt=0, allow_inf_nan=False,
-                                  json_schema_extra={"expect": "a finite number > 0"})
+                                  json_schema_extra=_expect("a finite number > 0"))
     latency_us: float = Field(5.0, ge=0, allow_inf_nan=False,
-                              json_schema_extra={"expect": "a finite number >= 0"})
-    oversubscription: float = Field(1.0, ge=1, allow_inf_nan=False, json_schema_extra={
-        "expect": "a finite number >= 1 (1 = a non-blocking switch)"})
-    rack_size: int = Field(DEFAULT_RACK_SIZE, ge=1, strict=True, json_schema_extra={"expect": ">= 1"})
+                              json_schema_extra=_expect("a finite number >= 0"))
+    oversubscription: float = Field(1.0, ge=1, allow_inf_nan=False, json_schema_extra=_expect(
+        "a finite number >= 1 (1 = a non-blocking switch)"))
+    rack_size: int = Field(DEFAULT_RACK_SIZE, ge=1, strict=True,
+                           json_schema_extra=_expect(">= 1"))
+    intra_link: str = Field("pcie", json_schema_extra=_expect(
+        f"one of {sorted(hardware.INTRA_LINKS)}"))
+    transport: str = Field("ideal", json_schema_extra=_expect(
+        f"one of {sorted(hardware.TRANSPORTS)}"))
+    device: str | None = Field(None, json_schema_extra=_expect(
+        f"one of {sorted(hardware.DEVICES)} (or none: the profile's own)"))
+    server_sum_gbps: float = Field(80.0, gt=0, allow_inf_nan=False,
+                                   json_schema_extra=_expect("a finite number > 0"))
+    server_update_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                             json_schema_extra=_expect(
+                                                 "a finite number > 0 (or none: free)"))
+    jitter: float = Field(0.0, ge=0, le=2, allow_inf_nan=False,
+                          json_schema_extra=_expect("a number in [0, 2]"))
+    stragglers: int = Field(0, ge=0, strict=True, json_schema_extra=_expect(">= 0"))
+    straggler_slowdown: float = Field(2.0, ge=1, allow_inf_nan=False,
+                                      json_schema_extra=_expect("a finite number >= 1"))
+    seed: int = Field(0, ge=0, strict=True, json_schema_extra=_expect(">= 0"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hosts_and_workers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        gpus = data.get("gpus_per_host", 1)
+        hosts, workers = data.get("hosts"), data.get("workers")
+        if not (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus >= 1):
+            return data  # the field check names gpus_per_host
+        if hosts is not None:
+            if not (isinstance(hosts, int) and not isinstance(hosts, bool) and hosts >= 1):
+                return data
+            if workers is not None and workers != hosts * gpus:
+                raise ValueError(f"workers ({workers}) must equal hosts x gpus_per_host "
+                                 f"({hosts} x {gpus} = {hosts * gpus}); give one of the two")
+            return {**data, "workers": hosts * gpus}
+        workers = 4 if workers is None else workers
+        if isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1:
+            if workers % gpus:
+                raise ValueError(f"workers ({workers}) must be a multiple of gpus_per_host "
+                                 f"({gpus}); or give hosts instead")
+            return {**data, "workers": workers, "hosts": workers // gpus}
+        return data
+
+    @model_validator(mode="after")
+    def _known_names(self) -> Cluster:
+        hardware.intra_link(self.intra_link)
+        hardware.transport(self.transport)
+        if self.device is not None:
+            hardware.device(self.device)
+        if self.stragglers > self.workers:
+            raise ValueError(f"stragglers ({self.stragglers}) must be <= workers "
+                             f"({self.workers})")
+        return self
+
+    @property
+    def num_hosts(self) -> int:
+        """Return the number of worker hosts."""
+        return self.hosts if self.hosts is not None else self.workers // self.gpus_per_host
 
     def dedicated_servers(self) -> int:
         """Return the number of dedicated server hosts (0 when colocated)."""
@@ -386,8 +484,42 @@ class Cluster(BaseModel):
 
     @classmethod
     def from_point(cls, params: Mapping[str, Any]) -> Cluster:
-        """Return the cluster named by an experiment point's parameters (others ignored)."""
-        return cls(**{k: params[k] for k in cls.model_fields if k in params})
+        """Return the cluster named by an experiment point's parameters (others ignored).
+
+        Raises:
+            ValueError: a bad value or combination, naming the field.
+        """
+        values = {k: params[k] for k in cls.model_fields if k in params}
+        try:
+            return cls(**values)
+        except ValidationError as err:
+            raise ValueError(_cluster_message(err)) from None
+
+
+def _cluster_message(err: ValidationError) -> str:
+    e = err.errors(include_url=False)[0]
+    if not e["loc"]:
+        return str(e["msg"]).removeprefix("Value error, ")
+    field = str(e["loc"][0])
+    extra = Cluster.model_fields[field].json_schema_extra if field in Cluster.model_fields \
+        else None
+    expect = extra.get("expect") if isinstance(extra, dict) else None
+    if e["type"] == "value_error":
+        return str(e["msg"]).removeprefix("Value error, ")
+    if expect:
+        return f"{field} must be {expect}, got {e.get('input')!r}"
+    return _message(err, field)
+
+
+NEUTRAL_AT_DEFAULT: dict[str, Any] = {
+    "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
+    "device": None, "server_sum_gbps": 80.0, "server_update_gbps": None, "jitter": 0.0,
+    "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
+    "hierarchical": False,
+}
+"""Fields and knobs added after results were first keyed, with the value under which they
+change nothing: it reproduces, bit for bit, the results from before they existed
+(``tests/unit/test_sim_cluster.py`` checks it). At that value a point keeps its old key."""
 
 
 class Schedule(BaseModel):
@@ -398,6 +530,9 @@ class Schedule(BaseModel):
         warmup: leading iterations left out of the steady-state time.
         compute_scale: multiplies every compute time (2.0 = a device twice as slow).
         size_scale: multiplies every gradient size (a scaled-down profile), in (0, 1].
+        batch_size: samples per worker per iteration; ``None`` = the profile's own. Compute
+            times follow :func:`ddpbench.hardware.compute_factor`; gradient sizes do not
+            change with the batch.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -407,6 +542,8 @@ class Schedule(BaseModel):
                                  json_schema_extra={"expect": "a finite number > 0"})
     size_scale: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, json_schema_extra={
         "expect": "in (0, 1] (gradient sizes x this)"})
+    batch_size: int | None = Field(None, ge=1, strict=True, json_schema_extra={
+        "expect": "a positive integer (samples per worker), or none: the profile's"})
 
     @classmethod
     def from_point(cls, params: Mapping[str, Any]) -> Schedule:
@@ -414,8 +551,8 @@ class Schedule(BaseModel):
         return cls(**{k: params[k] for k in cls.model_fields if k in params})
 
 
-_AXES_FIRST = ("workload", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
-               "warmup", "compute_scale", "size_scale")
+_AXES_FIRST = ("workload", "workers", "hosts", "gpus_per_host", "servers", "bandwidth_gbps",
+               "latency_us", "iterations", "warmup", "compute_scale", "size_scale")
 COMMON_AXES = (*_AXES_FIRST, *(f for f in (*Cluster.model_fields, *Schedule.model_fields)
                                if f not in _AXES_FIRST))
 """Point-level axes shared by every backend, in the order tables show them: the workload,
@@ -436,8 +573,14 @@ def check_axis(axis: str, value: Any) -> Any:
         raise ValueError(f"servers must be a count >= 1 or 'colocated', got {value!r}")
     if isinstance(value, float) and value.is_integer() and model.model_fields[axis].annotation is int:
         value = int(value)
+    # Check the one field alone: partners that a combination check needs are set to agree.
+    values: dict[str, Any] = {axis: value}
+    if axis == "gpus_per_host":
+        values["hosts"] = 1
+    elif axis == "stragglers" and isinstance(value, int) and not isinstance(value, bool):
+        values["workers"] = max(1, value)
     try:
-        return getattr(model.model_validate({axis: value}), axis)
+        return getattr(model.model_validate(values), axis)
     except ValidationError as err:
         extra = model.model_fields[axis].json_schema_extra
         expect = extra.get("expect") if isinstance(extra, dict) else None
@@ -463,7 +606,7 @@ def markdown_table() -> str:
     """Return the README's backend table, written from the contract.
 
     One row per backend: its summary, and each knob an experiment may set with its default
-    (``(real)`` marks knobs only real processes see) and the original file it comes from.
+    (``(real)`` marks knobs only real processes see, ``(sim)`` those only the simulator models) and the original file it comes from.
     """
     rows = ["| name | what it is | knobs: default (source of the default) |", "| --- | --- | --- |"]
     for name, c in BACKENDS.items():
@@ -472,7 +615,7 @@ def markdown_table() -> str:
         for knob in sweep_knobs(name):
             i = info[knob]
             text = f"`{knob}` {_fmt_default(i['default'], i['unit'])}"
-            text += " (real)" if i["side"] == "real" else ""
+            text += f" ({i['side']})" if i["side"] in ("real", "sim") else ""
             text += f" ({i['source']})" if i["source"] else ""
             cells.append(text)
         rows.append(f"| `{name}` | {c.summary} | {'; '.join(cells) or '-'} |")

@@ -22,8 +22,15 @@ class SimContext(Protocol):
     env: CountingEnvironment
     workload: Workload
     workers: int
+    gpus: int
+    num_hosts: int
     latency: float
+    per_message: float
+    intra_bandwidth: float
+    intra_latency: float
+    negotiation: float
     summation: float
+    update: float
     itemsize: int
     num_servers: int
     timeline: list[Any]
@@ -47,6 +54,9 @@ class SimContext(Protocol):
 
     def add_sent_all(self, per_rank: np.ndarray) -> None:
         """Count ``per_rank`` bytes sent by every worker of a ring (and received by the next)."""
+
+    def add_sent_hosts(self, nbytes: float) -> None:
+        """Count ``nbytes`` sent and received by every worker host's NIC."""
 
     def unit_done(self, w: int, layer: int) -> None:
         """One unit of ``layer`` is back, updated, on worker ``w``."""

@@ -13,23 +13,32 @@ The training loop (one generator process per simulated worker):
 
 from __future__ import annotations
 
+import gc
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
+import simpy
 
-from ddpbench import contract, trace
-from ddpbench.simulator.network import CountingEnvironment, Message, Network
-from ddpbench.simulator.strategies import ring_allreduce, strategy_class
-from ddpbench.simulator.workload import ITEMSIZE, Workload, load_workload
+from ddpbench import contract, hardware, trace
+from ddpbench.simulator.network import CountingEnvironment, Message, Network, call_later
+from ddpbench.simulator.strategies import (
+    Strategy,
+    hierarchical_allreduce,
+    ring_allreduce,
+    strategy_class,
+)
+from ddpbench.simulator.workload import ITEMSIZE, Layer, Tensor, Workload, load_workload
 
 __all__ = ["SimResult", "Span", "simulate", "simulate_collective"]
 
-DEFAULT_SUMMATION_GBPS = 80.0
-"""Server summation throughput, Gbit/s of incoming gradient (10 GB/s: a few CPU cores with
-SIMD adding fp32 arrays, as BytePS's CPU summation servers do)."""
+DEFAULT_SUMMATION_GBPS: float = contract.Cluster.model_fields["server_sum_gbps"].default
+"""Server summation throughput, Gbit/s of incoming gradient (the contract's
+``server_sum_gbps``: 10 GB/s, a few CPU cores with SIMD adding fp32 arrays, as BytePS's CPU
+summation servers do)."""
 
 
 class Span(NamedTuple):
@@ -51,13 +60,18 @@ class SimResult:
     Attributes:
         iteration_time_s: steady-state seconds per iteration (after the warm-up ones).
         throughput: samples per second of the whole job (workers x batch / iteration time).
-        bytes_sent: host -> bytes its NIC sends per iteration.
+        bytes_sent: host -> bytes its NIC sends per iteration (hosts are ``worker<i>`` with
+            one GPU per host, ``host<i>`` with several; then ``server<j>``).
         bytes_received: host -> bytes its NIC receives per iteration.
         nic_utilisation: host -> fraction of the iteration its uplink is busy sending.
         events: simpy events processed.
         timeline: every compute span and transfer. Allreduce strategies are symmetric, so
-            their timeline shows worker 0 only (every worker does the same).
+            their timeline shows worker 0 only (every worker does the same; with jitter,
+            the compute spans are those of the slowest GPU).
         iteration_end_s: when each simulated iteration ended.
+        hosts: worker hosts.
+        gpus_per_host: GPUs (worker processes) per host.
+        batch_size: samples per worker per iteration.
     """
 
     workload: str
@@ -73,6 +87,9 @@ class SimResult:
     events: int
     timeline: list[Span] = field(repr=False)
     iteration_end_s: list[float] = field(repr=False)
+    hosts: int = 0
+    gpus_per_host: int = 1
+    batch_size: int = 0
 
     def to_chrome_trace(self, path: str | Path) -> Path:
         """Write the timeline as Chrome-trace JSON (:mod:`ddpbench.trace`, the writer real
@@ -90,69 +107,111 @@ class _Point(NamedTuple):
     summation_gbps: float
 
 
+_CLUSTER = frozenset(contract.Cluster.model_fields)
+_SCHEDULE = frozenset(contract.Schedule.model_fields)
+
+
 def _validate(cluster: contract.Cluster | None, schedule: contract.Schedule | None,
-              summation_gbps: float, **values: Any) -> _Point:
+              summation_gbps: float | None, **values: Any) -> _Point:
     """Return the point checked against the contract's bounds, naming the field on error."""
-    if values.get("servers") is None:
-        values["servers"] = "colocated"
+    values = {k: v for k, v in values.items() if v is not None}
     if cluster is not None:
+        values = {k: v for k, v in values.items() if k not in _CLUSTER}
         values.update(cluster.model_dump())
     if schedule is not None:
+        values = {k: v for k, v in values.items() if k not in _SCHEDULE}
         values.update(schedule.model_dump())
-    checked = {k: contract.check_axis(k, v) for k, v in values.items()}
+    checked = {k: contract.check_axis(k, v) for k, v in values.items() if v is not None}
     checked.setdefault("iterations", 1)
     checked.setdefault("warmup", 0)
-    if not (summation_gbps > 0):
+    c = contract.Cluster.from_point(checked)
+    if summation_gbps is None:
+        summation_gbps = c.server_sum_gbps
+    elif not (summation_gbps > 0):
         raise ValueError(f"summation_gbps: must be > 0, got {summation_gbps!r}")
-    point = _Point(
-        contract.Cluster(**{k: checked[k] for k in contract.Cluster.model_fields}),
-        contract.Schedule(**{k: checked[k] for k in contract.Schedule.model_fields
-                             if k in checked}),
-        summation_gbps)
+    point = _Point(c, contract.Schedule.from_point(checked), summation_gbps)
     if point.schedule.warmup >= point.schedule.iterations:
         raise ValueError(f"warmup: must be < iterations ({point.schedule.iterations}) so that "
                          f"at least one iteration is measured, got {point.schedule.warmup}")
     return point
 
 
-class _Sim:
-    """The state of one simulation run, shared by the training loop and the strategy."""
+def _rescaled(wl: Workload, c: contract.Cluster, sched: contract.Schedule) -> Workload:
+    """Return ``wl`` with compute times for the point's device and batch (the hardware rule)."""
+    wl = wl.resized(sched.size_scale)
+    factor = sched.compute_scale
+    if c.device is not None or sched.batch_size is not None:
+        factor *= wl.compute_factor(c.device, sched.batch_size)
+    return wl.scaled(factor)
 
-    def __init__(self, workload: Workload | None, workers: int, bandwidth: float,
-                 latency: float, *, dedicated_servers: int = 0, summation: float = math.inf,
-                 symmetric: bool = True, trace: bool = True, oversubscription: float = 1.0,
-                 rack_size: int = contract.DEFAULT_RACK_SIZE) -> None:
+
+class _Sim:
+    """The state of one simulation run, shared by the training loop and the strategy.
+
+    Allreduce strategies ring over every GPU (``workers`` = hosts x gpus_per_host);
+    parameter-server strategies push and pull per host (``workers`` = hosts), because a
+    host first reduces its GPUs' gradients over its intra-host link (MXNet's local
+    reduction in kvstore_dist, BytePS's intra-machine reduce) and broadcasts the pulled
+    parameters back to them.
+    """
+
+    def __init__(self, workload: Workload | None, cluster: contract.Cluster, *,
+                 symmetric: bool = True, summation: float = math.inf,
+                 trace: bool = True) -> None:
+        c = cluster
+        tr = hardware.transport(c.transport)
+        link = hardware.intra_link(c.intra_link)
         self.env = CountingEnvironment()
-        self.workload = workload
-        self.workers = workers
-        self.bandwidth, self.latency, self.summation = bandwidth, latency, summation
+        self.workload = workload if workload is not None else _EMPTY
+        self.gpus = c.gpus_per_host
+        self.num_hosts = c.num_hosts
+        self.workers = c.workers if symmetric else self.num_hosts
+        self.line_bandwidth = c.bandwidth_gbps * 1e9 / 8
+        self.bandwidth = self.line_bandwidth * tr.efficiency * tr.duplex
+        self.latency = c.latency_us * 1e-6
+        self.per_message = tr.per_message_us * 1e-6
+        self.intra_bandwidth = link.bandwidth_gbps * 1e9 / 8
+        self.intra_latency = link.latency_us * 1e-6
+        self.summation = summation
+        self.update = math.inf if c.server_update_gbps is None else c.server_update_gbps * 1e9 / 8
         self.itemsize = ITEMSIZE
-        self.dedicated = dedicated_servers
-        self.num_servers = dedicated_servers or workers
-        nhosts = workers + dedicated_servers
-        self.hosts = [f"worker{i}" for i in range(workers)]
-        self.hosts += [f"server{j}" for j in range(dedicated_servers)]
+        self.dedicated = 0 if symmetric else c.dedicated_servers()
+        self.num_servers = self.dedicated or self.num_hosts
+        nhosts = self.num_hosts + self.dedicated
+        prefix = "worker" if self.gpus == 1 else "host"
+        self.hosts = [f"{prefix}{i}" for i in range(self.num_hosts)]
+        self.hosts += [f"server{j}" for j in range(self.dedicated)]
         self.sent = np.zeros(nhosts)
         self.received = np.zeros(nhosts)
         self.timeline: list[Span] = []
         self.trace_steps = self.trace_sums = trace
         self.symmetric = symmetric
+        self.cluster = c
         self._seq = 0
         self.net = None if symmetric else Network(
-            self.env, nhosts, bandwidth, latency, self._record,
-            oversubscription=oversubscription, rack_size=rack_size)
+            self.env, nhosts, self.bandwidth, self.latency, self._record,
+            oversubscription=c.oversubscription, rack_size=c.rack_size,
+            per_message=self.per_message)
         # A ring over racks of consecutive hosts sends one flow over each rack's link to
         # the core per direction, so that link limits a ring step only below one NIC.
-        racks = -(-workers // rack_size)
-        self.ring_bandwidth = (min(bandwidth, rack_size * bandwidth / oversubscription)
-                               if racks > 1 else bandwidth)
+        racks = -(-self.num_hosts // c.rack_size)
+        self.ring_bandwidth = (min(self.bandwidth, c.rack_size * self.bandwidth
+                                   / c.oversubscription) if racks > 1 else self.bandwidth)
+        # Horovod's coordinator agrees on ready tensors each cycle with two bitwise
+        # allreduces of its response-cache bit vector (horovod/common/controller.cc,
+        # CoordinateCacheAndState: CrossRankBitwiseAnd/Or), each ceil(log2 p) rounds of
+        # small messages; the ideal transport has no control plane.
+        rounds = math.ceil(math.log2(c.workers)) if c.workers > 1 else 0
+        self.negotiation = (2 * rounds * (self.latency + self.per_message)
+                            if tr.control_plane else 0.0)
+        self._bcast: list[float] | None = None
 
     # -- helpers used by strategies
     def host_name(self, h: int) -> str:
         return self.hosts[h]
 
     def server_host(self, j: int) -> int:
-        return self.workers + j if self.dedicated else j
+        return self.num_hosts + j if self.dedicated else j
 
     def net_seq(self) -> int:
         self._seq += 1
@@ -169,6 +228,11 @@ class _Sim:
         self.sent[:p] += per_rank
         self.received[:p] += np.roll(per_rank, 1)
 
+    def add_sent_hosts(self, nbytes: float) -> None:
+        h = self.num_hosts
+        self.sent[:h] += nbytes
+        self.received[:h] += nbytes
+
     def _record(self, msg: Message, start: float, end: float) -> None:
         self.sent[msg.src] += msg.nbytes
         self.received[msg.dst] += msg.nbytes
@@ -176,7 +240,21 @@ class _Sim:
                                   msg.nbytes, self.hosts[msg.dst]))
 
     # -- training loop
-    def run_training(self, strategy, iterations: int) -> list[float]:
+    def _factors(self, iterations: int) -> np.ndarray | None:
+        """Return each GPU's compute factor per iteration, or None when all are 1."""
+        c = self.cluster
+        if c.jitter == 0 and c.stragglers == 0:
+            return None
+        rng = np.random.default_rng(c.seed)
+        f = np.ones((iterations, c.workers))
+        if c.jitter > 0:  # log-normal of mean 1
+            f = np.exp(c.jitter * rng.standard_normal((iterations, c.workers))
+                       - c.jitter ** 2 / 2)
+        if c.stragglers:
+            f[:, rng.choice(c.workers, c.stragglers, replace=False)] *= c.straggler_slowdown
+        return f
+
+    def run_training(self, strategy: Strategy, iterations: int) -> list[float]:
         wl = self.workload
         nlayers = len(wl.layers)
         nsim = 1 if self.symmetric else self.workers
@@ -184,19 +262,35 @@ class _Sim:
         self._units = [strategy.units(i) for i in range(nlayers)]
         self._remaining = [[0] * nlayers for _ in range(nsim)]
         self._updated = [[0] * nlayers for _ in range(nsim)]
+        self._updated_at = [[0.0] * nlayers for _ in range(nsim)]
         self._waiters: list[list[Any]] = [[None] * nlayers for _ in range(nsim)]
         self._iter_left = [nsim * nlayers] * iterations
         self._iter_end = [math.nan] * iterations
+        if not self.symmetric and self.gpus > 1:
+            # The host's GPUs reduce a layer before its push and receive it after its pull
+            # (one ring step pass over the intra-host link each way).
+            g = self.gpus
+            layer_bytes = [0.0] * nlayers
+            for t in wl.tensors:
+                layer_bytes[t.layer] += t.numel * self.itemsize
+            self._bcast = [self.intra_latency + (g - 1) / g * b / self.intra_bandwidth
+                           if b else 0.0 for b in layer_bytes]
+            self._local_free = [0.0] * nsim
         strategy.start()
+        factors = self._factors(iterations)
         for w in range(nsim):
-            self.env.process(self._compute(w, iterations))
+            if factors is None:
+                self.env.process(self._compute(w, iterations))
+            else:
+                group = factors if self.symmetric else factors[:, w * self.gpus:(w + 1) * self.gpus]
+                self.env.process(self._compute_varied(w, iterations, group))
         self.env.run()
         if any(math.isnan(t) for t in self._iter_end):
             raise RuntimeError(f"simulation of {strategy.name!r} stalled: iterations ended at "
                                f"{self._iter_end}")
         return self._iter_end
 
-    def _compute(self, w: int, iterations: int):
+    def _compute(self, w: int, iterations: int) -> Generator[simpy.Event, Any, None]:
         env, layers = self.env, self.workload.layers
         timeline, host = self.timeline, self.hosts[w]
         updated, waiters = self._updated[w], self._waiters[w]
@@ -214,22 +308,87 @@ class _Sim:
                     start = env.now
                     yield env.timeout(layers[i].bwd_s)
                     timeline.append(Span(host, "backward", i, start, env.now, 0))
-                self._remaining[w][i] = self._units[i]
-                if self._units[i] == 0:
-                    self._layer_done(w, i)
+                self._grads(w, i)
+
+    def _compute_varied(self, w: int, iterations: int,
+                        factors: np.ndarray) -> Generator[simpy.Event, Any, None]:
+        """Run the GPUs of group ``w`` (every GPU, or one host's), each at its own speed.
+
+        Each GPU has its own clock: a forward layer starts when both its parameters and
+        the GPU are ready, and a layer's gradients leave when the slowest GPU of the group
+        has them (a collective waits for every rank; a host reduces its GPUs first). The
+        process sleeps only until those moments, so the cost grows with layers, not GPUs.
+        """
+        env, layers = self.env, self.workload.layers
+        timeline, host = self.timeline, self.hosts[w]
+        updated, waiters, updated_at = self._updated[w], self._waiters[w], self._updated_at[w]
+        clock = np.zeros(factors.shape[1])
+        for t in range(iterations):
+            f = factors[t]
+            for i, layer in enumerate(layers):
+                if updated[i] < t:
+                    waiters[i] = env.event()
+                    yield waiters[i]
+                    ready = env.now
                 else:
-                    self.strategy.grad_ready(w, i)
+                    ready = updated_at[i]
+                start = max(ready, float(clock.max()))
+                clock = np.maximum(clock, ready) + f * layer.fwd_s
+                if layer.fwd_s > 0:
+                    timeline.append(Span(host, "forward", i, start, float(clock.max()), 0))
+            for i in range(len(layers) - 1, -1, -1):
+                start = float(clock.max())
+                clock = clock + f * layers[i].bwd_s
+                end = float(clock.max())
+                if end > env.now:
+                    yield env.timeout(end - env.now)
+                if layers[i].bwd_s > 0:
+                    timeline.append(Span(host, "backward", i, start, end, 0))
+                self._grads(w, i)
+
+    def _grads(self, w: int, i: int) -> None:
+        """Hand layer ``i``'s gradients of group ``w`` to the strategy."""
+        self._remaining[w][i] = self._units[i]
+        if self._units[i] == 0:
+            self._layer_done(w, i)
+        elif self._bcast is not None and self._bcast[i] > 0:
+            self._local(w, i, self._reduced)  # reduce the host's GPUs before the push
+        else:
+            self.strategy.grad_ready(w, i)
+
+    def _local(self, w: int, layer: int, then: Any) -> None:
+        """Run ``then`` once host ``w``'s link has passed ``layer`` among its GPUs.
+
+        The host's reductions and broadcasts share its intra-host link, one layer after
+        another in the order they were asked for.
+        """
+        assert self._bcast is not None
+        done = max(self.env.now, self._local_free[w]) + self._bcast[layer]
+        self._local_free[w] = done
+        call_later(self.env, done - self.env.now, then, (w, layer))
+
+    def _reduced(self, ev: Any) -> None:
+        w, i = cast(tuple[int, int], ev._value)
+        self.strategy.grad_ready(w, i)
 
     def unit_done(self, w: int, layer: int) -> None:
         """One unit of ``layer`` is back, updated, on worker ``w``."""
         rem = self._remaining[w]
         rem[layer] -= 1
         if rem[layer] == 0:
-            self._layer_done(w, layer)
+            if self._bcast is not None and self._bcast[layer] > 0:
+                self._local(w, layer, self._broadcast_done)  # to the host's GPUs
+            else:
+                self._layer_done(w, layer)
+
+    def _broadcast_done(self, ev: Any) -> None:
+        w, layer = cast(tuple[int, int], ev._value)
+        self._layer_done(w, layer)
 
     def _layer_done(self, w: int, layer: int) -> None:
         t = self._updated[w][layer]
         self._updated[w][layer] = t + 1
+        self._updated_at[w][layer] = self.env.now
         ev = self._waiters[w][layer]
         if ev is not None:
             self._waiters[w][layer] = None
@@ -239,91 +398,114 @@ class _Sim:
             self._iter_end[t] = self.env.now
 
 
+def _without_gc(run: Any) -> Any:
+    """Return ``run()`` with Python's cyclic garbage collector paused.
+
+    A run creates millions of short-lived objects (events, messages) beside a growing
+    timeline; every collection would walk the timeline again (40% of a 64-host P3 run).
+    The simulation's objects do not depend on cycle collection: an event drops its
+    callbacks once processed, so memory stays the same (measured: 326 MB either way).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return run()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_EMPTY = Workload(name="none", batch_size=1, layers=(Layer(name="none", fwd_s=0, bwd_s=0),),
+                  tensors=(Tensor(name="none", numel=1, layer=0),))
+
+
 def simulate(workload: str | Path | Workload, backend: str, *, workers: int | None = None,
              servers: int | str | None = None, bandwidth_gbps: float | None = None,
              latency_us: float = 5.0,
              iterations: int = 3, warmup: int = 1, compute_scale: float = 1.0,
-             summation_gbps: float = DEFAULT_SUMMATION_GBPS, trace: bool = True,
-             oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
+             summation_gbps: float | None = None, trace: bool = True,
              cluster: contract.Cluster | None = None,
-             schedule: contract.Schedule | None = None, **knobs: Any) -> SimResult:
+             schedule: contract.Schedule | None = None, **options: Any) -> SimResult:
     """Simulate data-parallel training of ``workload`` with ``backend`` on an idle cluster.
 
     Args:
         workload: a shipped profile name (:data:`simulator.WORKLOADS`), a profile YAML path
             or a :class:`~simulator.workload.Workload`.
         backend: one of :data:`simulator.STRATEGIES`.
-        workers: worker hosts, one GPU each (required unless ``cluster`` is given).
+        workers: worker processes, one per GPU (required unless ``cluster`` or ``hosts``
+            is given).
         servers: parameter-server backends only: ``None`` or ``"colocated"`` puts one server
-            on each worker host; an int is that many dedicated server hosts. Ignored by the
-            allreduce backends.
-        bandwidth_gbps: NIC bandwidth per direction, Gbit/s (required unless ``cluster``).
+            on each worker host; an int is that many dedicated CPU-only server hosts.
+            Ignored by the allreduce backends.
+        bandwidth_gbps: NIC line rate per direction, Gbit/s (required unless ``cluster``).
         latency_us: one-way latency per message, microseconds.
         iterations: iterations simulated in all, including the warm-up ones.
         warmup: leading iterations left out of the steady-state iteration time.
         compute_scale: multiplies every compute time (2.0 = a GPU twice as slow).
-        summation_gbps: server summation throughput, Gbit/s of incoming gradient
-            (``math.inf`` = free).
+        summation_gbps: overrides the cluster's ``server_sum_gbps`` (``math.inf`` = free).
         trace: record ring steps and server sums on the timeline (compute spans and
             network transfers are always recorded).
-        oversubscription: 1 (default) is one non-blocking switch; above 1, racks of
-            ``rack_size`` hosts (workers first, then dedicated servers) reach the core over
-            links of ``rack_size * bandwidth / oversubscription``.
-        rack_size: hosts per rack (only used when oversubscribed).
-        cluster: a :class:`ddpbench.contract.Cluster`; when given, its fields replace
-            ``workers``, ``servers``, ``bandwidth_gbps``, ``latency_us``,
-            ``oversubscription`` and ``rack_size`` (an experiment point passes this: the
-            same value reaches the launcher of a real run).
+        cluster: a :class:`ddpbench.contract.Cluster`; when given, its fields replace the
+            cluster keywords (an experiment point passes this: the same value reaches the
+            launcher of a real run).
         schedule: a :class:`ddpbench.contract.Schedule`; when given, its fields replace
-            ``iterations``, ``warmup`` and ``compute_scale``, and its ``size_scale``
-            resizes the workload's tensors.
-        **knobs: the backend's knobs (see :data:`simulator.STRATEGIES`).
+            ``iterations``, ``warmup``, ``compute_scale``, ``size_scale`` and
+            ``batch_size``.
+        **options: any other field of :class:`~ddpbench.contract.Cluster` (``hosts``,
+            ``gpus_per_host``, ``transport``, ``intra_link``, ``device``, ``jitter``,
+            ``stragglers``, ``seed``, ``oversubscription``, ...) or
+            :class:`~ddpbench.contract.Schedule` (``size_scale``, ``batch_size``), and the
+            backend's knobs (see :data:`simulator.STRATEGIES`).
 
     Returns:
         The :class:`SimResult`.
 
     Raises:
-        ValueError: an unknown workload, backend or knob, or a bad value, naming the field.
+        ValueError: an unknown workload, backend, knob, device or transport, or a bad
+            value, naming the field.
 
     Example:
-        >>> r = simulate("resnet50", "horovod", workers=8, bandwidth_gbps=10)
+        >>> r = simulate("resnet50", "horovod", hosts=4, gpus_per_host=8,
+        ...              bandwidth_gbps=25, transport="tcp", intra_link="nvlink",
+        ...              hierarchical=True)
         >>> round(r.iteration_time_s, 3) > 0
         True
     """
     cls = strategy_class(backend)
+    knobs = {k: v for k, v in options.items() if k not in _CLUSTER and k not in _SCHEDULE}
     parsed = cls.parse_knobs(knobs)
-    if cluster is None and (workers is None or bandwidth_gbps is None):
-        raise TypeError("simulate() needs workers= and bandwidth_gbps=, or cluster=")
+    if cluster is None and ((workers is None and options.get("hosts") is None)
+                            or bandwidth_gbps is None):
+        raise TypeError("simulate() needs workers= (or hosts=) and bandwidth_gbps=, or cluster=")
     point = _validate(cluster, schedule, summation_gbps, workers=workers, servers=servers,
                       bandwidth_gbps=bandwidth_gbps, latency_us=latency_us,
                       iterations=iterations, warmup=warmup, compute_scale=compute_scale,
-                      oversubscription=oversubscription, rack_size=rack_size)
+                      **{k: v for k, v in options.items() if k not in knobs})
     c, sched = point.cluster, point.schedule
-    wl = load_workload(workload).resized(sched.size_scale).scaled(sched.compute_scale)
-    dedicated = 0 if cls.symmetric else c.dedicated_servers()
-    bandwidth = c.bandwidth_gbps * 1e9 / 8
-    sim = _Sim(wl, c.workers, bandwidth, c.latency_us * 1e-6,
-               dedicated_servers=dedicated, summation=point.summation_gbps * 1e9 / 8,
-               symmetric=cls.symmetric, trace=trace,
-               oversubscription=c.oversubscription, rack_size=c.rack_size)
-    ends = sim.run_training(cls(sim, parsed), sched.iterations)
+    wl = _rescaled(load_workload(workload), c, sched)
+    batch = sched.batch_size or wl.batch_size
+    sim = _Sim(wl, c, symmetric=cls.symmetric, summation=point.summation_gbps * 1e9 / 8,
+               trace=trace)
+    ends = _without_gc(lambda: sim.run_training(cls(sim, parsed), sched.iterations))
     base = ends[sched.warmup - 1] if sched.warmup > 0 else 0.0
     iter_time = (ends[-1] - base) / (sched.iterations - sched.warmup)
     n = sched.iterations
     sent = {h: float(b) / n for h, b in zip(sim.hosts, sim.sent)}
     recv = {h: float(b) / n for h, b in zip(sim.hosts, sim.received)}
-    util = {h: b / (bandwidth * iter_time) if iter_time > 0 else 0.0 for h, b in sent.items()}
-    servers_out: int | str = dedicated if dedicated else "colocated"
+    util = {h: b / (sim.line_bandwidth * iter_time) if iter_time > 0 else 0.0
+            for h, b in sent.items()}
+    servers_out: int | str = sim.dedicated if sim.dedicated else "colocated"
     return SimResult(workload=wl.name, backend=backend, workers=c.workers,
                      servers=servers_out if not cls.symmetric else 0,
                      knobs={k: getattr(parsed, k) for k in contract.sweep_knobs(backend, "sim")},
                      iteration_time_s=iter_time,
-                     throughput=c.workers * wl.batch_size / iter_time if iter_time else math.inf,
+                     throughput=c.workers * batch / iter_time if iter_time else math.inf,
                      bytes_sent=sent, bytes_received=recv, nic_utilisation=util,
-                     events=sim.env.events, timeline=sim.timeline, iteration_end_s=list(ends))
+                     events=sim.env.events, timeline=sim.timeline, iteration_end_s=list(ends),
+                     hosts=c.num_hosts, gpus_per_host=c.gpus_per_host, batch_size=batch)
 
 
-def _ring_broadcast(sim: _Sim, n: int):
+def _ring_broadcast(sim: _Sim, n: int) -> Generator[simpy.Event, Any, None]:
     """Generator: MPICH's long-message broadcast, a binomial scatter then a ring allgather."""
     p, env = sim.workers, sim.env
     base, extra = divmod(n, p)
@@ -336,26 +518,32 @@ def _ring_broadcast(sim: _Sim, n: int):
         yield env.timeout(sim.latency + chunk)
 
 
-def _tree(sim: _Sim, n: int, passes: int):
+def _tree(sim: _Sim, n: int, passes: int) -> Generator[simpy.Event, Any, None]:
     rounds = math.ceil(math.log2(sim.workers)) if sim.workers > 1 else 0
     for _ in range(passes * rounds):
         yield sim.env.timeout(sim.latency + n / sim.bandwidth)
 
 
-def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = "ring",
-                        bandwidth_gbps: float, latency_us: float = 5.0,
-                        oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE) -> float:
+def simulate_collective(op: str, nbytes: int, *, workers: int | None = None,
+                        algorithm: str = "ring", bandwidth_gbps: float,
+                        latency_us: float = 5.0, hierarchical: bool = False,
+                        **cluster: Any) -> float:
     """Return the seconds one collective takes on an idle network of ``workers`` hosts.
 
     Args:
         op: ``"allreduce"`` or ``"broadcast"``.
         nbytes: message size in bytes (> 0).
-        workers: hosts taking part.
+        workers: ranks taking part (or give ``hosts`` and ``gpus_per_host``).
         algorithm: ``"ring"`` (allreduce: reduce-scatter + allgather, 2(p-1) steps;
             broadcast: binomial scatter + ring allgather) or ``"tree"`` (binomial:
             allreduce = reduce + broadcast, each ceil(log2 p) rounds of the whole message).
         bandwidth_gbps: per direction, Gbit/s.
         latency_us: per message, microseconds.
+        hierarchical: allreduce only: Horovod's hierarchical allreduce (intra-host
+            reduce-scatter, inter-host ring, intra-host all-gather).
+        **cluster: other :class:`~ddpbench.contract.Cluster` fields (``hosts``,
+            ``gpus_per_host``, ``intra_link``, ``transport``, ``oversubscription``,
+            ``rack_size``).
 
     Raises:
         ValueError: an unknown op or algorithm, or a bad value, naming the field.
@@ -366,13 +554,17 @@ def simulate_collective(op: str, nbytes: int, *, workers: int, algorithm: str = 
         raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; available: ['ring', 'tree']")
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 1:
         raise ValueError(f"nbytes: expected an integer >= 1, got {nbytes!r}")
-    c = _validate(None, None, DEFAULT_SUMMATION_GBPS, workers=workers, bandwidth_gbps=bandwidth_gbps,
-                  latency_us=latency_us, oversubscription=oversubscription,
-                  rack_size=rack_size).cluster
-    sim = _Sim(None, c.workers, c.bandwidth_gbps * 1e9 / 8, c.latency_us * 1e-6,
-               trace=False, oversubscription=c.oversubscription, rack_size=c.rack_size)
+    unknown = set(cluster) - _CLUSTER
+    if unknown:
+        raise TypeError(f"simulate_collective() got unknown keyword(s) {sorted(unknown)}")
+    c = _validate(None, None, None, workers=workers, bandwidth_gbps=bandwidth_gbps,
+                  latency_us=latency_us, **cluster).cluster
+    sim = _Sim(None, c, trace=False)
+    gen: Generator[simpy.Event, Any, None]
     if algorithm == "tree":
         gen = _tree(sim, int(nbytes), 2 if op == "allreduce" else 1)
+    elif op == "allreduce" and hierarchical:
+        gen = hierarchical_allreduce(sim, int(nbytes), 1, 0)
     elif op == "allreduce":
         gen = ring_allreduce(sim, int(nbytes), 1, 0)
     else:

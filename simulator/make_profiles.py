@@ -1,6 +1,9 @@
 """Regenerate the shipped workload profiles (``simulator/profiles/*.yaml``).
 
-Run ``python -m simulator.make_profiles`` after changing a source table. Sources, all inside
+Run ``python -m ddpbench.simulator.make_profiles`` after changing a source table or a
+builder. Each profile records the device its times stand for (:data:`DEVICE`) and the share
+of its time in matrix products, which the device rescaling rule needs
+(:func:`ddpbench.hardware.compute_factor`). Sources, all inside
 ``simulator/profiles/``:
 
 - ``resnet50_tensors.tsv``, ``vgg19_tensors.tsv``: exact parameter tensors in creation order.
@@ -10,10 +13,13 @@ Run ``python -m simulator.make_profiles`` after changing a source table. Sources
 
 Operators without parameters (ReLU, pooling, Add, View, Dropout) are folded into the
 preceding parametric layer; the ``Input`` operator (data loading) is left out because data
-loading overlaps training. ``seq2seq_lstm`` and ``bert_base`` have no measured profile: their
-times come from FLOP counts at the speed the ResNet-50 profile shows for the same GPU
+loading overlaps training. ``vgg16`` is PipeDream's VGG-16 profile itself; ``resnet101`` is
+ResNet-50's profile with the extra layer3 blocks. The others (``seq2seq_lstm``, ``sockeye``,
+``bert_base``, ``bert_large``, ``transformer_big``, ``gpt2_xl``, ``inception_v3``) have no
+measured profile: each is built from its layer definitions (its source named in its notes),
+and its times come from FLOP counts at the speed the ResNet-50 profile shows for the same GPU
 (matrix products at the effective FLOP/s of ResNet-50's convolutions; element-wise operators
-at the effective memory bandwidth of its BatchNorm layers), so all four profiles stand for
+at the effective memory bandwidth of its BatchNorm layers), so all profiles stand for
 one GPU.
 """
 
@@ -27,7 +33,26 @@ import yaml
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 BATCH_IMAGES = 128
-GPU = "the single GPU of PipeDream's published profiles (model not recorded)"
+GPU = ("the single GPU of PipeDream's published profiles (model not recorded; a V100 by its "
+       "speed, see DEVICE)")
+DEVICE = "V100"
+"""The device of :data:`ddpbench.hardware.DEVICES` the PipeDream times stand for. PipeDream
+(SOSP 2019, section 5.1) ran on V100 clusters (Azure NC24 v3, AWS p3.16xlarge), and the
+ResNet-50 profile's 289 images/s at batch 128 in fp32 is a V100's speed (a P100 reaches
+219 at batch 64 in TensorFlow's published benchmarks; a Titan X about half a V100)."""
+
+
+def _matmul_fraction(rows: list[dict[str, str]]) -> float:
+    """Return the share of a measured profile's time in convolutions and linear layers."""
+    mm = total = 0.0
+    for row in rows:
+        if row["op"].startswith("Input"):
+            continue
+        t = float(row["fwd_ms"]) + float(row["bwd_ms"])
+        total += t
+        if row["op"].startswith(("Conv2d", "Linear")):
+            mm += t
+    return round(mm / total, 3)
 
 
 def _read_tsv(name: str) -> list[dict[str, str]]:
@@ -109,10 +134,17 @@ def _times(matmul_flops: float, ew_elems: float) -> tuple[float, float]:
     return round((mm + ew) * 1e3, 4), round((2 * mm + EW_BWD_RATIO * ew) * 1e3, 4)
 
 
+def _flop_fraction(layers: list[dict], mm_ms: float) -> float:
+    """Return the share of a FLOP-derived profile's time in matrix products."""
+    total = sum(x["fwd_ms"] + x["bwd_ms"] for x in layers)
+    return round(mm_ms / total, 3)
+
+
 def resnet50() -> dict:
     layers = _attach_tensors(_fold_ops(_read_tsv("pipedream_resnet50_profile.tsv")),
                              _read_tsv("resnet50_tensors.tsv"))
-    return {"name": "resnet50", "batch_size": BATCH_IMAGES, "gpu": GPU,
+    return {"name": "resnet50", "batch_size": BATCH_IMAGES, "gpu": GPU, "device": DEVICE,
+            "matmul_fraction": _matmul_fraction(_read_tsv("pipedream_resnet50_profile.tsv")),
             "notes": "torchvision ResNet-50; times: PipeDream profile, batch 128; parameterless "
                      "operators folded into the preceding layer; Input (data loading) left out.",
             "layers": layers}
@@ -154,7 +186,8 @@ def vgg19() -> dict:
                     "bwd_ms": round(layer["bwd"], 4),
                     "tensors": [{"name": t["name"].split("(")[0], "numel": int(t["params"])}
                                 for t in (w, bias)]})
-    return {"name": "vgg19", "batch_size": BATCH_IMAGES, "gpu": GPU,
+    return {"name": "vgg19", "batch_size": BATCH_IMAGES, "gpu": GPU, "device": DEVICE,
+            "matmul_fraction": _matmul_fraction(_read_tsv("pipedream_vgg16_profile.tsv")),
             "notes": "VGG-19 with biases; times: PipeDream's VGG-16 profile, batch 128, with the "
                      "three extra VGG-19 convolutions (conv8 256->256, conv12 and conv16 "
                      "512->512) given the times of their same-shaped neighbour (the previous "
@@ -171,95 +204,326 @@ def _lstm(prefix: str, n_in: int, hidden: int) -> list[dict]:
             {"name": f"{prefix}h2h_bias", "numel": g}]
 
 
-def seq2seq_lstm(vocab: int = 32_000, batch: int = 64, length: int = 50) -> dict:
-    h = e = 512
+class _Builder:
+    """Layers of a profile derived from FLOP counts (at the ResNet-50 profile's speeds)."""
+
+    def __init__(self) -> None:
+        self.layers: list[dict] = []
+        self.mm_ms = 0.0
+
+    def add(self, name: str, tensors: list[dict], mm: float, ew: float) -> None:
+        f, b = _times(mm, ew)
+        self.mm_ms += 3 * mm / FLOPS * 1e3
+        self.layers.append({"name": name, "fwd_ms": f, "bwd_ms": b, "tensors": tensors})
+
+    def profile(self, name: str, batch: int, notes: str) -> dict:
+        return {"name": name, "batch_size": batch, "gpu": GPU, "device": DEVICE,
+                "matmul_fraction": _flop_fraction(self.layers, self.mm_ms),
+                "notes": notes + f" Times derived from FLOPs at {FLOPS / 1e12:.2f} TFLOP/s "
+                f"(matmul) and {EW_BPS / 1e9:.0f} GB/s (element-wise), the ResNet-50 profile's "
+                "effective speeds; backward = 2x matmul FLOPs.",
+                "layers": self.layers}
+
+
+def _lin(prefix: str, n_in: int, n_out: int, bias: bool = True) -> list[dict]:
+    out = [{"name": f"{prefix}.weight", "numel": n_in * n_out}]
+    return out + [{"name": f"{prefix}.bias", "numel": n_out}] if bias else out
+
+
+def _norm(prefix: str, h: int) -> list[dict]:
+    return [{"name": f"{prefix}.weight", "numel": h}, {"name": f"{prefix}.bias", "numel": h}]
+
+
+def _seq2seq(name: str, *, vocab: int, embed: int, hidden: int, enc_layers: int,
+             dec_layers: int, batch: int, length: int, notes: str) -> dict:
+    """An RNN encoder-decoder as Sockeye 1.x builds it: the first encoder layer
+    bi-directional (hidden/2 per direction), MLP attention, input feeding, a hidden layer."""
+    h, e = hidden, embed
     tok = batch * length
     att_pairs = batch * length * length
 
     def lstm_cost(n_in: int, hid: int) -> tuple[float, float]:
         return 2 * tok * (n_in + hid) * 4 * hid, tok * 4 * hid * 3
 
-    layers = []
-
-    def add(name, tensors, mm, ew):
-        f, b = _times(mm, ew)
-        layers.append({"name": name, "fwd_ms": f, "bwd_ms": b, "tensors": tensors})
-
-    add("encoder.embed", [{"name": "source_embed_weight", "numel": vocab * e}], 0, tok * e)
+    net = _Builder()
+    net.add("encoder.embed", [{"name": "source_embed_weight", "numel": vocab * e}], 0, tok * e)
     fw, rv = lstm_cost(e, h // 2)
-    add("encoder.birnn", _lstm("encoder_birnn_forward_l0_", e, h // 2)
-        + _lstm("encoder_birnn_reverse_l0_", e, h // 2), 2 * fw, 2 * rv)
-    add("encoder.rnn1", _lstm("encoder_rnn_l1_", h, h), *lstm_cost(h, h))
-    add("decoder.embed", [{"name": "target_embed_weight", "numel": vocab * e}], 0, tok * e)
-    add("decoder.attention", [{"name": "att_e2h_weight", "numel": h * h},
-                              {"name": "att_q2h_weight", "numel": h * h},
-                              {"name": "att_h2s_weight", "numel": h}],
-        2 * tok * h * h * 2 + 2 * att_pairs * h * 2, att_pairs * h * 2)
+    net.add("encoder.birnn", _lstm("encoder_birnn_forward_l0_", e, h // 2)
+            + _lstm("encoder_birnn_reverse_l0_", e, h // 2), 2 * fw, 2 * rv)
+    for i in range(1, enc_layers):
+        net.add(f"encoder.rnn{i}", _lstm(f"encoder_rnn_l{i}_", h, h), *lstm_cost(h, h))
+    net.add("decoder.embed", [{"name": "target_embed_weight", "numel": vocab * e}], 0, tok * e)
+    net.add("decoder.attention", [{"name": "att_e2h_weight", "numel": h * h},
+                                  {"name": "att_q2h_weight", "numel": h * h},
+                                  {"name": "att_h2s_weight", "numel": h}],
+            2 * tok * h * h * 2 + 2 * att_pairs * h * 2, att_pairs * h * 2)
     # Input feeding: the first decoder layer reads the embedding and the previous attention.
-    add("decoder.rnn0", _lstm("decoder_rnn_l0_", e + h, h), *lstm_cost(e + h, h))
-    add("decoder.rnn1", _lstm("decoder_rnn_l1_", h, h), *lstm_cost(h, h))
-    add("decoder.hidden", [{"name": "decoder_hidden_weight", "numel": h * 2 * h},
-                           {"name": "decoder_hidden_bias", "numel": h}], 2 * tok * 2 * h * h, tok * h)
-    add("decoder.output", [{"name": "target_output_weight", "numel": vocab * h},
-                           {"name": "target_output_bias", "numel": vocab}],
-        2 * tok * h * vocab, tok * vocab * 2)
-    return {"name": "seq2seq_lstm", "batch_size": batch, "gpu": GPU,
-            "notes": f"Sockeye-like RNN NMT: source/target vocabulary {vocab:,} each (untied), "
-                     "embedding 512, encoder = bi-directional LSTM layer (256 units per direction, "
-                     "Sockeye's split) + LSTM layer 512, decoder = 2 LSTM layers of 512 with input "
-                     "feeding, MLP attention (512 hidden), attention hidden layer 512, output "
-                     f"layer to the vocabulary. Batch {batch} sentence pairs of {length} tokens. "
-                     f"Times derived from FLOPs at {FLOPS / 1e12:.2f} TFLOP/s (matmul) and "
-                     f"{EW_BPS / 1e9:.0f} GB/s (element-wise), the ResNet-50 profile's effective "
-                     "speeds; backward = 2x matmul FLOPs.",
-            "layers": layers}
+    net.add("decoder.rnn0", _lstm("decoder_rnn_l0_", e + h, h), *lstm_cost(e + h, h))
+    for i in range(1, dec_layers):
+        net.add(f"decoder.rnn{i}", _lstm(f"decoder_rnn_l{i}_", h, h), *lstm_cost(h, h))
+    net.add("decoder.hidden", [{"name": "decoder_hidden_weight", "numel": h * 2 * h},
+                               {"name": "decoder_hidden_bias", "numel": h}],
+            2 * tok * 2 * h * h, tok * h)
+    net.add("decoder.output", [{"name": "target_output_weight", "numel": vocab * h},
+                               {"name": "target_output_bias", "numel": vocab}],
+            2 * tok * h * vocab, tok * vocab * 2)
+    return net.profile(name, batch, notes)
 
 
-def bert_base(batch: int = 32, seq: int = 128) -> dict:
-    h, ff, vocab, nlayers = 768, 3072, 30_522, 12
+def seq2seq_lstm(vocab: int = 32_000, batch: int = 64, length: int = 50) -> dict:
+    return _seq2seq(
+        "seq2seq_lstm", vocab=vocab, embed=512, hidden=512, enc_layers=2, dec_layers=2,
+        batch=batch, length=length,
+        notes=f"Sockeye-like RNN NMT: source/target vocabulary {vocab:,} each (untied), "
+              "embedding 512, encoder = bi-directional LSTM layer (256 units per direction, "
+              "Sockeye's split) + LSTM layer 512, decoder = 2 LSTM layers of 512 with input "
+              "feeding, MLP attention (512 hidden), attention hidden layer 512, output "
+              f"layer to the vocabulary. Batch {batch} sentence pairs of {length} tokens.")
+
+
+def sockeye(vocab: int = 50_000, batch: int = 64, length: int = 50) -> dict:
+    return _seq2seq(
+        "sockeye", vocab=vocab, embed=512, hidden=1024, enc_layers=1, dec_layers=1,
+        batch=batch, length=length,
+        notes="The P3 paper's Sockeye: Sockeye 1.x's default RNN model (sockeye/arguments.py: "
+              "--rnn-num-hidden 1024, --num-embed 512, --num-layers 1 (a bi-directional "
+              "encoder layer of 512 units per direction, one decoder layer), MLP attention, "
+              f"--batch-size 64 sentences, --num-words 50000 per side: {vocab:,}-word untied "
+              f"vocabularies). Batch {batch} sentence pairs of {length} tokens.")
+
+
+def _bert(name: str, *, h: int, ff: int, nlayers: int, heads: int, vocab: int, batch: int,
+          seq: int, notes: str) -> dict:
     tok = batch * seq
-    layers = []
-
-    def add(name, tensors, mm, ew):
-        f, b = _times(mm, ew)
-        layers.append({"name": name, "fwd_ms": f, "bwd_ms": b, "tensors": tensors})
-
-    def lin(prefix, n_in, n_out):
-        return [{"name": f"{prefix}.weight", "numel": n_in * n_out},
-                {"name": f"{prefix}.bias", "numel": n_out}]
-
-    def ln(prefix):
-        return [{"name": f"{prefix}.weight", "numel": h}, {"name": f"{prefix}.bias", "numel": h}]
-
-    add("embeddings", [{"name": "embeddings.word_embeddings.weight", "numel": vocab * h},
-                       {"name": "embeddings.position_embeddings.weight", "numel": 512 * h},
-                       {"name": "embeddings.token_type_embeddings.weight", "numel": 2 * h}]
-        + ln("embeddings.LayerNorm"), 0, tok * h * 4)
+    net = _Builder()
+    net.add("embeddings", [{"name": "embeddings.word_embeddings.weight", "numel": vocab * h},
+                           {"name": "embeddings.position_embeddings.weight", "numel": 512 * h},
+                           {"name": "embeddings.token_type_embeddings.weight", "numel": 2 * h}]
+            + _norm("embeddings.LayerNorm", h), 0, tok * h * 4)
     for i in range(nlayers):
         p = f"encoder.layer.{i}"
         for part in ("query", "key", "value"):
-            add(f"{p}.attention.self.{part}", lin(f"{p}.attention.self.{part}", h, h),
-                2 * tok * h * h, tok * h)
+            net.add(f"{p}.attention.self.{part}", _lin(f"{p}.attention.self.{part}", h, h),
+                    2 * tok * h * h, tok * h)
         # Scores QK^T and the weighted sum AV (no parameters) run before the output dense.
-        add(f"{p}.attention.output.dense", lin(f"{p}.attention.output.dense", h, h),
-            2 * tok * h * h + 2 * 2 * tok * seq * h, batch * 12 * seq * seq * 2 + tok * h)
-        add(f"{p}.attention.output.LayerNorm", ln(f"{p}.attention.output.LayerNorm"), 0, tok * h * 3)
-        add(f"{p}.intermediate.dense", lin(f"{p}.intermediate.dense", h, ff), 2 * tok * h * ff, tok * ff * 2)
-        add(f"{p}.output.dense", lin(f"{p}.output.dense", ff, h), 2 * tok * ff * h, tok * h)
-        add(f"{p}.output.LayerNorm", ln(f"{p}.output.LayerNorm"), 0, tok * h * 3)
-    add("pooler.dense", lin("pooler.dense", h, h), 2 * batch * h * h, batch * h)
-    return {"name": "bert_base", "batch_size": batch, "gpu": GPU,
-            "notes": f"BERT-base (HF BertModel, vocabulary {vocab:,}, 12 layers, hidden 768, 12 "
-                     "heads, FFN 3072, with pooler, no pre-training heads). Batch "
-                     f"{batch} sequences of {seq} tokens. Times derived from FLOPs at "
-                     f"{FLOPS / 1e12:.2f} TFLOP/s (matmul) and {EW_BPS / 1e9:.0f} GB/s "
-                     "(element-wise), the ResNet-50 profile's effective speeds; backward = 2x "
-                     "matmul FLOPs; attention scores folded into attention.output.dense.",
-            "layers": layers}
+        net.add(f"{p}.attention.output.dense", _lin(f"{p}.attention.output.dense", h, h),
+                2 * tok * h * h + 2 * 2 * tok * seq * h, batch * heads * seq * seq * 2 + tok * h)
+        net.add(f"{p}.attention.output.LayerNorm", _norm(f"{p}.attention.output.LayerNorm", h),
+                0, tok * h * 3)
+        net.add(f"{p}.intermediate.dense", _lin(f"{p}.intermediate.dense", h, ff),
+                2 * tok * h * ff, tok * ff * 2)
+        net.add(f"{p}.output.dense", _lin(f"{p}.output.dense", ff, h), 2 * tok * ff * h, tok * h)
+        net.add(f"{p}.output.LayerNorm", _norm(f"{p}.output.LayerNorm", h), 0, tok * h * 3)
+    net.add("pooler.dense", _lin("pooler.dense", h, h), 2 * batch * h * h, batch * h)
+    return net.profile(name, batch, notes + " Attention scores folded into "
+                       "attention.output.dense.")
+
+
+def bert_base(batch: int = 32, seq: int = 128) -> dict:
+    return _bert("bert_base", h=768, ff=3072, nlayers=12, heads=12, vocab=30_522, batch=batch,
+                 seq=seq, notes="BERT-base (HF BertModel, vocabulary 30,522, 12 layers, hidden "
+                 "768, 12 heads, FFN 3072, with pooler, no pre-training heads). Batch "
+                 f"{batch} sequences of {seq} tokens.")
+
+
+def bert_large(batch: int = 32, seq: int = 128) -> dict:
+    return _bert("bert_large", h=1024, ff=4096, nlayers=24, heads=16, vocab=30_522,
+                 batch=batch, seq=seq, notes="BERT-large (Devlin et al. 2019, section "
+                 "3: L=24, H=1024, A=16; HF BertModel, vocabulary 30,522, FFN 4096, with "
+                 "pooler, no pre-training heads). Batch "
+                 f"{batch} sequences of {seq} tokens (pre-training phase 1 length).")
+
+
+def transformer_big(vocab: int = 37_000, batch: int = 128, length: int = 25) -> dict:
+    d, ff, heads, nlayers = 1024, 4096, 16, 6
+    tok = batch * length
+    net = _Builder()
+
+    def attention(p: str, kv_len: int) -> None:
+        for part in ("q_proj", "k_proj", "v_proj"):
+            net.add(f"{p}.{part}", _lin(f"{p}.{part}", d, d), 2 * tok * d * d, tok * d)
+        net.add(f"{p}.out_proj", _lin(f"{p}.out_proj", d, d),
+                2 * tok * d * d + 2 * 2 * tok * kv_len * d,
+                batch * heads * length * kv_len * 2 + tok * d)
+
+    def block_end(p: str, names: tuple[str, ...]) -> None:
+        net.add(f"{p}.fc1", _lin(f"{p}.fc1", d, ff), 2 * tok * d * ff, tok * ff * 2)
+        net.add(f"{p}.fc2", _lin(f"{p}.fc2", ff, d), 2 * tok * ff * d, tok * d)
+        for n in names:
+            net.add(f"{p}.{n}", _norm(f"{p}.{n}", d), 0, tok * d * 3)
+
+    # One embedding matrix shared by source, target and the pre-softmax projection.
+    net.add("embed_tokens", [{"name": "embed_tokens.weight", "numel": vocab * d}], 0, 2 * tok * d)
+    for i in range(nlayers):
+        p = f"encoder.layers.{i}"
+        attention(f"{p}.self_attn", length)
+        net.add(f"{p}.self_attn_layer_norm", _norm(f"{p}.self_attn_layer_norm", d), 0, tok * d * 3)
+        block_end(p, ("final_layer_norm",))
+    for i in range(nlayers):
+        p = f"decoder.layers.{i}"
+        attention(f"{p}.self_attn", length)
+        net.add(f"{p}.self_attn_layer_norm", _norm(f"{p}.self_attn_layer_norm", d), 0, tok * d * 3)
+        attention(f"{p}.encoder_attn", length)
+        net.add(f"{p}.encoder_attn_layer_norm", _norm(f"{p}.encoder_attn_layer_norm", d), 0,
+                tok * d * 3)
+        block_end(p, ("final_layer_norm",))
+    net.add("output_projection", [], 2 * tok * d * vocab, tok * vocab * 2)
+    return net.profile("transformer_big", batch,
+                       "Transformer (big) for NMT (Vaswani et al. 2017, Table 3: N=6, "
+                       "d_model=1024, d_ff=4096, h=16; a shared source-target BPE vocabulary "
+                       f"of about 37,000 tokens, one matrix for both embeddings and the "
+                       "pre-softmax projection, sinusoidal positions; fairseq's parameter "
+                       f"names). Batch {batch} sentence pairs of {length} tokens (the paper's "
+                       "25,000 source + 25,000 target tokens per 8 GPUs is ~3,100 per GPU).")
+
+
+def gpt2_xl(batch: int = 4, seq: int = 1024) -> dict:
+    d, heads, nlayers, vocab, ctx = 1600, 25, 48, 50_257, 1024
+    tok = batch * seq
+    net = _Builder()
+    net.add("transformer.wte", [{"name": "transformer.wte.weight", "numel": vocab * d},
+                                {"name": "transformer.wpe.weight", "numel": ctx * d}],
+            0, tok * d * 2)
+    for i in range(nlayers):
+        p = f"transformer.h.{i}"
+        net.add(f"{p}.ln_1", _norm(f"{p}.ln_1", d), 0, tok * d * 3)
+        net.add(f"{p}.attn.c_attn", _lin(f"{p}.attn.c_attn", d, 3 * d), 2 * tok * d * 3 * d,
+                tok * 3 * d)
+        net.add(f"{p}.attn.c_proj", _lin(f"{p}.attn.c_proj", d, d),
+                2 * tok * d * d + 2 * 2 * tok * seq * d, batch * heads * seq * seq * 3 + tok * d)
+        net.add(f"{p}.ln_2", _norm(f"{p}.ln_2", d), 0, tok * d * 3)
+        net.add(f"{p}.mlp.c_fc", _lin(f"{p}.mlp.c_fc", d, 4 * d), 2 * tok * d * 4 * d,
+                tok * 4 * d * 2)
+        net.add(f"{p}.mlp.c_proj", _lin(f"{p}.mlp.c_proj", 4 * d, d), 2 * tok * 4 * d * d,
+                tok * d)
+    net.add("transformer.ln_f", _norm("transformer.ln_f", d), 0, tok * d * 3)
+    net.add("lm_head", [], 2 * tok * d * vocab, tok * vocab * 2)
+    return net.profile("gpt2_xl", batch,
+                       "GPT-2 1.5B (Radford et al. 2019, Table 2: 48 layers, d_model 1600; HF "
+                       "GPT2Model names: 25 heads, vocabulary 50,257, context 1024, LM head "
+                       f"tied to wte). Batch {batch} sequences of {seq} tokens; fp32 on one "
+                       "device, as every profile here (it would not fit a 16 GB V100: the "
+                       "times are a compute model, not a measurement).")
+
+
+class _Cnn(_Builder):
+    """Convolutions (no bias) each followed by a BatchNorm layer, as torchvision builds them."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__()
+        self.batch = batch
+
+    def conv_bn(self, name: str, cin: int, cout: int, k: tuple[int, int], out: int) -> None:
+        flops = 2 * self.batch * out * out * cin * cout * k[0] * k[1]
+        self.add(f"{name}.conv", [{"name": f"{name}.conv.weight",
+                                   "numel": cout * cin * k[0] * k[1]}], flops, 0)
+        # BatchNorm then ReLU: read and write the activation a few times.
+        self.add(f"{name}.bn", _norm(f"{name}.bn", cout), 0, self.batch * cout * out * out * 3)
+
+
+def inception_v3(batch: int = 64) -> dict:
+    net = _Cnn(batch)
+    c = net.conv_bn
+    c("Conv2d_1a_3x3", 3, 32, (3, 3), 149)
+    c("Conv2d_2a_3x3", 32, 32, (3, 3), 147)
+    c("Conv2d_2b_3x3", 32, 64, (3, 3), 147)
+    c("Conv2d_3b_1x1", 64, 80, (1, 1), 73)
+    c("Conv2d_4a_3x3", 80, 192, (3, 3), 71)
+    for name, cin, pool in (("Mixed_5b", 192, 32), ("Mixed_5c", 256, 64), ("Mixed_5d", 288, 64)):
+        c(f"{name}.branch1x1", cin, 64, (1, 1), 35)
+        c(f"{name}.branch5x5_1", cin, 48, (1, 1), 35)
+        c(f"{name}.branch5x5_2", 48, 64, (5, 5), 35)
+        c(f"{name}.branch3x3dbl_1", cin, 64, (1, 1), 35)
+        c(f"{name}.branch3x3dbl_2", 64, 96, (3, 3), 35)
+        c(f"{name}.branch3x3dbl_3", 96, 96, (3, 3), 35)
+        c(f"{name}.branch_pool", cin, pool, (1, 1), 35)
+    c("Mixed_6a.branch3x3", 288, 384, (3, 3), 17)
+    c("Mixed_6a.branch3x3dbl_1", 288, 64, (1, 1), 35)
+    c("Mixed_6a.branch3x3dbl_2", 64, 96, (3, 3), 35)
+    c("Mixed_6a.branch3x3dbl_3", 96, 96, (3, 3), 17)
+    for name, c7 in (("Mixed_6b", 128), ("Mixed_6c", 160), ("Mixed_6d", 160), ("Mixed_6e", 192)):
+        c(f"{name}.branch1x1", 768, 192, (1, 1), 17)
+        c(f"{name}.branch7x7_1", 768, c7, (1, 1), 17)
+        c(f"{name}.branch7x7_2", c7, c7, (1, 7), 17)
+        c(f"{name}.branch7x7_3", c7, 192, (7, 1), 17)
+        c(f"{name}.branch7x7dbl_1", 768, c7, (1, 1), 17)
+        c(f"{name}.branch7x7dbl_2", c7, c7, (7, 1), 17)
+        c(f"{name}.branch7x7dbl_3", c7, c7, (1, 7), 17)
+        c(f"{name}.branch7x7dbl_4", c7, c7, (7, 1), 17)
+        c(f"{name}.branch7x7dbl_5", c7, 192, (1, 7), 17)
+        c(f"{name}.branch_pool", 768, 192, (1, 1), 17)
+    c("AuxLogits.conv0", 768, 128, (1, 1), 5)
+    c("AuxLogits.conv1", 128, 768, (5, 5), 1)
+    net.add("AuxLogits.fc", _lin("AuxLogits.fc", 768, 1000), 2 * batch * 768 * 1000, batch * 1000)
+    c("Mixed_7a.branch3x3_1", 768, 192, (1, 1), 17)
+    c("Mixed_7a.branch3x3_2", 192, 320, (3, 3), 8)
+    c("Mixed_7a.branch7x7x3_1", 768, 192, (1, 1), 17)
+    c("Mixed_7a.branch7x7x3_2", 192, 192, (1, 7), 17)
+    c("Mixed_7a.branch7x7x3_3", 192, 192, (7, 1), 17)
+    c("Mixed_7a.branch7x7x3_4", 192, 192, (3, 3), 8)
+    for name, cin in (("Mixed_7b", 1280), ("Mixed_7c", 2048)):
+        c(f"{name}.branch1x1", cin, 320, (1, 1), 8)
+        c(f"{name}.branch3x3_1", cin, 384, (1, 1), 8)
+        c(f"{name}.branch3x3_2a", 384, 384, (1, 3), 8)
+        c(f"{name}.branch3x3_2b", 384, 384, (3, 1), 8)
+        c(f"{name}.branch3x3dbl_1", cin, 448, (1, 1), 8)
+        c(f"{name}.branch3x3dbl_2", 448, 384, (3, 3), 8)
+        c(f"{name}.branch3x3dbl_3a", 384, 384, (1, 3), 8)
+        c(f"{name}.branch3x3dbl_3b", 384, 384, (3, 1), 8)
+        c(f"{name}.branch_pool", cin, 192, (1, 1), 8)
+    net.add("fc", _lin("fc", 2048, 1000), 2 * batch * 2048 * 1000, batch * 1000)
+    return net.profile("inception_v3", batch,
+                       "torchvision Inception-v3 (Szegedy et al. 2016) at 299x299, with the "
+                       "auxiliary classifier that training runs; every BasicConv2d is a "
+                       "convolution without bias then BatchNorm (weight, bias). Batch "
+                       f"{batch} images.")
+
+
+def vgg16() -> dict:
+    rows = _read_tsv("pipedream_vgg16_profile.tsv")
+    names = [f"features.{i}" for i in (0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28)]
+    names += [f"classifier.{i}" for i in (0, 3, 6)]
+    out = []
+    for name, layer in zip(names, _fold_ops(rows), strict=True):
+        m = re.match(r"Conv2d\(\d+, (\d+)", layer["op"]) or re.search(r"out_features=(\d+)",
+                                                                    layer["op"])
+        if m is None:
+            raise ValueError(f"cannot read the output width of {layer['op']!r}")
+        bias = int(m.group(1))
+        out.append({"name": name, "fwd_ms": round(layer["fwd"], 4),
+                    "bwd_ms": round(layer["bwd"], 4),
+                    "tensors": [{"name": f"{name}.weight", "numel": layer["params"] - bias},
+                                {"name": f"{name}.bias", "numel": bias}]})
+    return {"name": "vgg16", "batch_size": BATCH_IMAGES, "gpu": GPU, "device": DEVICE,
+            "matmul_fraction": _matmul_fraction(rows),
+            "notes": "torchvision VGG-16 with biases; times: PipeDream's VGG-16 profile, batch "
+                     "128, ReLU/pool/dropout folded into the preceding layer; tensors from each "
+                     "layer's parameter count (weight = count - output width, bias = output "
+                     "width).",
+            "layers": out}
+
+
+def resnet101() -> dict:
+    base = resnet50()
+    # ResNet-101 is ResNet-50 with 23 bottleneck blocks in layer3 instead of 6; blocks
+    # layer3.1 to layer3.22 have one shape, so the extra ones take layer3.5's measured times.
+    template = [x for x in base["layers"] if x["name"].startswith("layer3.5.")]
+    at = max(i for i, x in enumerate(base["layers"]) if x["name"].startswith("layer3.5.")) + 1
+    extra = []
+    for b in range(6, 23):
+        for x in template:
+            extra.append({**x, "name": x["name"].replace("layer3.5.", f"layer3.{b}."),
+                          "tensors": [{**t, "name": t["name"].replace("layer3.5.", f"layer3.{b}.")}
+                                      for t in x["tensors"]]})
+    return {**base, "name": "resnet101", "layers": base["layers"][:at] + extra + base["layers"][at:],
+            "notes": "torchvision ResNet-101: ResNet-50's layers and PipeDream times (batch 128) "
+                     "with 17 more layer3 bottleneck blocks (layer3.6 to layer3.22), each given "
+                     "the measured times of layer3.5, the same shapes."}
 
 
 def main() -> None:
-    for build in (resnet50, vgg19, seq2seq_lstm, bert_base):
+    for build in (resnet50, vgg19, seq2seq_lstm, bert_base, vgg16, resnet101, inception_v3,
+                  transformer_big, bert_large, gpt2_xl, sockeye):
         prof = build()
         params = sum(t["numel"] for layer in prof["layers"] for t in layer["tensors"])
         ntensors = sum(len(layer["tensors"]) for layer in prof["layers"])

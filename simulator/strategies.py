@@ -20,17 +20,18 @@ from __future__ import annotations
 import abc
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, ClassVar
 
 import numpy as np
+import simpy
 from pydantic import BaseModel
 
 from ddpbench import contract
 from ddpbench.backends.ps import placement
 from ddpbench.backends.ps.placement import Part
 from ddpbench.simulator.context import SimContext
-from ddpbench.simulator.network import Gate, Link, Message, Network
+from ddpbench.simulator.network import Gate, Link, Message, Network, call_later
 
 __all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
 
@@ -107,11 +108,31 @@ def ring_bytes_per_rank(n: int, p: int, itemsize: int) -> np.ndarray:
     return (2 * n - sizes[(r + 1) % p] - sizes[(r + 2) % p]) * itemsize
 
 
-def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int, uplink: Link | None = None):
+def _ring_step(sim: SimContext, chunk_bytes: float) -> tuple[float, float]:
+    """Return (fixed, transfer) seconds of one ring step whose biggest chunk is ``chunk_bytes``.
+
+    With one GPU per host every step crosses a NIC: latency plus the transport's
+    per-message cost, then the bytes. With several GPUs per host the ring visits a host's
+    GPUs one after another, so a step has intra-host edges and (with several hosts) one
+    edge per host across its NIC, all at once; the slower kind sets the step.
+    """
+    nic = sim.latency + sim.per_message
+    if sim.gpus == 1:
+        return nic, chunk_bytes / sim.ring_bandwidth
+    intra = (sim.intra_latency, chunk_bytes / sim.intra_bandwidth)
+    if sim.num_hosts == 1:
+        return intra
+    cross = (nic, chunk_bytes / sim.ring_bandwidth)
+    return cross if cross[0] + cross[1] >= intra[0] + intra[1] else intra
+
+
+def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
+                   uplink: Link | None = None) -> Generator[simpy.Event, Any, None]:
     """Generator: one ring allreduce of ``n`` elements as seen by rank 0 (all ranks alike).
 
-    Each of the 2(p-1) steps costs ``latency + largest_chunk / bandwidth``: every rank sends
-    one chunk to its right neighbour at once, so the step ends when the largest arrives. With
+    Each of the 2(p-1) steps costs ``latency + per-message cost + largest_chunk /
+    bandwidth`` (see :func:`_ring_step` for several GPUs per host): every rank sends one
+    chunk to its right neighbour at once, so the step ends when the largest arrives. With
     ``uplink`` (several rings sharing the NIC), a step first waits for the uplink.
     """
     p = sim.workers
@@ -119,9 +140,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int, uplink: L
         return
     env = sim.env
     base, extra = divmod(n, p)
-    biggest = (base + (extra > 0)) * itemsize
-    tx = biggest / sim.ring_bandwidth
-    lat = sim.latency
+    lat, tx = _ring_step(sim, (base + (extra > 0)) * itemsize)
     record = sim.timeline.append if sim.trace_steps else None
     for s in range(2 * (p - 1)):
         chunk = (-s) % p if s < p - 1 else (1 - (s - p + 1)) % p
@@ -139,7 +158,52 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int, uplink: L
             yield env.timeout(lat)
         if record is not None:
             record(sim.span(0, "allreduce", layer, start, env.now, nbytes, 1 % p))
-    sim.add_sent_all(ring_bytes_per_rank(n, p, itemsize))
+    if sim.gpus == 1:
+        sim.add_sent_all(ring_bytes_per_rank(n, p, itemsize))
+    elif sim.num_hosts > 1:
+        sim.add_sent_hosts(2 * (p - 1) / p * n * itemsize)
+
+
+def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
+                           layer: int) -> Generator[simpy.Event, Any, None]:
+    """Generator: Horovod's hierarchical allreduce of ``n`` elements (all ranks alike).
+
+    As NCCLHierarchicalAllreduce does (horovod/common/ops/nccl_operations.cc): a
+    reduce-scatter among a host's ``g`` GPUs over the intra-host link (g-1 steps of n/g),
+    then each local rank allreduces its shard with the same local rank of every other host
+    (``g`` rings of n/g elements over ``h`` hosts at once, sharing the host's NIC: a step
+    carries ``g`` chunks of n/(g h); the ``g`` ranks pay their per-message cost ``c`` on
+    their own CPU cores, at once), then an all-gather among the host's GPUs. Closed form::
+
+        2 (g-1) (a_i + ceil(n/g) s / b_i) + 2 (h-1) (a + c + g ceil(n/(g h)) s / b)
+
+    With one GPU per host this is the flat ring, step for step.
+    """
+    g, h = sim.gpus, sim.num_hosts
+    if g == 1:
+        yield from ring_allreduce(sim, n, itemsize, layer)
+        return
+    env = sim.env
+    record = sim.timeline.append if sim.trace_steps else None
+    shard = -(-n // g) * itemsize
+    local = (g - 1) * (sim.intra_latency + shard / sim.intra_bandwidth)
+    start = env.now
+    yield env.timeout(local)  # reduce-scatter: g-1 steps, one event
+    if record is not None:
+        record(sim.span(0, "reduce_scatter", layer, start, env.now, shard * (g - 1)))
+    if h > 1:
+        chunk = -(-n // (g * h)) * itemsize
+        step = sim.latency + sim.per_message + g * chunk / sim.ring_bandwidth
+        for _ in range(2 * (h - 1)):
+            start = env.now
+            yield env.timeout(step)
+            if record is not None:
+                record(sim.span(0, "allreduce", layer, start, env.now, g * chunk, 1 % h))
+        sim.add_sent_hosts(2 * (h - 1) / h * n * itemsize)
+    start = env.now
+    yield env.timeout(local)  # all-gather
+    if record is not None:
+        record(sim.span(0, "all_gather", layer, start, env.now, shard * (g - 1)))
 
 
 class _AllreduceBase(Strategy):
@@ -207,7 +271,10 @@ class HorovodStrategy(_AllreduceBase):
     A cycle starts at most every ``cycle_time`` ms (right away when the previous cycle's
     allreduces took longer); the tensors ready at its start are fused, in readiness order,
     into buffers of at most ``fusion_threshold`` bytes (a larger tensor goes alone), and the
-    buffers are ring-allreduced one after the other.
+    buffers are ring-allreduced one after the other (``hierarchical``: with
+    :func:`hierarchical_allreduce`). Before its allreduces a cycle spends the negotiation
+    of the ready tensors (``sim.negotiation``: grows with log2 of the world size; free on
+    the ideal transport).
     """
 
     name = "horovod"
@@ -241,6 +308,7 @@ class HorovodStrategy(_AllreduceBase):
     def _run(self):
         sim, env = self.sim, self.sim.env
         cycle = self.knobs.cycle_time / 1e3
+        hierarchical = self.knobs.hierarchical
         next_start = 0.0
         while True:
             if not self._queue:
@@ -256,9 +324,14 @@ class HorovodStrategy(_AllreduceBase):
                     yield env.timeout(boundary - env.now)
             cycle_start = env.now
             ready, self._queue = self._queue, []
+            if sim.negotiation > 0:
+                yield env.timeout(sim.negotiation)  # the coordinator agrees on `ready`
             for buf in self._buffers(ready):
                 n = sum(t.numel for t in buf)
-                yield from ring_allreduce(sim, n, sim.itemsize, buf[0].layer)
+                if hierarchical:
+                    yield from hierarchical_allreduce(sim, n, sim.itemsize, buf[0].layer)
+                else:
+                    yield from ring_allreduce(sim, n, sim.itemsize, buf[0].layer)
                 for t in buf:
                     sim.unit_done(0, t.layer)
             next_start = max(env.now, cycle_start + cycle)
@@ -310,8 +383,12 @@ class _PSBase(Strategy):
     A worker pushes each part of a ready layer to its server; a part whose server sits on
     the worker's own host costs no network transfer. The server adds each arriving push
     (``bytes / summation throughput``, one push after another) and, when all workers have
-    pushed, sends the sum back to every worker in the order the pushes arrived.
+    pushed, sends the sum back to every worker in the order the pushes arrived. Backends
+    whose servers run the optimizer (``server_update``: MXNet's KVStore and P3) then spend
+    ``bytes / update throughput`` on the part before replying.
     """
+
+    server_update: ClassVar[bool] = False
 
     def __init__(self, sim: SimContext, knobs: BaseModel) -> None:
         super().__init__(sim, knobs)
@@ -388,16 +465,15 @@ class _PSBase(Strategy):
             # The server acknowledges each push on arrival (no payload): the window counts
             # pushes on the wire. Counting until the pull instead can deadlock when workers
             # fill their windows with different slices, each waiting for the others'.
-            ack = self.sim.env.timeout(self.sim.latency, msg)
-            ack.callbacks.append(self._acked)
+            call_later(self.sim.env, self.sim.latency, self._acked, msg)
         if self.round_trip == "ack_arrival":
             # the acknowledgement reaches the worker, whose pull request comes back
             self._later(self.sim.latency, self._push_answered, (part, w))
         self._arrive_push(part, w)
 
     @staticmethod
-    def _acked(ev) -> None:
-        msg = ev.value
+    def _acked(ev: Any) -> None:
+        msg = ev._value
         msg.gate.release(msg.cost)
 
     def _arrive_push(self, part: _Part, w: int) -> None:
@@ -405,6 +481,9 @@ class _PSBase(Strategy):
         cost = part.numel * sim.itemsize / sim.summation
         start = max(sim.env.now, self._sum_free[part.server])
         done = start + cost
+        if self.server_update and len(part.arrived) + 1 == sim.workers:
+            # MXNet's server runs the optimizer on a key once every push has been summed.
+            done += part.numel * sim.itemsize / sim.update
         self._sum_free[part.server] = done
         if cost > 0 and sim.trace_sums:
             sim.timeline.append(sim.span(sim.server_host(part.server), "sum", part.layer, start,
@@ -480,6 +559,7 @@ class KvstoreStrategy(_PSBase):
 
     name = "kvstore"
     knobs: contract.KvstoreKnobs
+    server_update = True
 
     def start(self) -> None:
         self.round_trip = "merged" if self.knobs.merged_push_pull else "ack_round"
@@ -506,6 +586,7 @@ class P3Strategy(_PSBase):
 
     name = "p3"
     knobs: contract.P3Knobs
+    server_update = True
 
     def make_parts(self) -> list[_Part]:
         s, size = self.sim.num_servers, self.knobs.slice_params

@@ -5,6 +5,8 @@ A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
     name: tiny
     batch_size: 32              # samples per worker per iteration
     gpu: "V100, fp32"           # what the times stand for (free text)
+    device: V100                # the device of ddpbench.hardware.DEVICES they were taken on
+    matmul_fraction: 0.7        # share of the time in matrix products (device rescaling)
     layers:                     # forward order; backward runs them in reverse
       - name: fc1
         fwd_ms: 1.5
@@ -12,6 +14,9 @@ A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
         tensors:                # parameter tensors, in the order the framework creates them
           - {name: fc1.weight, numel: 1024}
           - {name: fc1.bias, numel: 32}
+
+``device`` and ``matmul_fraction`` are optional; without them a point may not name a
+``device`` or ``batch_size`` other than the profile's (see :func:`ddpbench.hardware.compute_factor`).
 
 Tensors are numbered in file order: that number is the tensor's key for the parameter-server
 placement rules of each backend (:mod:`ddpbench.backends.ps.placement`, docs/fidelity/).
@@ -26,10 +31,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ddpbench import hardware
+
 __all__ = ["WORKLOADS", "Layer", "Tensor", "Workload", "load_workload"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base")
+WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16",
+                              "resnet101", "inception_v3", "transformer_big", "bert_large",
+                              "gpt2_xl", "sockeye")
 ITEMSIZE = 4  # gradients travel as fp32
 
 
@@ -62,12 +71,16 @@ class Workload(BaseModel):
     name: str
     batch_size: int = Field(gt=0)
     gpu: str = ""
+    device: str = ""
+    matmul_fraction: float | None = Field(None, ge=0, le=1)
     notes: str = ""
     layers: tuple[Layer, ...] = Field(min_length=1)
     tensors: tuple[Tensor, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _check_layers(self) -> Workload:
+        if self.device:
+            hardware.device(self.device)
         for t in self.tensors:
             if t.layer >= len(self.layers):
                 raise ValueError(f"tensor {t.name!r} has layer {t.layer}, but there are only "
@@ -94,10 +107,11 @@ class Workload(BaseModel):
         if not isinstance(data, dict):
             raise ValueError(f"{source}: a workload profile must be a mapping, got "
                              f"{type(data).__name__}")
-        unknown = set(data) - {"name", "batch_size", "gpu", "notes", "layers"}
+        keys = {"name", "batch_size", "gpu", "device", "matmul_fraction", "notes", "layers"}
+        unknown = set(data) - keys
         if unknown:
             raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; valid keys: "
-                             "['batch_size', 'gpu', 'layers', 'name', 'notes']")
+                             f"{sorted(keys)}")
         raw_layers = data.get("layers")
         if not isinstance(raw_layers, list) or not raw_layers:
             raise ValueError(f"{source}: field 'layers' must be a non-empty list of layers")
@@ -121,7 +135,8 @@ class Workload(BaseModel):
                 raise ValueError(f"{where}: {_explain(err)}") from None
         try:
             return cls(name=data.get("name", source), batch_size=data.get("batch_size", 0),
-                       gpu=data.get("gpu", ""), notes=data.get("notes", ""),
+                       gpu=data.get("gpu", ""), device=data.get("device", ""),
+                       matmul_fraction=data.get("matmul_fraction"), notes=data.get("notes", ""),
                        layers=tuple(layers), tensors=tuple(tensors))
         except ValidationError as err:
             raise ValueError(f"{source}: {_explain(err)}") from None
@@ -133,6 +148,27 @@ class Workload(BaseModel):
         layers = tuple(Layer(name=x.name, fwd_s=x.fwd_s * compute_scale,
                              bwd_s=x.bwd_s * compute_scale) for x in self.layers)
         return self.model_copy(update={"layers": layers})
+
+    def compute_factor(self, device: str | None, batch_size: int | None) -> float:
+        """Return the factor on compute times for ``device`` at ``batch_size`` per worker.
+
+        ``None`` keeps the profile's own device or batch. The rule and its limits:
+        :func:`ddpbench.hardware.compute_factor`.
+
+        Raises:
+            ValueError: an unknown device, a batch < 1, or a profile that does not record
+                its device and matmul fraction (so it cannot be rescaled).
+        """
+        if device is None and (batch_size is None or batch_size == self.batch_size):
+            return 1.0
+        if not self.device or self.matmul_fraction is None:
+            raise ValueError(f"device/batch_size: workload {self.name!r} does not record the "
+                             "device and matmul_fraction its times were taken at, so they "
+                             "cannot be rescaled; add both to its profile")
+        ref = hardware.device(self.device)
+        dev = hardware.device(device) if device is not None else ref
+        return hardware.compute_factor(self.matmul_fraction, ref, dev, self.batch_size,
+                                       batch_size or self.batch_size)
 
     def resized(self, size_scale: float) -> Workload:
         """Return a copy whose tensors hold ``size_scale`` times the elements (rounded, >= 1).

@@ -13,7 +13,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", "-w", default="resnet50",
                         help="profile name or YAML path (default resnet50)")
     parser.add_argument("--backend", "-b", default="p3", help="backend name (default p3)")
-    parser.add_argument("--workers", "-n", type=int, default=4, help="workers (default 4)")
+    parser.add_argument("--workers", "-n", type=int, default=None,
+                        help="worker processes, one per GPU (default 4, or hosts x "
+                             "gpus_per_host with --hosts)")
     parser.add_argument("--servers", default="colocated",
                         help="server hosts, or 'colocated' (default)")
     parser.add_argument("--bandwidth-gbps", type=float, default=10.0,
@@ -28,10 +30,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "non-blocking)")
     parser.add_argument("--rack-size", type=int, default=8,
                         help="hosts per rack when oversubscribed (default 8)")
+    _cluster_flags(parser)
     parser.add_argument("--knob", "-k", action="append", default=[], metavar="NAME=VALUE",
                         help="a backend knob, e.g. -k slice_params=10000 (repeatable)")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+_FLAGGED = ("workers", "servers", "bandwidth_gbps", "latency_us", "iterations", "warmup",
+            "compute_scale", "oversubscription", "rack_size")
+
+
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per other contract Cluster/Schedule field (same names as in YAML)."""
+    from ddpbench import contract
+
+    for model in (contract.Cluster, contract.Schedule):
+        for name, f in model.model_fields.items():
+            if name in _FLAGGED:
+                continue
+            extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_value,
+                                default=None, metavar=name.split("_")[-1].upper(),
+                                help=f"{(f.description or name).split(chr(10))[0]}: "
+                                     f"{extra.get('expect', '')} (default {f.default})")
 
 
 def _value(text: str) -> object:
@@ -59,22 +81,28 @@ def main(args: argparse.Namespace) -> int:
         except ValueError:
             raise UsageError(f"--servers must be a count or 'colocated', got {args.servers!r}"
                              ) from None
-    from ddpbench import simulator
+    from ddpbench import contract, simulator
 
+    cluster = {k: getattr(args, k) for k in (*contract.Cluster.model_fields,
+                                             *contract.Schedule.model_fields)
+               if k not in _FLAGGED and getattr(args, k, None) is not None}
     try:
         res = simulator.simulate(
-            args.workload, args.backend, workers=args.workers, servers=servers,
+            args.workload, args.backend,
+            workers=args.workers if args.workers is not None or args.hosts is not None else 4,
+            servers=servers,
             bandwidth_gbps=args.bandwidth_gbps, latency_us=args.latency_us,
             iterations=args.iterations, warmup=args.warmup,
             compute_scale=args.compute_scale, oversubscription=args.oversubscription,
-            rack_size=args.rack_size, **dict[str, Any](knobs),
+            rack_size=args.rack_size, **cluster, **dict[str, Any](knobs),
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
     sent = dict(res.bytes_sent or {})
     out = {
         "workload": args.workload, "backend": args.backend, "knobs": knobs,
-        "workers": args.workers, "bandwidth_gbps": args.bandwidth_gbps,
+        "workers": res.workers, "hosts": res.hosts, "gpus_per_host": res.gpus_per_host,
+        **cluster, "bandwidth_gbps": args.bandwidth_gbps,
         "iteration_time_s": res.iteration_time_s, "throughput": res.throughput,
         "bytes_sent_max": max(sent.values()) if sent else None, "events": res.events,
     }
@@ -83,7 +111,9 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{args.backend} on {args.workload}, {args.workers} workers, "
+        shape = (f"{res.hosts} hosts x {res.gpus_per_host} GPUs" if res.gpus_per_host > 1
+                 else f"{res.workers} workers")
+        print(f"{args.backend} on {args.workload}, {shape}, "
               f"{args.bandwidth_gbps:g} Gbps, {args.latency_us:g} us: "
               f"iteration {res.iteration_time_s * 1e3:.2f} ms, "
               f"{res.throughput:,.1f} samples/s, "

@@ -261,7 +261,11 @@ def test_equal_priorities_reduce_p3_to_fifo():
     assert [s.bytes for s in pushes] == [4000] * 5
 
 
-@pytest.mark.parametrize("workload", simulator.WORKLOADS)
+_FAST = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base")
+
+
+@pytest.mark.parametrize("workload", [w if w in _FAST else pytest.param(w, marks=pytest.mark.slow)
+                                      for w in simulator.WORKLOADS])
 def test_p3_never_slower_than_kvstore(workload):
     kw = dict(workers=4, bandwidth_gbps=10)
     p3 = simulate(workload, "p3", **kw).iteration_time_s
@@ -314,7 +318,7 @@ def test_collective_bad_input():
 def test_strategies_table_matches_contract():
     assert simulator.STRATEGIES == {
         "mpi": {},
-        "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0},
+        "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False},
         "kvstore": {"bigarray_bound": 1_000_000, "merged_push_pull": False},
         "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0},
         "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",

@@ -30,7 +30,8 @@ __all__ = ["expand", "key_params", "point_name", "run_point"]
 # stay readable; any other value is named.
 _NAME_DEFAULTS = {
     **{k: f.default for k, f in contract.Schedule.model_fields.items()},
-    **{k: contract.Cluster.model_fields[k].default for k in ("oversubscription", "rack_size")},
+    **{k: f.default for k, f in contract.Cluster.model_fields.items()
+       if k not in ("workers", "hosts", "servers", "bandwidth_gbps", "latency_us")},
 }
 _REAL_KEYS = ("compute", "timeout_s")
 
@@ -73,6 +74,8 @@ def expand(spec: ThroughputSpec) -> list[dict[str, Any]]:
                 params: dict[str, Any] = {"mode": mode, "backend": backend}
                 for key, value in axes.items():
                     params[key.split(".", 1)[1] if "." in key else key] = value
+                if "workers" not in params:  # given as hosts x gpus_per_host
+                    params["workers"] = params["hosts"] * params["gpus_per_host"]
                 if mode == "real":
                     params.update(
                         {k: getattr(spec.real, k) for k in _REAL_KEYS},
@@ -104,13 +107,18 @@ def key_params(params: dict[str, Any]) -> dict[str, Any]:
     The runner keys a result on these, so a point run under one default (say P3's
     ``water_mark``) is not reused after the contract changes that default.
     """
-    side = "real" if params.get("mode") == "real" else "sim"
+    side: contract.Side = "real" if params.get("mode") == "real" else "sim"
     filled: dict[str, Any] = {}
     if params.get("backend") in contract.BACKENDS:
         filled.update(contract.defaults(params["backend"], side))
     filled.update({k: f.default for k, f in contract.Schedule.model_fields.items()})
     filled.update({k: f.default for k, f in contract.Cluster.model_fields.items()})
     filled.update(params)
+    # Fields added later leave the key at the value under which they change nothing, so
+    # the results keyed before they existed stay valid.
+    for k, neutral in contract.NEUTRAL_AT_DEFAULT.items():
+        if k in filled and filled[k] == neutral and type(filled[k]) is type(neutral):
+            del filled[k]
     return filled
 
 
@@ -174,9 +182,19 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
             f"written yet); available: {ddpbench.available()}"
         )
     cluster = contract.Cluster.from_point(_cluster_params(params))
-    if cluster.oversubscription != 1.0:
-        raise ValueError("oversubscription is simulated only: a real run uses the machine's "
-                         "own network; run this point with mode: simulate")
+    default = contract.Cluster(workers=cluster.workers, servers=cluster.servers,
+                               bandwidth_gbps=cluster.bandwidth_gbps,
+                               latency_us=cluster.latency_us, rack_size=cluster.rack_size,
+                               server_sum_gbps=cluster.server_sum_gbps)
+    simulated_only = [k for k in contract.Cluster.model_fields
+                      if getattr(cluster, k) != getattr(default, k)]
+    if contract.Schedule.from_point(params).batch_size is not None:
+        simulated_only.append("batch_size")
+    if simulated_only:
+        verb = "is" if len(simulated_only) == 1 else "are"
+        raise ValueError(f"{', '.join(simulated_only)} {verb} simulated only (a real run uses "
+                         "the machine's own network, devices and processes); run this point "
+                         "with mode: simulate")
     workers = cluster.workers
     if backend in contract.PS_BACKENDS:
         servers = cluster.dedicated_servers() or workers

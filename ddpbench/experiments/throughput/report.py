@@ -81,6 +81,11 @@ def _prepare(df: Any) -> Any:
     return pd.DataFrame(agg)
 
 
+def _axis_labels(table: Any) -> Any:
+    """Return ``table`` with its (sorted) index values written as point names write them."""
+    return table.rename(index=lambda v: format_value(v) if isinstance(v, float) else v)
+
+
 def _varying(df: Any, cols: Sequence[str]) -> list[str]:
     return [c for c in cols if c in df.columns and df[c].nunique(dropna=False) > 1]
 
@@ -348,8 +353,9 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
             x = _speedup_x(sp)
             cols = [c for c in ("workload", "workers", "bandwidth_gbps", "latency_us")
                     if c == x or c == "workload" or sp[c].nunique() > 1]
-            table = sp.pivot_table(index=cols, columns="variant", values="speedup",
-                                   sort=False)
+            # Rows in numeric order of their axes (bandwidth 6 before 8, 10 before 15).
+            table = _axis_labels(sp.pivot_table(index=cols, columns="variant",
+                                                values="speedup", sort=False).sort_index())
             doc.table(table, index=True, caption=f"Throughput / {baseline}'s throughput at "
                       f"the same point (> 1: faster than {baseline}).")
 
@@ -357,8 +363,8 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
     cols = [c for c in ("mode", "workload", "workers", "servers", "bandwidth_gbps",
                         "latency_us", "size_scale") if c == "workload" or
             (c in agg.columns and agg[c].nunique() > 1)]
-    doc.table(agg.pivot_table(index=cols, columns="variant", values="throughput", sort=False),
-              index=True)
+    doc.table(_axis_labels(agg.pivot_table(index=cols, columns="variant", values="throughput",
+                                           sort=False).sort_index()), index=True)
 
     doc.heading("Plots")
     ctx = PlotContext(plt=plt, doc=doc, outdir=outdir, df=df, agg=agg, sim=sim, spec=spec,

@@ -39,7 +39,8 @@ from ddpbench.experiments.schema import ENVELOPE, Frozen, YamlMap, YamlSeq, as_a
 
 __all__ = ["GanttOptions", "RealOptions", "ReportOptions", "ThroughputSpec", "check", "prepare"]
 
-BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base")
+BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16", "resnet101",
+                     "inception_v3", "transformer_big", "bert_large", "gpt2_xl", "sockeye")
 
 
 class RealOptions(Frozen):
@@ -80,7 +81,9 @@ class ThroughputSpec(Frozen):
 
     mode: Literal["simulate", "real", "both"] = "simulate"
     workloads: tuple[str, ...]
-    workers: tuple[int, ...] = (4,)
+    workers: tuple[int, ...] = ()
+    hosts: tuple[int, ...] = ()
+    gpus_per_host: tuple[int, ...] = (1,)
     servers: tuple[int | Literal["colocated"], ...] = ("colocated",)
     bandwidth_gbps: tuple[float, ...] = (10.0,)
     latency_us: tuple[float, ...] = (5.0,)
@@ -90,19 +93,28 @@ class ThroughputSpec(Frozen):
     size_scale: tuple[float, ...] = (1.0,)
     oversubscription: tuple[float, ...] = (1.0,)
     rack_size: tuple[int, ...] = (8,)
+    intra_link: tuple[str, ...] = ("pcie",)
+    transport: tuple[str, ...] = ("ideal",)
+    device: tuple[str | None, ...] = (None,)
+    server_sum_gbps: tuple[float, ...] = (80.0,)
+    server_update_gbps: tuple[float | None, ...] = (None,)
+    jitter: tuple[float, ...] = (0.0,)
+    stragglers: tuple[int, ...] = (0,)
+    straggler_slowdown: tuple[float, ...] = (2.0,)
+    seed: tuple[int, ...] = (0,)
+    batch_size: tuple[int | None, ...] = (None,)
     repetitions: int = Field(1, ge=1)
     backends: dict[str, dict[str, tuple[Any, ...]]]
     zip: tuple[tuple[str, ...], ...] = ()
     real: RealOptions = RealOptions()
     report: ReportOptions = ReportOptions()
 
-    @field_validator(
-        "workloads", "workers", "servers", "bandwidth_gbps", "latency_us", "iterations",
-        "warmup", "compute_scale", "size_scale", "oversubscription", "rack_size",
-        mode="before",
-    )
+    @field_validator("workloads", *COMMON_AXES[1:], mode="before")
     @classmethod
     def _axis(cls, value: Any, info: Any) -> Any:
+        if info.field_name in ("workers", "hosts") and isinstance(value, (list, tuple)) \
+                and not value:
+            return ()  # not given: the other one (or the default) decides
         return as_axis(value, info.field_name)
 
     @field_validator(*COMMON_AXES[1:])
@@ -132,13 +144,15 @@ class ThroughputSpec(Frozen):
 
     def axes_of(self, backend: str) -> dict[str, tuple[Any, ...]]:
         """Return the sweep axes of ``backend``: common axes, then its knobs (``b.knob``)."""
-        axes: dict[str, tuple[Any, ...]] = {
-            "workload": self.workloads, "workers": self.workers, "servers": self.servers,
-            "bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us,
-            "iterations": self.iterations, "warmup": self.warmup,
-            "compute_scale": self.compute_scale, "size_scale": self.size_scale,
-            "oversubscription": self.oversubscription, "rack_size": self.rack_size,
-        }
+        axes: dict[str, tuple[Any, ...]] = {"workload": self.workloads}
+        for axis in COMMON_AXES[1:]:
+            axes[axis] = getattr(self, axis)
+        # Workers or hosts (or both, zipped to agree); neither = the Cluster's 4 workers.
+        if not axes["hosts"]:
+            del axes["hosts"]
+            axes["workers"] = axes["workers"] or (contract.Cluster.model_fields["workers"].default,)
+        elif not axes["workers"]:
+            del axes["workers"]
         for knob, values in self.backends[backend].items():
             # A common axis given under a backend overrides it for that backend only.
             common = "workload" if knob == "workloads" else knob

@@ -1,0 +1,221 @@
+"""Hardware presets of a simulated cluster: devices, transports and intra-host links.
+
+Each constant is set once per device, transport or link, never per experiment point, and
+its source is named where it is declared. The tables are plain data (no imports beyond the
+standard library), so :mod:`ddpbench.contract` checks names against them and the simulator,
+the experiment schema, ``ddpbench simulate`` and a measured machine profile (``ddpbench
+calibrate``) all speak of the same things:
+
+- a :class:`Device` is what computes a worker's forward and backward pass: its datasheet
+  fp32 peak and memory bandwidth, and the batch below which it is no longer saturated;
+- a :class:`Transport` is how a host's NIC is driven: the fraction of line rate its
+  payload reaches, the sender CPU time each message costs, and how much of the
+  per-direction rate is left when both directions are busy;
+- an :class:`IntraLink` joins the GPUs of one host (PCIe or NVLink).
+
+Rescaling rule of compute times (:func:`compute_factor`), used by the simulator when a point
+names a ``device`` or a ``batch_size`` other than its profile's:
+
+``t' = t x (a x F_ref / F_dev + (1 - a) x M_ref / M_dev) x (b' + b0_dev) / (b + b0_ref)``
+
+where ``a`` is the fraction of the profile's time spent in matrix products (convolutions,
+linear layers, LSTM gates; recorded in the profile), ``F`` the fp32 peak FLOP/s, ``M`` the
+memory bandwidth, ``b`` and ``b'`` the profile's and the point's per-worker batch, and
+``b0`` the device's half-saturation batch (:attr:`Device.saturation_batch`). Limits: the
+rule knows nothing of tensor cores (TF32, fp16 AMP: the A100 and H100 rows are their fp32
+peaks), of memory capacity (a batch that would not fit is not refused), of kernel launch
+overheads that dominate tiny layers, or of cuDNN choosing other algorithms at other batch
+sizes; away from the profile's device and batch, expect the error to grow (the unit tests
+check it against published single-device throughputs within the stated tolerance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+__all__ = [
+    "DEVICES",
+    "INTRA_LINKS",
+    "TRANSPORTS",
+    "Device",
+    "IntraLink",
+    "Transport",
+    "compute_factor",
+    "device",
+    "intra_link",
+    "transport",
+]
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One compute device: datasheet peaks and the batch that half-saturates it.
+
+    Attributes:
+        name: the table key (``"V100"``).
+        fp32_tflops: peak fp32 TFLOP/s (no tensor cores).
+        mem_gbps: memory bandwidth, GB/s.
+        saturation_batch: ``b0`` of the batch rule: per-sample time at batch ``b`` is
+            ``(b + b0) / b`` times its time at an infinite batch.
+        source: where the peaks come from.
+    """
+
+    name: str
+    fp32_tflops: float
+    mem_gbps: float
+    saturation_batch: float
+    source: str
+
+
+# b0 for a P100 comes from TensorFlow's published ResNet-50 training throughput on one P100
+# (tensorflow.org/performance/benchmarks, DGX-1, synthetic data): 195 images/s at batch 32
+# and 219 at batch 64; t(b) ~ (b + b0) fits both with b0 = 9. A faster device needs more
+# work in flight to fill it, so b0 scales with fp32 peak (b0 = 9 x F / 10.6 TFLOP/s).
+_B0_P100, _F_P100 = 9.0, 10.6
+
+
+def _b0(tflops: float) -> float:
+    return round(_B0_P100 * tflops / _F_P100, 2)
+
+
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("P4000", 5.3, 243.0, _b0(5.3),
+           "NVIDIA Quadro P4000 datasheet (5.3 TFLOP/s fp32, 243 GB/s GDDR5): the P3 paper's GPU"),
+    Device("P100", 10.6, 732.0, _b0(10.6),
+           "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2)"),
+    Device("V100", 15.7, 900.0, _b0(15.7),
+           "NVIDIA Tesla V100 SXM2 datasheet (15.7 TFLOP/s fp32, 900 GB/s HBM2)"),
+    Device("T4", 8.1, 320.0, _b0(8.1),
+           "NVIDIA T4 datasheet (8.1 TFLOP/s fp32, 320 GB/s GDDR6)"),
+    Device("A100", 19.5, 1555.0, _b0(19.5),
+           "NVIDIA A100 40GB SXM datasheet (19.5 TFLOP/s fp32 without TF32, 1,555 GB/s)"),
+    Device("H100", 67.0, 3350.0, _b0(67.0),
+           "NVIDIA H100 SXM datasheet (67 TFLOP/s fp32 without TF32, 3,350 GB/s HBM3)"),
+    Device("cpu", 0.2, 4.1, _b0(0.2),
+           "this project's build machine (2 cores of an AMD EPYC): 200 GFLOP/s for a "
+           "1024x1024 fp32 np.matmul and 4.1 GB/s for np.copyto of 256 MiB, measured with "
+           "NumPy; `ddpbench calibrate` measures a machine of your own"),
+)}
+"""Device name -> :class:`Device`: the ``device`` axis of a point."""
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How a NIC is driven.
+
+    Attributes:
+        name: the table key.
+        efficiency: payload fraction of line rate a bulk transfer reaches.
+        per_message_us: sender CPU time per message (a ring step, a slice, a partition),
+            microseconds, on top of its bytes; it occupies the sender like bytes do.
+        duplex: fraction of the per-direction rate each direction keeps when both are busy
+            (1 = full duplex); every strategy here sends and receives at once.
+        control_plane: whether control messages (Horovod's negotiation) cost time.
+        source: where the numbers come from.
+    """
+
+    name: str
+    efficiency: float
+    per_message_us: float
+    duplex: float
+    control_plane: bool
+    source: str
+
+
+TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
+    Transport("ideal", 1.0, 0.0, 1.0, False,
+              "the analytic network of the closed forms: line rate, messages and control "
+              "free (the default; results before transports existed)"),
+    Transport("tcp", 0.94, 5.0, 1.0, True,
+              "efficiency: TCP/IPv4 payload per Ethernet frame at MTU 1500 with timestamps, "
+              "1448 of 1538 bytes on the wire; per message: a kernel TCP send/receive of a "
+              "small message through ZeroMQ (ps-lite's van) or MPI over TCP, ~20 us of CPU"),
+    Transport("rdma", 0.97, 2.0, 1.0, True,
+              "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
+              "and ICRC (~3%); per message: a verbs post and completion, ~2 us "
+              "(ib_send_lat-class small-message cost)"),
+    Transport("shm", 1.0, 1.0, 1.0, True,
+              "processes on one host through shared memory: bandwidth_gbps is the copy "
+              "bandwidth; ~1 us per message to signal the peer"),
+)}
+"""Transport name -> :class:`Transport`: the ``transport`` axis of a point."""
+
+
+@dataclass(frozen=True)
+class IntraLink:
+    """The link between the GPUs of one host.
+
+    Attributes:
+        name: the table key.
+        bandwidth_gbps: per GPU per direction, Gbit/s, as a ring over the host's GPUs
+            achieves it (bus bandwidth).
+        latency_us: per ring step.
+        source: where the numbers come from.
+    """
+
+    name: str
+    bandwidth_gbps: float
+    latency_us: float
+    source: str
+
+
+INTRA_LINKS: dict[str, IntraLink] = {x.name: x for x in (
+    IntraLink("pcie", 96.0, 5.0,
+              "PCIe 3.0 x16: 15.75 GB/s raw per direction, ~12 GB/s achieved by NCCL "
+              "all-reduce bus bandwidth across PCIe switches (nccl-tests on PCIe servers)"),
+    IntraLink("nvlink", 1040.0, 3.0,
+              "NVLink 2 on a DGX-1V / p3.16xlarge: ~130 GB/s NCCL all-reduce bus bandwidth "
+              "over 8 V100s (nccl-tests)"),
+)}
+"""Intra-host link name -> :class:`IntraLink`: the ``intra_link`` axis of a point."""
+
+
+def _lookup(table: dict[str, _T], kind: str, name: str) -> _T:
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown {kind} {name!r}; available: {sorted(table)}") from None
+
+
+def device(name: str) -> Device:
+    """Return the device called ``name`` (an unknown one raises, listing the known)."""
+    return _lookup(DEVICES, "device", name)
+
+
+def transport(name: str) -> Transport:
+    """Return the transport called ``name`` (an unknown one raises, listing the known)."""
+    return _lookup(TRANSPORTS, "transport", name)
+
+
+def intra_link(name: str) -> IntraLink:
+    """Return the intra-host link called ``name`` (an unknown one raises, listing the known)."""
+    return _lookup(INTRA_LINKS, "intra_link", name)
+
+
+def compute_factor(matmul_fraction: float, ref: Device, dev: Device, batch: int,
+                   new_batch: int) -> float:
+    """Return the factor on one iteration's compute times from ``ref``/``batch`` to ``dev``/``new_batch``.
+
+    The rule and its limits are in the module docstring.
+
+    Args:
+        matmul_fraction: ``a``, the fraction of the profile's time in matrix products.
+        ref: the device the profile was measured on.
+        dev: the device to rescale to.
+        batch: the profile's per-worker batch.
+        new_batch: the point's per-worker batch.
+
+    Raises:
+        ValueError: a fraction outside [0, 1] or a batch < 1.
+    """
+    if not 0.0 <= matmul_fraction <= 1.0:
+        raise ValueError(f"matmul_fraction must be in [0, 1], got {matmul_fraction!r}")
+    if batch < 1 or new_batch < 1:
+        raise ValueError(f"batch sizes must be >= 1, got {batch} and {new_batch}")
+    speed = (matmul_fraction * ref.fp32_tflops / dev.fp32_tflops
+             + (1.0 - matmul_fraction) * ref.mem_gbps / dev.mem_gbps)
+    return speed * (new_batch + dev.saturation_batch) / (batch + ref.saturation_batch)

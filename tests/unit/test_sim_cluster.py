@@ -1,0 +1,259 @@
+"""The cluster model: hosts x GPUs, hierarchical allreduce, transports, devices, jitter."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from ddpbench import contract, hardware, simulator
+from ddpbench.simulator import load_workload, simulate, simulate_collective
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "sim_reference.json").read_text())
+"""Iteration end times, event counts and bytes of 64 points, recorded from the simulator
+before hosts, transports, devices and jitter existed (main at 8360b62)."""
+
+
+@pytest.mark.parametrize("case", REFERENCE, ids=lambda c: f"{c['workload']}-{c['backend']}-"
+                         + ",".join(f"{k}={v}" for k, v in sorted(c["args"].items())))
+def test_one_gpu_per_host_and_no_jitter_reproduce_the_old_results_exactly(case):
+    r = simulate(case["workload"], case["backend"], gpus_per_host=1, jitter=0.0,
+                 transport="ideal", **case["args"])
+    assert [repr(t) for t in r.iteration_end_s] == case["iteration_end_s"]
+    assert r.events == case["events"]
+    assert r.bytes_sent == case["bytes_sent"]
+
+
+@pytest.mark.parametrize("g,h", [(2, 1), (4, 2), (8, 4), (8, 16), (3, 5)])
+@pytest.mark.parametrize("transport", ["ideal", "tcp", "rdma"])
+def test_hierarchical_allreduce_closed_form(g, h, transport):
+    n = 100_000_003  # not a multiple of anything: the ceil() terms matter
+    got = simulate_collective("allreduce", n, hosts=h, gpus_per_host=g, bandwidth_gbps=25,
+                              latency_us=5, intra_link="nvlink", transport=transport,
+                              hierarchical=True)
+    tr, link = hardware.transport(transport), hardware.intra_link("nvlink")
+    b = 25e9 / 8 * tr.efficiency * tr.duplex
+    bi, ai = link.bandwidth_gbps * 1e9 / 8, link.latency_us * 1e-6
+    a, c = 5e-6, tr.per_message_us * 1e-6
+    want = (2 * (g - 1) * (ai + math.ceil(n / g) / bi)
+            + 2 * (h - 1) * (a + c + g * math.ceil(n / (g * h)) / b))
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("workload", ["resnet50", "vgg19"])
+def test_hierarchical_with_one_gpu_per_host_equals_the_flat_ring(workload):
+    flat = simulate(workload, "horovod", hosts=8, bandwidth_gbps=10, transport="tcp")
+    hier = simulate(workload, "horovod", hosts=8, bandwidth_gbps=10, transport="tcp",
+                    hierarchical=True)
+    assert hier.iteration_end_s == flat.iteration_end_s
+    assert hier.events == flat.events
+
+
+def test_flat_ring_over_several_gpus_per_host_closed_form():
+    n, g, h = 50_000_000, 4, 3
+    p = g * h
+    got = simulate_collective("allreduce", n, hosts=h, gpus_per_host=g, bandwidth_gbps=10,
+                              latency_us=5, intra_link="pcie")
+    link = hardware.intra_link("pcie")
+    chunk = math.ceil(n / p)
+    step = max(5e-6 + chunk / (10e9 / 8), link.latency_us * 1e-6 + chunk / (link.bandwidth_gbps * 1e9 / 8))
+    assert got == pytest.approx(2 * (p - 1) * step, rel=1e-12)
+
+
+def test_hierarchical_beats_the_flat_ring_when_the_nic_is_slow_and_messages_cost():
+    kw = dict(hosts=16, gpus_per_host=8, bandwidth_gbps=25, intra_link="nvlink",
+              transport="tcp", iterations=2)
+    flat = simulate("resnet50", "horovod", **kw)
+    hier = simulate("resnet50", "horovod", hierarchical=True, **kw)
+    assert hier.iteration_time_s < flat.iteration_time_s
+    assert flat.workers == hier.workers == 128 and flat.hosts == 16
+
+
+def test_transport_costs_per_message_so_small_slices_are_slower():
+    def p3(slice_params, transport):
+        return simulate("vgg19", "p3", workers=4, bandwidth_gbps=10, transport=transport,
+                        slice_params=slice_params, iterations=2, size_scale=0.05,
+                        compute_scale=0.025, trace=False).iteration_time_s
+
+    # On the ideal network smaller slices never cost more bytes; over TCP each slice costs
+    # 20 us of sender time, so 2,000-parameter slices (8 KB, ~6.5 us of wire at 10 Gbit/s)
+    # lose to 40,000-parameter ones.
+    assert p3(2_000, "tcp") > p3(40_000, "tcp") * 1.5
+    assert p3(2_000, "ideal") < p3(2_000, "tcp")
+
+
+@pytest.mark.parametrize("workers", [2, 3, 64, 8192])
+def test_negotiation_grows_with_world_size(workers):
+    from ddpbench.simulator.core import _Sim
+
+    c = contract.Cluster(workers=workers, transport="rdma", latency_us=5)
+    # Two bitwise allreduces of the cache bit vector per cycle, ceil(log2 p) rounds each.
+    want = 2 * math.ceil(math.log2(workers)) * (5e-6 + 2e-6)
+    assert _Sim(None, c).negotiation == pytest.approx(want)
+    assert _Sim(None, c.model_copy(update={"transport": "ideal"})).negotiation == 0.0
+    # One cycle per iteration at most here, so the iteration grows by about one negotiation.
+    kw = dict(workers=workers, bandwidth_gbps=1, iterations=2, trace=False,
+              fusion_threshold=1 << 30, cycle_time=0)
+    if workers <= 64:
+        fast = simulate("vgg19", "horovod", transport="ideal", **kw)
+        slow = simulate("vgg19", "horovod", transport="rdma", **kw)
+        assert slow.iteration_time_s > fast.iteration_time_s
+
+
+def test_server_update_throughput_slows_kvstore_not_byteps():
+    for backend, slower in (("kvstore", True), ("p3", True), ("byteps", False)):
+        free = simulate("resnet50", "byteps" if backend == "byteps" else backend, workers=4,
+                        bandwidth_gbps=10, iterations=2)
+        paid = simulate("resnet50", backend, workers=4, bandwidth_gbps=10, iterations=2,
+                        server_update_gbps=8.0)
+        assert (paid.iteration_time_s > free.iteration_time_s) == slower, backend
+
+
+def test_ps_hosts_reduce_locally_and_push_once_per_host():
+    one = simulate("vgg19", "byteps", hosts=4, gpus_per_host=1, bandwidth_gbps=10, iterations=2)
+    four = simulate("vgg19", "byteps", hosts=4, gpus_per_host=4, bandwidth_gbps=10,
+                    iterations=2)
+    # The same bytes cross each NIC: a host pushes its GPUs' sum, not each GPU's gradient.
+    assert four.bytes_sent["host0"] == pytest.approx(one.bytes_sent["worker0"])
+    # The local reduce and broadcast (PCIe) mostly hide behind backward and the network.
+    assert four.iteration_time_s == pytest.approx(one.iteration_time_s, rel=0.05)
+    assert four.throughput == pytest.approx(16 * 128 / four.iteration_time_s)
+
+
+def test_jitter_zero_and_stragglers_zero_take_the_exact_path():
+    base = simulate("resnet50", "horovod", workers=8, bandwidth_gbps=10)
+    same = simulate("resnet50", "horovod", workers=8, bandwidth_gbps=10, jitter=0.0,
+                    stragglers=0, seed=7)
+    assert same.iteration_end_s == base.iteration_end_s and same.events == base.events
+
+
+@pytest.mark.parametrize("backend", ["horovod", "p3"])
+def test_a_straggler_sets_the_pace(backend):
+    base = simulate("resnet50", backend, workers=4, bandwidth_gbps=100, iterations=3)
+    slow = simulate("resnet50", backend, workers=4, bandwidth_gbps=100, iterations=3,
+                    stragglers=1, straggler_slowdown=2.0)
+    compute = sum(x.fwd_s + x.bwd_s for x in load_workload("resnet50").layers)
+    # At 100 Gbit/s communication hides behind compute: the iteration follows the
+    # straggler's doubled compute.
+    assert slow.iteration_time_s == pytest.approx(base.iteration_time_s + compute, rel=0.05)
+
+
+def test_jitter_is_seeded_and_slows_the_job():
+    kw = dict(workers=16, bandwidth_gbps=10, iterations=4, jitter=0.1)
+    a = simulate("resnet50", "horovod", seed=1, **kw)
+    b = simulate("resnet50", "horovod", seed=1, **kw)
+    c = simulate("resnet50", "horovod", seed=2, **kw)
+    base = simulate("resnet50", "horovod", workers=16, bandwidth_gbps=10, iterations=4)
+    assert a.iteration_end_s == b.iteration_end_s
+    assert a.iteration_end_s != c.iteration_end_s
+    assert a.iteration_time_s > base.iteration_time_s  # the slowest of 16 sets each step
+
+
+def test_device_rescaling_rule():
+    wl = load_workload("resnet50")
+    ref, p4000 = hardware.device(wl.device), hardware.device("P4000")
+    a = wl.matmul_fraction
+    want = ((a * ref.fp32_tflops / p4000.fp32_tflops + (1 - a) * ref.mem_gbps / p4000.mem_gbps)
+            * (32 + p4000.saturation_batch) / (wl.batch_size + ref.saturation_batch))
+    assert wl.compute_factor("P4000", 32) == pytest.approx(want)
+    assert wl.compute_factor(None, None) == 1.0
+    assert wl.compute_factor(wl.device, wl.batch_size) == pytest.approx(1.0)
+    r = simulate("resnet50", "mpi", workers=1, bandwidth_gbps=10, device="P4000",
+                 batch_size=32)
+    compute = sum(x.fwd_s + x.bwd_s for x in wl.layers) * want
+    assert r.iteration_time_s == pytest.approx(compute)
+    assert r.throughput == pytest.approx(32 / compute)
+
+
+# Published single-device fp32 training throughputs, images/s, and the tolerance the rule
+# (peaks and a saturation batch, no per-kernel model) deserves.
+PUBLISHED = [
+    # TensorFlow's benchmarks page (tensorflow.org/performance/benchmarks, DGX-1 P100,
+    # synthetic ImageNet): ResNet-50 219 images/s at batch 64 and 195 at batch 32.
+    ("resnet50", "P100", 64, 219.0, 0.15),
+    ("resnet50", "P100", 32, 195.0, 0.15),
+    # The same page: Inception-v3 142 images/s on one P100 at batch 64. The profile is built
+    # from FLOPs at ResNet-50's speeds, so this checks the FLOP model and the rule together.
+    ("inception_v3", "P100", 64, 142.0, 0.25),
+]
+
+
+@pytest.mark.parametrize("workload,device,batch,published,tol", PUBLISHED)
+def test_rescaled_throughput_matches_published_single_device(workload, device, batch,
+                                                             published, tol):
+    r = simulate(workload, "mpi", workers=1, bandwidth_gbps=10, device=device,
+                 batch_size=batch)
+    assert r.throughput == pytest.approx(published, rel=tol)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(gpus_per_host=0), "gpus_per_host"),
+    (dict(gpus_per_host=2.5), "gpus_per_host"),
+    (dict(gpus_per_host="8"), "gpus_per_host"),
+    (dict(device="K80"), "device"),
+    (dict(transport="udp"), "transport"),
+    (dict(intra_link="nvswitch"), "intra_link"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(batch_size=-32), "batch_size"),
+    (dict(jitter=-0.1), "jitter"),
+    (dict(stragglers=5), "stragglers"),
+    (dict(workers=6, gpus_per_host=4), "gpus_per_host"),
+])
+def test_bad_cluster_input_names_the_field(kwargs, field):
+    args = dict(workers=4, bandwidth_gbps=10)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        simulate("resnet50", "horovod", **args)
+
+
+def test_hierarchical_with_one_gpu_per_host_is_allowed():
+    r = simulate("resnet50", "horovod", workers=4, bandwidth_gbps=10, hierarchical=True)
+    assert r.iteration_time_s > 0
+
+
+def test_hosts_and_workers_agree():
+    c = contract.Cluster(hosts=1024, gpus_per_host=8)
+    assert (c.workers, c.num_hosts) == (8192, 1024)
+    assert contract.Cluster(workers=32, gpus_per_host=8).hosts == 4
+    with pytest.raises(ValueError, match="hosts x gpus_per_host"):
+        contract.Cluster.from_point({"workers": 30, "hosts": 4, "gpus_per_host": 8})
+
+
+def test_profiles_that_record_no_device_cannot_be_rescaled(tmp_path):
+    p = tmp_path / "tiny.yaml"
+    p.write_text("name: tiny\nbatch_size: 8\nlayers:\n- {name: fc, fwd_ms: 1, bwd_ms: 2, "
+                 "tensors: [{name: w, numel: 1000}]}\n")
+    with pytest.raises(ValueError, match="device and matmul_fraction"):
+        simulator.simulate(str(p), "horovod", workers=2, bandwidth_gbps=10, device="V100")
+
+
+# Parameter counts of the added profiles against their published or library totals.
+@pytest.mark.parametrize("name,params", [
+    ("vgg16", 138_357_544),         # torchvision vgg16
+    ("resnet101", 44_549_160),      # torchvision resnet101
+    ("inception_v3", 27_161_264),   # torchvision inception_v3 (aux classifier included)
+    ("bert_large", 335_141_888),    # HF bert-large-uncased BertModel
+    ("gpt2_xl", 1_557_611_200),     # HF gpt2-xl (tied LM head)
+    ("transformer_big", 214_245_376),  # Vaswani et al. Table 3 reports 213M
+])
+def test_added_profiles_parameter_counts(name, params):
+    wl = load_workload(name)
+    assert wl.total_params == params
+    assert wl.device in hardware.DEVICES and 0 < wl.matmul_fraction < 1
+
+
+def test_sockeye_parameter_count():
+    v, e, h = 50_000, 512, 1024
+    lstm = lambda n_in, hid: 4 * hid * (n_in + hid) + 8 * hid  # noqa: E731
+    want = (2 * v * e + 2 * lstm(e, h // 2) + 2 * h * h + h + lstm(e + h, h)
+            + 2 * h * h + h + v * h + v)
+    assert load_workload("sockeye").total_params == want
+
+
+def test_resnet101_keeps_resnet50_times_and_adds_layer3_blocks():
+    r50, r101 = load_workload("resnet50"), load_workload("resnet101")
+    extra = sum(x.fwd_s + x.bwd_s for x in r101.layers) - sum(x.fwd_s + x.bwd_s for x in r50.layers)
+    block = sum(x.fwd_s + x.bwd_s for x in r50.layers if x.name.startswith("layer3.5."))
+    assert extra == pytest.approx(17 * block)
