@@ -45,15 +45,11 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ddpbench.api import ReduceOp
 from ddpbench.tensor_ops import reduce_ufunc, ring_chunks, scale_
-
-try:
-    import ml_dtypes
-except ImportError:  # pragma: no cover - a declared dependency
-    ml_dtypes = None
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -126,8 +122,6 @@ def resolve_dtype(dtype: Any) -> np.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {list(DTYPES)} "
                          "(the numerics emulator covers floating-point gradients)")
     if name == "bfloat16":
-        if ml_dtypes is None:  # pragma: no cover
-            raise ValueError("dtype 'bfloat16' needs the ml_dtypes package: pip install ml_dtypes")
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -164,7 +158,7 @@ def check_world_size(world_size: Any) -> int:
 
 
 def _finfo(dtype: np.dtype) -> Any:
-    if ml_dtypes is not None and dtype == np.dtype(ml_dtypes.bfloat16):
+    if dtype == np.dtype(ml_dtypes.bfloat16):
         return ml_dtypes.finfo(dtype)
     return np.finfo(dtype)
 
