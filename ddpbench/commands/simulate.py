@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 HELP = "simulate one point (workload, backend, knobs, network) and print its iteration time"
@@ -35,6 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a backend knob, e.g. -k slice_params=10000 (repeatable)")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--max-events", type=float, default=None, metavar="N",
+                        help="refuse a simulation estimated past N events (default "
+                             "DDPBENCH_MAX_EVENTS or 50,000,000: about 5 min here)")
 
 
 _FLAGGED = ("workers", "servers", "bandwidth_gbps", "latency_us", "iterations", "warmup",
@@ -86,16 +94,23 @@ def main(args: argparse.Namespace) -> int:
     cluster = {k: getattr(args, k) for k in (*contract.Cluster.model_fields,
                                              *contract.Schedule.model_fields)
                if k not in _FLAGGED and getattr(args, k, None) is not None}
+    kwargs: dict[str, Any] = dict(
+        workers=args.workers if args.workers is not None or args.hosts is not None else 4,
+        servers=servers,
+        bandwidth_gbps=args.bandwidth_gbps, latency_us=args.latency_us,
+        iterations=args.iterations, warmup=args.warmup,
+        compute_scale=args.compute_scale, oversubscription=args.oversubscription,
+        rack_size=args.rack_size, **cluster, **dict[str, Any](knobs),
+    )
+    if args.max_events is not None and not args.max_events > 0:
+        raise UsageError(f"--max-events must be > 0, got {args.max_events:g}")
+    from ddpbench.simulator import estimate
+
     try:
-        res = simulator.simulate(
-            args.workload, args.backend,
-            workers=args.workers if args.workers is not None or args.hosts is not None else 4,
-            servers=servers,
-            bandwidth_gbps=args.bandwidth_gbps, latency_us=args.latency_us,
-            iterations=args.iterations, warmup=args.warmup,
-            compute_scale=args.compute_scale, oversubscription=args.oversubscription,
-            rack_size=args.rack_size, **cluster, **dict[str, Any](knobs),
-        )
+        est = estimate.estimate(args.workload, args.backend, **kwargs)
+        estimate.check(est, args.max_events)
+        with _progress(est):
+            res = simulator.simulate(args.workload, args.backend, **kwargs)
     except ValueError as err:
         raise UsageError(str(err)) from None
     sent = dict(res.bytes_sent or {})
@@ -121,3 +136,32 @@ def main(args: argparse.Namespace) -> int:
         if args.trace:
             print(f"trace: {args.trace}")
     return 0
+
+
+@contextlib.contextmanager
+def _progress(est: Any) -> Iterator[None]:
+    """Show the estimate and a time bar on stderr while a simulation of over 3 s runs."""
+    if est is None or est.seconds < 3:
+        yield
+        return
+    from tqdm import tqdm
+
+    print(f"simulating {est.describe()}", file=sys.stderr, flush=True)
+    done = threading.Event()
+    bar = tqdm(total=round(est.seconds), unit="s", desc="simulate (estimated time)",
+               file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+
+    def tick() -> None:
+        start = time.monotonic()
+        while not done.wait(0.5):
+            bar.n = min(bar.total, round(time.monotonic() - start))
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()

@@ -143,12 +143,19 @@ def _cluster_params(params: dict[str, Any]) -> dict[str, Any]:
 def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
     from ddpbench import simulator
     from ddpbench.experiments.throughput.worker import load_workload
+    from ddpbench.simulator import estimate
 
-    res = simulator.simulate(
-        load_workload(params["workload"]), params["backend"],
-        cluster=contract.Cluster.from_point(_cluster_params(params)),
-        schedule=contract.Schedule.from_point(params), **_knobs(params),
-    )
+    workload = load_workload(params["workload"])
+    cluster = contract.Cluster.from_point(_cluster_params(params))
+    schedule = contract.Schedule.from_point(params)
+    # A point past the event limit fails at once with the estimate, not after hours.
+    fields = {k: v for k, v in cluster.model_dump().items() if v is not None}
+    estimate.check(estimate.estimate(
+        workload.resized(schedule.size_scale), params["backend"], **fields,
+        iterations=schedule.iterations, compute_scale=schedule.compute_scale,
+        **_knobs(params)))
+    res = simulator.simulate(workload, params["backend"], cluster=cluster, schedule=schedule,
+                             **_knobs(params))
     sent = dict(getattr(res, "bytes_sent", {}) or {})
     util = dict(getattr(res, "nic_utilisation", {}) or {})
     samples = list(getattr(res, "iteration_times_s", None) or [res.iteration_time_s])
