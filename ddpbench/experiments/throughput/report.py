@@ -205,7 +205,9 @@ def _gantt(plt: Any, timeline: dict[str, Any], path: Path) -> Path:
     cmap = plt.get_cmap("viridis")
     fig, ax = plt.subplots(figsize=(12, 0.32 * len(rows) + 3.2))
     kinds = sorted({k for _, k in rows}, key=lambda k: (_KIND_ORDER.get(k, 9), k))
-    hatches = {k: h for k, h in zip(kinds, ["", "", "////", "\\\\", "....", "xx", "++"])}
+    # One distinct hatching per activity (forward and backward too), so the legend's
+    # swatches tell every kind apart.
+    hatches = {k: h for k, h in zip(kinds, ["", "...", "////", "\\\\", "xx", "++", "--", "oo"])}
     by_row: dict[tuple[str, str], list[dict]] = {}
     for s in spans:
         by_row.setdefault((str(s["host"]), str(s["kind"])), []).append(s)
@@ -225,9 +227,18 @@ def _gantt(plt: Any, timeline: dict[str, Any], path: Path) -> Path:
         ax.axvline(end_ms, color="red", ls="--", lw=1)
         ax.text(end_ms, -0.75, "this iteration's last update is back ", color="red",
                 fontsize=8, va="center", ha="right")
+        iter_ms = iter_s * 1e3
+        if iter_ms > 0 and abs(iter_ms - end_ms) > 0.01 * end_ms:
+            # Explain the gap between the drawn span and the (mean) iteration time.
+            ax.axvline(iter_ms, color="grey", ls=":", lw=1)
+            why = ("the next forward pass starts before this\nlast update: its first layers "
+                   "are back early" if iter_ms < end_ms else
+                   "iterations differ in length:\nthe mean is longer than this one")
+            ax.text(iter_ms, -0.95, f"mean iteration time {iter_ms:.1f} ms;\n{why} ",
+                    color="dimgrey", fontsize=7, va="center", ha="right")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{h}: {k}" for h, k in rows], fontsize=7)
-    ax.set_ylim(len(rows) - 0.5, -1.2)
+    ax.set_ylim(len(rows) - 0.5, -1.6)
     ax.set_xlabel("time since the start of the iteration's forward pass (ms)")
     ax.set_ylabel("host: activity")
     import textwrap

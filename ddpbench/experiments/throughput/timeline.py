@@ -49,7 +49,9 @@ def compact_timeline(spans: list[dict[str, Any]], iteration_time_s: float) -> di
 
 def timeline_file(point: str) -> str:
     """Return the file name under ``timelines/`` that holds ``point``'s timeline."""
-    safe = "".join(c if c.isalnum() or c in "-_.=," else "_" for c in point.rstrip("]"))
+    # Plain characters only: '=' and ',' break shell globs, URLs and some file systems.
+    text = point.rstrip("]").replace("[", "_").replace("=", "-").replace(",", "_")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
     return f"{safe}.json"
 
 
