@@ -177,6 +177,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         wire, ctx = self._compression.compress(grad)
         wire, staged = staging(wire)
         name = self._parameter_names[p]
+        if wire.dtype != p.dtype:
+            # Parameter servers fix a key's dtype at first use (broadcast_parameters may
+            # have used this name for the weights): the compressed gradient gets its own.
+            name = f"{name}/{self._compression.name}"
         f = self.gradient_predivide_factor
         pre, post = (1.0 / f, f) if self.op is ReduceOp.AVERAGE else (1.0, 1.0)
         handle = self._kv.push_pull_async(name, as_array(wire), priority=self._priority[p],

@@ -1,8 +1,8 @@
 """ddpbench.torch checks, run on every rank of one MPI job.
 
 Usage: python torch_check.py CASE[,CASE...] BACKEND[,BACKEND...]
-Cases: reference, lazy, errors, variants, onserver. Each prints one line per check on rank 0
-and raises (ending the job non-zero) on a wrong result.
+Cases: reference, lazy, errors, variants, local_sgd, onserver. Each reports one JSON line per
+check on rank 0 (_results.py) and raises (ending the job non-zero) on a wrong result.
 
 Tolerance of the reference check: N workers each on B samples, gradients averaged, equal
 one process on the N*B concatenated samples up to the reduction order of fp32 sums; after
@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _results import result
 from torch import nn
 
 import ddpbench
@@ -29,9 +30,9 @@ DATA = mnist5k()
 _RUNS = [0]
 
 
-def log(msg: str) -> None:
+def log(check: str, **fields) -> None:
     if world().role_rank == 0:
-        print(msg, flush=True)
+        result(check, **fields)
 
 
 def gather_equal(t: torch.Tensor, what: str) -> None:
@@ -107,8 +108,8 @@ def case_reference(kv, backend: str) -> None:
     for kind in ("mlp", "cnn", "lazy"):
         m = train(kv, kind)
         worst = compare(m, reference(kind, kv.num_workers), f"{backend}/{kind}")
-        log(f"reference {backend} {kind}: {K} steps on {kv.num_workers} ranks equal the "
-            f"single process on the concatenated batch, worst relative {worst:.2e}")
+        log("reference", backend=backend, model=kind, steps=K, ranks=kv.num_workers,
+            worst=worst)
 
 
 def case_lazy(kv, backend: str) -> None:
@@ -123,8 +124,7 @@ def case_lazy(kv, backend: str) -> None:
         if not torch.equal(p, q):
             raise AssertionError(f"{backend} lazy {name}: differs from root's initial values")
         gather_equal(p, f"{backend} lazy {name}")
-    log(f"lazy {backend}: {lazy} uninitialised parameters, seeded differently per rank, "
-        f"identical to root's on all {kv.num_workers} ranks after the first forward")
+    log("lazy", backend=backend, uninitialised=lazy, ranks=kv.num_workers)
 
 
 def expect_error(fn, kind, *needles) -> str:
@@ -157,8 +157,7 @@ def case_errors(kv, backend: str) -> None:
     msg = expect_error(lambda: dt.broadcast_parameters(bad, kv=kv, prefix=prefix()),
                        ValueError, f"ranks [{odd}]", "root rank 0", "0.weight'",
                        "float32[33, 784]", "float32[32, 784]")
-    log(f"errors {backend}: unnamed parameter, complex dtype, and a rank whose model differs "
-        f"raise on every rank; e.g. {msg!r}")
+    log("errors", backend=backend, example=msg)
 
 
 def case_variants(kv, backend: str) -> None:
@@ -167,7 +166,7 @@ def case_variants(kv, backend: str) -> None:
     for f in (4.0, 16.0):
         got = train(kv, "mlp", k=5, gradient_predivide_factor=f)
         worst = compare(got, base, f"{backend} predivide {f:g}", rtol=1e-6)
-        log(f"variants {backend} predivide f={f:g}: equals AVERAGE within {worst:.1e} relative")
+        log("predivide", backend=backend, factor=f, worst=worst)
     for comp, eps in (("fp16", 2.0 ** -11), ("bf16", 2.0 ** -8)):
         got = train(kv, "mlp", k=1, momentum=0.0, compression=comp)
         ref = reference("mlp", n, k=1, momentum=0.0)
@@ -182,7 +181,7 @@ def case_variants(kv, backend: str) -> None:
             bound = LR * (n + 1) * eps * gmax * 4 + 1e-7
             if err > bound:
                 raise AssertionError(f"{comp} {name}: error {err:.3g} > bound {bound:.3g}")
-        log(f"variants {backend} {comp}: replicas identical, within lr (n+1) eps max|g| of fp32")
+        log("compression", backend=backend, compression=comp)
     # two backward passes of half batches accumulate into one reduction of the full batch
     m = make("mlp", seed=100 + kv.rank)
     pre = prefix()
@@ -199,7 +198,7 @@ def case_variants(kv, backend: str) -> None:
             (loss / 2).backward()
         opt.step()
     worst = compare(m, reference("mlp", n, k=3, momentum=0.0), f"{backend} accumulate")
-    log(f"variants {backend} backward_passes_per_step=2: equals the full batch, {worst:.1e}")
+    log("backward_passes", backend=backend, passes=2, worst=worst)
     # optimizer state and hyperparameters: root's win
     m = make("mlp", seed=100 + kv.rank)
     opt = torch.optim.SGD(m.parameters(), lr=0.1 * (kv.rank + 1), momentum=0.5 + 0.1 * kv.rank)
@@ -211,21 +210,20 @@ def case_variants(kv, backend: str) -> None:
     for p in m.parameters():
         buf = opt.state[p]["momentum_buffer"]
         assert torch.equal(buf, torch.ones_like(p)), "momentum buffer is not root's"
-    log(f"variants {backend} broadcast_optimizer_state: root's lr, momentum and buffers")
+    log("optimizer_state", backend=backend)
 
 
 def case_local_sgd(kv, backend: str) -> None:
     # period 1 with plain SGD averages after every step: the same as averaging gradients
     m = train(kv, "mlp", k=5, momentum=0.0)
     worst = compare(m, reference("mlp", kv.num_workers, k=5, momentum=0.0), backend)
-    log(f"local_sgd {backend}: period 1 equals the single process, {worst:.1e}")
+    log("local_sgd", backend=backend, period=1, worst=worst)
 
 
 def case_onserver(kv, backend: str) -> None:
     m = train(kv, "mlp", update_on_kvstore=True)
     worst = compare(m, reference("mlp", kv.num_workers), f"{backend} onserver")
-    log(f"onserver {backend}: SGD momentum {MOM} on the servers, {K} steps equal the single "
-        f"process, worst relative {worst:.2e}")
+    log("onserver", backend=backend, momentum=MOM, steps=K, worst=worst)
 
 
 CASES = {"reference": case_reference, "lazy": case_lazy, "errors": case_errors,
