@@ -45,7 +45,6 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def main(args: argparse.Namespace) -> int:
-    import yaml
 
     from ddpbench import profiling
     from ddpbench.cli import UsageError

@@ -150,7 +150,7 @@ def measure(model: Any, name: str, *, batch_size: int, input_shape: tuple[int, .
     for pname, p in params:
         owner_of[id(p)] = pname.rsplit(".", 1)[0] if "." in pname else ""
     owners: list[str] = []
-    for pname, p in params:
+    for _pname, p in params:
         if owner_of[id(p)] not in owners:
             owners.append(owner_of[id(p)])
 
