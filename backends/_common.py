@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import functools
 import zlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -11,7 +12,7 @@ import numpy as np
 
 from ddpbench.api import Handle, KVStore, ReduceOp
 from ddpbench.comm import Protocol, engine, world
-from ddpbench.tensor_ops import BFLOAT16
+from ddpbench.tensor_ops import BFLOAT16, HALF_DTYPES, byte_view, reduce_ufunc
 
 SUPPORTED_KINDS = "fiu"
 
@@ -29,6 +30,51 @@ def check_dtype(name: Any, dtype: Any) -> None:
 def device_of(tensor: Any) -> str:
     """Return "gpu" for a CuPy array, "cpu" otherwise."""
     return "gpu" if type(tensor).__module__.startswith("cupy") else "cpu"
+
+
+@functools.cache
+def _half_op(op: ReduceOp, dtype_name: str) -> tuple[Any, Any]:
+    """Return (MPI datatype, MPI op) reducing ``dtype_name`` halves with ``op`` in that dtype.
+
+    MPI has no predefined reduction for float16 or bfloat16 (Horovod registers its own
+    float16 sum the same way, ``mpi_context.cc``); the op adds with NumPy in the half dtype.
+    """
+    from mpi4py import MPI
+
+    dtype = np.dtype(dtype_name) if dtype_name != "bfloat16" else HALF_DTYPES[-1]
+    ufunc = reduce_ufunc(op)
+
+    def combine(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
+        src = np.frombuffer(inbuf, dtype=dtype)
+        dst = np.frombuffer(inoutbuf, dtype=dtype)
+        ufunc(src, dst, out=dst)
+
+    mpitype = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
+    return mpitype, MPI.Op.Create(combine, commute=True)
+
+
+_MPI_OPS = {
+    ReduceOp.SUM: "SUM", ReduceOp.AVERAGE: "SUM", ReduceOp.MIN: "MIN",
+    ReduceOp.MAX: "MAX", ReduceOp.PRODUCT: "PROD",
+}
+
+
+def mpi_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None
+                  ) -> None:
+    """Reduce the contiguous ``buf`` over ``comm`` with the MPI library's own allreduce.
+
+    In place when ``source`` is None, else ``buf`` receives the reduction of ``source``
+    (out of place, which saves the copy of the input into the output).
+    """
+    from mpi4py import MPI
+
+    if buf.dtype in HALF_DTYPES:
+        mpitype, mpiop = _half_op(op, buf.dtype.name)
+        half: Any = MPI.IN_PLACE if source is None else [byte_view(source), source.size, mpitype]
+        comm.Allreduce(half, [byte_view(buf), buf.size, mpitype], op=mpiop)
+    else:
+        full: Any = MPI.IN_PLACE if source is None else source.reshape(-1)
+        comm.Allreduce(full, buf.reshape(-1), op=getattr(MPI, _MPI_OPS[op]))
 
 
 @dataclass(frozen=True)

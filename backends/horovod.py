@@ -1,34 +1,48 @@
-"""The ``horovod`` backend: negotiated, fused ring allreduce over MPI point-to-point.
+"""The ``horovod`` backend: Horovod's background loop, response cache and tensor fusion.
 
-How a ``push_pull`` travels (Horovod's controller design):
+How a ``push_pull`` travels (``horovod/common/operations.cc``, ``controller.cc``,
+``response_cache.cc``):
 
-1. The caller's thread queues the request; the engine thread sends its metadata (name,
-   shape, dtype, op, factors) to the coordinator, rank 0 of the workers.
-2. The coordinator keeps a table of which ranks have submitted which names. When every
-   rank has submitted a name it checks that all ranks agree (a disagreement becomes an
-   error response that raises the same message on every rank) and plans the ready names
-   into fused groups once submissions pause for ``cycle_time``/10, or at the latest
-   ``cycle_time`` after the first became ready (Horovod waits a full cycle every time): tensors with equal dtype, op and
-   factors share one buffer up to ``fusion_threshold`` bytes. Because only the coordinator
-   plans, the fusion decision is the same on every rank even when tensors become ready in
-   different orders or at different times on different ranks.
-3. Every rank executes the coordinator's responses in the order sent: copy into the fusion
-   buffer, prescale, ring allreduce (reduce-scatter then allgather, any world size),
-   postscale, copy out.
+1. The caller's thread queues the request; the engine thread runs Horovod's cycle, at most
+   every ``cycle_time`` ms on every rank (a cycle that starts late does not shift the
+   ones after it by more than its own lateness; see :mod:`ddpbench.fusion`).
+2. Each cycle every rank sorts its queued requests against its **response cache**: a hit
+   (a tensor negotiated before with the same shape, dtype, op, factors and device) sets
+   its cache bit; a changed tensor invalidates its bit; a new one is "uncached". One
+   bitwise-AND allreduce of the bit vector (plus status bits: uncached work somewhere,
+   invalid bits somewhere, every rank closing) gives the hits common to all ranks, so
+   every rank knows the same work without asking the coordinator. Invalidated bits are
+   erased on every rank by a second (OR) allreduce. A hit not yet common stays queued.
+3. When some rank has uncached work, the ranks send their uncached requests to the
+   coordinator (rank 0 of the workers), which counts them; a name every rank submitted is
+   checked for agreement (a disagreement becomes an error response that raises the same
+   message on every rank) and becomes ready. The coordinator lists the common cached
+   responses first, then the newly ready ones, and every rank caches the new ones.
+4. The cycle's responses are fused with Horovod's look-ahead (``ddpbench.fusion``) and
+   executed in the same order on every rank: pack into the persistent fusion buffer by
+   offset with the prescale folded into the copy, reduce, unpack with the postscale folded
+   into the copy. ``algorithm="mpi"`` (default) reduces with the MPI library's own
+   ``MPI_Allreduce``, as Horovod's CPU path does (``ops/mpi_operations.cc``);
+   ``algorithm="ring"`` runs the point-to-point ring (reduce-scatter, allgather) whose
+   chunking :mod:`ddpbench.numerics` and the simulator model.
+
+``cache_capacity=0`` turns the cache off: every cycle then goes through the coordinator,
+as Horovod does with ``HOROVOD_CACHE_CAPACITY=0``.
 
 CuPy tensors fuse in a GPU buffer, with prescale and postscale done by one kernel that
 also copies in and out (:mod:`ddpbench.gpu`), and reduce through NCCL
-(``gpu_transport="nccl"``, one rank per GPU) or through the CPU ring via pinned host
+(``gpu_transport="nccl"``, one rank per GPU) or through the CPU path via pinned host
 memory (``"host"``, which also runs several ranks on one GPU).
 
-The ring's chunking and reduction order are fixed (see ``ddpbench.tensor_ops.ring_chunks``
-and ``_ring_allreduce``) so that :mod:`ddpbench.numerics` can reproduce results bit for bit.
-Knobs default to Horovod's and read ``HOROVOD_FUSION_THRESHOLD`` (bytes) and
-``HOROVOD_CYCLE_TIME`` (ms) when not given.
+Both algorithms reduce in a fixed order that :mod:`ddpbench.numerics` reproduces bit for
+bit (``ring``: ``ring_chunks`` order; ``mpi``: MPICH's recursive-doubling tree).
+Knobs default to Horovod's and read ``HOROVOD_FUSION_THRESHOLD`` (bytes),
+``HOROVOD_CYCLE_TIME`` (ms) and ``HOROVOD_CACHE_CAPACITY`` when not given.
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 import time
 from typing import Any
@@ -36,12 +50,20 @@ from typing import Any
 import numpy as np
 
 from ddpbench.api import Handle, ReduceOp, register
-from ddpbench.backends._common import Meta, MismatchError, Request, RequestStore, mismatch_message
+from ddpbench.backends._common import (
+    Meta,
+    MismatchError,
+    Request,
+    RequestStore,
+    mismatch_message,
+    mpi_allreduce,
+)
 from ddpbench.comm import Protocol
 from ddpbench.contract import HorovodKnobs
-from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
+from ddpbench.fusion import fuse_responses
+from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_, scale_into
 
-TAG_REQUEST, TAG_RESPONSE, TAG_RING = 11, 12, 13
+TAG_RING = 13
 
 
 _Options = HorovodKnobs  # knobs, bounds and HOROVOD_* variables: ddpbench.contract
@@ -102,8 +124,111 @@ def _ring_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp,
         )
 
 
+class _ResponseCache:
+    """Horovod's response cache: negotiated tensors by name, each at a bit position.
+
+    Every rank makes the same calls in the same order (puts of the cycle's response list,
+    gets of the common hits, erases of the agreed invalid bits), so the bit of a tensor is
+    the same on every rank. Entries are kept least recently used first; at capacity the
+    least recently used entry is evicted and its bit reused; after an erase the bits are
+    renumbered in that order (``ResponseCache::update_cache_bits``).
+    """
+
+    HIT, INVALID, MISS = "hit", "invalid", "miss"
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: dict[Any, Meta] = {}  # insertion order = least recently used first
+        self.bit_of: dict[Any, int] = {}
+        self.name_at: list[Any] = []
+        self.outdated = False
+
+    def state(self, meta: Meta) -> tuple[str, int]:
+        """Return (HIT | INVALID | MISS, bit) of a request against the cache."""
+        cached = self.entries.get(meta.name)
+        if cached is None:
+            return self.MISS, -1
+        return (self.HIT if cached == meta else self.INVALID), self.bit_of[meta.name]
+
+    def num_bits(self) -> int:
+        return len(self.name_at)
+
+    def get(self, bit: int) -> Meta:
+        """Return the response at ``bit`` and mark it most recently used."""
+        name = self.name_at[bit]
+        meta = self.entries.pop(name)
+        self.entries[name] = meta
+        return meta
+
+    def peek(self, bit: int) -> Meta:
+        return self.entries[self.name_at[bit]]
+
+    def put(self, meta: Meta) -> None:
+        if self.capacity == 0:
+            return
+        if meta.name in self.entries:  # a hit: move to most recently used
+            self.entries.pop(meta.name)
+            self.entries[meta.name] = meta
+            return
+        if len(self.entries) >= self.capacity:
+            evicted = next(iter(self.entries))
+            del self.entries[evicted]
+            bit = self.bit_of.pop(evicted)
+        else:
+            bit = len(self.name_at)
+            self.name_at.append(None)
+        self.entries[meta.name] = meta
+        self.bit_of[meta.name] = bit
+        self.name_at[bit] = meta.name
+
+    def erase(self, bit: int) -> None:
+        name = self.name_at[bit]
+        if name is None:
+            return
+        del self.entries[name]
+        del self.bit_of[name]
+        self.name_at[bit] = None
+        self.outdated = True
+
+    def update_bits(self) -> None:
+        if not self.outdated:
+            return
+        self.name_at = list(self.entries)
+        self.bit_of = {name: i for i, name in enumerate(self.name_at)}
+        self.outdated = False
+
+
+# Status bits at the head of the cycle's bit vector. A bit survives the AND only when it
+# is set on every rank: "closing" when every rank is closing, the other two when no rank
+# has uncached or invalidated work (Horovod's CacheCoordinator::sync).
+_ALL_CLOSING, _NO_UNCACHED, _NO_INVALID = 0, 1, 2
+_NUM_STATUS_BITS = 3
+
+
+def _pack_bits(bits: Any, nbits: int) -> np.ndarray:
+    flags = np.zeros(-(-nbits // 64) * 64, np.uint8)
+    flags[np.fromiter(bits, np.int64)] = 1
+    return np.packbits(flags, bitorder="little").view(np.uint64).copy()
+
+
+def _unpack_bits(words: np.ndarray) -> set[int]:
+    return set(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).tolist())
+
+
+def _fusion_key(resp: tuple[str, Any]) -> tuple | None:
+    """What two responses must share to fuse (Horovod: type, devices, dtype, factors)."""
+    kind, meta = resp
+    if kind != "allreduce":
+        return None
+    return (meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device)
+
+
+def _fusion_bytes(resp: tuple[str, Any]) -> int:
+    return resp[1].nbytes if resp[0] == "allreduce" else 0
+
+
 class _HorovodProtocol(Protocol):
-    """Negotiation, fusion planning (on the coordinator) and execution, on the engine thread."""
+    """Horovod's cycle on the engine thread: cache, negotiation, fusion, execution."""
 
     def __init__(self, ctrl: Any, data: Any, options: _Options) -> None:
         self.ctrl, self.data = ctrl, data
@@ -112,34 +237,36 @@ class _HorovodProtocol(Protocol):
         self.threshold = options.fusion_threshold
         self.cycle_s = options.cycle_time / 1000.0
         self.stall_s = options.stall_timeout
+        self.algorithm = options.algorithm
         self.gpu_transport = options.gpu_transport
+        self.cache = _ResponseCache(options.cache_capacity)
         self.nccl: Any = None  # made by the first GPU group, at the same point on every rank
         self.stage: Any = None
         self.gpu_fusion: Any = None
         self.pending: dict[Any, Request] = {}
-        self.outbox: list[Meta] = []
-        self.sends: list[Any] = []
-        self.fusion = np.empty(0, np.uint8)
+        self.queue: list[Request] = []  # requests not yet handled by a cycle, in order
+        self.fusion = np.empty(0, np.uint8)  # persistent, grown to the largest group seen
         self.scratch = [np.empty(0, np.uint8)]
+        self.closing = False
         self.closed_handle: Handle | None = None
-        # coordinator state
+        self.finished = False
+        self.last_start = time.monotonic()
+        # coordinator state: name -> {rank: meta} of uncached requests, and stall checks
         self.table: dict[Any, dict[int, Meta]] = {}
         self.first_seen: dict[Any, float] = {}
-        self.ready: list[Any] = []
-        self.closing: set[int] = set()
-        self.last_arrival = 0.0
-        self.first_ready = 0.0
-        self.last_plan = -1.0
         self.last_stall_check = time.monotonic()
         self.warned: set[Any] = set()
-        # statistics, read by benchmarks and tests
-        self.stats = {"groups": 0, "fused_tensors": 0, "bytes_sent": 0}
+        # statistics, read by benchmarks and tests; the last groups for the planning tests
+        self.stats = {"groups": 0, "fused_tensors": 0, "bytes_sent": 0, "cycles": 0,
+                      "cache_hits": 0, "negotiated": 0}
+        self.group_log: collections.deque[tuple[int, list[Any]]] = collections.deque(
+            maxlen=4096)
 
     # -- protocol ---------------------------------------------------------------------
     def accept(self, item: Request | Handle) -> None:
-        if isinstance(item, Handle):  # close(): tell the coordinator this rank is done
+        if isinstance(item, Handle):  # close(): this rank is done; leave with the others
             self.closed_handle = item
-            self.outbox.append(Meta("shutdown", "", "", ()))
+            self.closing = True
             return
         name = item.meta.name
         if name in self.pending:
@@ -149,118 +276,143 @@ class _HorovodProtocol(Protocol):
             ))
             return
         self.pending[name] = item
-        self.outbox.append(item.meta)
+        self.queue.append(item)
 
-    def busy(self) -> bool:
-        # The coordinator must keep polling: other ranks' requests arrive unannounced.
-        return bool(self.is_coordinator or self.pending or self.outbox or self.sends
-                    or self.closed_handle)
+    def deadline(self) -> float | None:
+        # Horovod's loop keeps cycling while the store is open, idle or not.
+        return None if self.finished else self.last_start + self.cycle_s
 
     def progress(self) -> bool:
-        from mpi4py import MPI
-
-        did = False
-        if self.outbox:
-            metas, self.outbox = self.outbox, []
-            if self.is_coordinator:
-                self._collect(self.rank, metas)
-            else:
-                self.sends.append(self.ctrl.isend(metas, 0, TAG_REQUEST))
-            did = True
-        if self.is_coordinator:
-            status = MPI.Status()
-            while self.ctrl.iprobe(MPI.ANY_SOURCE, TAG_REQUEST, status):
-                src = status.Get_source()
-                self._collect(src, self.ctrl.recv(source=src, tag=TAG_REQUEST))
-                did = True
-            now = time.monotonic()
-            if self._all_closing() or (self.ready and self._plan_due(now)):
-                responses = self._plan()
-                self.last_plan = now
-                for dest in range(1, self.size):
-                    self.sends.append(self.ctrl.isend(responses, dest, TAG_RESPONSE))
-                self._execute(responses)
-                did = True
-            if now - self.last_stall_check > 1.0:
-                self._check_stalls(now)
-        else:
-            while self.ctrl.iprobe(0, TAG_RESPONSE):
-                self._execute(self.ctrl.recv(source=0, tag=TAG_RESPONSE))
-                did = True
-        if self.sends:
-            self.sends = [r for r in self.sends if not r.Test()]
-        return did
+        if self.finished:
+            return False
+        now = time.monotonic()
+        if now < self.last_start + self.cycle_s:
+            return False
+        self.last_start = now
+        self.stats["cycles"] += 1
+        self._cycle()
+        return True
 
     def fail(self, error: BaseException) -> None:
         for req in self.pending.values():
             req.handle.set_error(error)
         self.pending.clear()
+        self.queue.clear()
         if self.closed_handle is not None:
             self.closed_handle.set_error(error)
 
-    # -- coordinator --------------------------------------------------------------------
-    def _collect(self, src: int, metas: list[Meta]) -> None:
-        now = time.monotonic()
-        for m in metas:
-            if m.kind == "shutdown":
-                self.closing.add(src)
-                continue
-            self.last_arrival = now
-            entry = self.table.setdefault(m.name, {})
-            if not entry:
-                self.first_seen[m.name] = now
-            entry[src] = m
-            if len(entry) == self.size:
-                if not self.ready:
-                    self.first_ready = now
-                self.ready.append(m.name)
+    # -- one cycle (ComputeResponseList, then PerformOperation per response) -------------
+    def _cycle(self) -> None:
+        if self.is_coordinator and self.last_start - self.last_stall_check > 1.0:
+            self._check_stalls(self.last_start)
+        messages, self.queue = self.queue, []
+        if self.cache.capacity > 0:
+            messages, hits, all_closing, anyone_uncached = self._coordinate_cache(messages)
+        else:
+            hits, all_closing, anyone_uncached = [], False, True
+        if anyone_uncached:
+            responses, all_closing = self._negotiate(messages, hits)
+            for kind, meta in responses:
+                if kind == "allreduce":
+                    self.cache.put(meta)
+        else:
+            responses = [("allreduce", self.cache.get(b)) for b in hits]
+        self.cache.update_bits()
+        self.stats["cache_hits"] += len(hits)
+        for group in fuse_responses(responses, self.threshold, _fusion_bytes, _fusion_key):
+            self._execute(group)
+        if all_closing and not self.pending:
+            self.finished = True
+            if self.closed_handle is not None:
+                self.closed_handle.set_result(None)
+                self.closed_handle = None
 
-    def _plan_due(self, now: float) -> bool:
-        """Plan once submissions pause, or at the latest one cycle after the first ready.
+    def _coordinate_cache(self, messages: list[Request]) -> tuple[list[Request], list[int],
+                                                                    bool, bool]:
+        """Agree on cached work with one AND of the bit vector; return the uncached requests,
+        the common hits (ascending bit order), whether all close and whether any rank has
+        uncached work. Hits not common to all ranks go back on the queue for the next cycle."""
+        from mpi4py import MPI
 
-        Horovod plans every cycle_time, so even a lone small tensor waits up to a cycle.
-        Here the first tensor after a quiet spell goes at once, the rest of a burst (a
-        backward pass) waits for a pause of cycle_time/10 and fuses, and cycle_time still
-        caps how long a ready tensor waits.
-        """
-        gap = self.cycle_s / 10
-        if now - self.last_plan >= gap and self.first_ready - self.last_plan >= gap:
-            return True  # the first tensor after a quiet spell: nothing to fuse it with yet
-        quiet = now - self.last_arrival >= gap
-        return quiet or now - self.first_ready >= self.cycle_s
+        mine: set[int] = set()
+        invalid: set[int] = set()
+        uncached = False
+        for req in messages:
+            state, bit = self.cache.state(req.meta)
+            if state == _ResponseCache.HIT:
+                mine.add(bit)
+            else:
+                uncached = True
+                if state == _ResponseCache.INVALID:
+                    invalid.add(bit)
+        status = set()
+        if self.closing:
+            status.add(_ALL_CLOSING)
+        if not uncached:
+            status.add(_NO_UNCACHED)
+        if not invalid:
+            status.add(_NO_INVALID)
+        nbits = _NUM_STATUS_BITS + self.cache.num_bits()
+        words = _pack_bits(status | {b + _NUM_STATUS_BITS for b in mine - invalid}, nbits)
+        self.ctrl.Allreduce(MPI.IN_PLACE, words, op=MPI.BAND)
+        agreed = _unpack_bits(words)
+        common = sorted(b - _NUM_STATUS_BITS for b in agreed if b >= _NUM_STATUS_BITS)
+        if _NO_INVALID not in agreed:
+            # Some rank saw a tensor change: erase its bit everywhere (a second, OR, vector).
+            words = _pack_bits({b for b in invalid}, self.cache.num_bits())
+            self.ctrl.Allreduce(MPI.IN_PLACE, words, op=MPI.BOR)
+            gone = _unpack_bits(words)
+            for bit in gone:
+                self.cache.erase(bit)
+            common = [b for b in common if b not in gone]
+        common_set = set(common)
+        uncached_reqs, requeue = [], []
+        for req in messages:
+            state, bit = self.cache.state(req.meta)
+            if state == _ResponseCache.HIT:
+                if bit not in common_set:
+                    requeue.append(req)
+            else:
+                uncached_reqs.append(req)
+        self.queue[:0] = requeue
+        return uncached_reqs, common, _ALL_CLOSING in agreed, _NO_UNCACHED not in agreed
 
-    def _all_closing(self) -> bool:
-        return len(self.closing) == self.size and not self.table
+    def _negotiate(self, messages: list[Request], hits: list[int]
+                   ) -> tuple[list[tuple[str, Any]], bool]:
+        """Send this rank's uncached requests to the coordinator; return its response list
+        (common cached hits first, then newly ready tensors) and whether all ranks close."""
+        metas = [r.meta for r in messages]
+        gathered = self.ctrl.gather((metas, self.closing), root=0)
+        reply = None
+        if self.is_coordinator:
+            now = time.monotonic()
+            ready: list[Any] = []
+            for src, (src_metas, _) in enumerate(gathered):
+                for m in src_metas:
+                    entry = self.table.setdefault(m.name, {})
+                    if not entry:
+                        self.first_seen[m.name] = now
+                    entry[src] = m
+                    if len(entry) == self.size:
+                        ready.append(m.name)
+            responses: list[tuple[str, Any]] = [("allreduce", self.cache.peek(b)) for b in hits]
+            for name in ready:
+                responses.append(self._construct_response(name))
+            all_closing = all(closing for _, closing in gathered) and not self.table
+            reply = (responses, all_closing)
+        responses, all_closing = self.ctrl.bcast(reply, root=0)
+        self.stats["negotiated"] += len(responses) - len(hits)
+        return responses, all_closing
 
-    def _plan(self) -> list[tuple]:
-        """Turn the ready names into responses: fused allreduce groups, broadcasts, errors."""
-        responses: list[list] = []
-        open_group: dict[tuple, int] = {}  # fusion key -> index of its latest group
-        for name in self.ready:
-            metas = self.table.pop(name)
-            self.first_seen.pop(name, None)
-            self.warned.discard(name)
-            message = mismatch_message([metas[r] for r in range(self.size)])
-            if message is not None:
-                responses.append(["error", [name], message])
-                continue
-            m = metas[0]
-            if m.kind == "broadcast":
-                responses.append(["broadcast", [name]])
-                continue
-            key = (m.dtype, m.op, m.prescale, m.postscale, m.device)
-            idx = open_group.get(key)
-            if idx is not None and responses[idx][2] + m.nbytes <= self.threshold:
-                responses[idx][1].append(name)
-                responses[idx][2] += m.nbytes
-                continue
-            responses.append(["allreduce", [name], m.nbytes])
-            if m.nbytes < self.threshold:
-                open_group[key] = len(responses) - 1
-        self.ready = []
-        if self._all_closing():
-            responses.append(["shutdown", []])
-        return [tuple(r[:2]) if r[0] != "error" else tuple(r) for r in responses]
+    def _construct_response(self, name: Any) -> tuple[str, Any]:
+        metas = self.table.pop(name)
+        self.first_seen.pop(name, None)
+        self.warned.discard(name)
+        message = mismatch_message([metas[r] for r in range(self.size)])
+        if message is not None:
+            return ("error", (name, message))
+        m = metas[0]
+        return (m.kind, m)
 
     def _check_stalls(self, now: float) -> None:
         self.last_stall_check = now
@@ -280,73 +432,84 @@ class _HorovodProtocol(Protocol):
                 sys.stderr.flush()
 
     # -- every rank ----------------------------------------------------------------------
-    def _execute(self, responses: list[tuple]) -> None:
-        for resp in responses:
-            kind, names = resp[0], resp[1]
-            if kind == "shutdown":
-                if self.closed_handle is not None:
-                    self.closed_handle.set_result(None)
-                    self.closed_handle = None
-                continue
-            reqs = [self.pending.pop(n) for n in names]
-            if kind == "error":
-                for req in reqs:
-                    req.handle.set_error(MismatchError(resp[2]))
-            elif kind == "broadcast":
-                req = reqs[0]
+    def _execute(self, group: list[tuple[str, Any]]) -> None:
+        kind = group[0][0]
+        if kind == "error":
+            name, message = group[0][1]
+            self.pending.pop(name).handle.set_error(MismatchError(message))
+            return
+        reqs = [self.pending.pop(meta.name) for _, meta in group]
+        self.group_log.append((self.stats["cycles"], [r.meta.name for r in reqs]))
+        if kind == "broadcast":
+            req = reqs[0]
+            try:
                 if req.meta.device == "gpu":
                     self._reduce_gpu(req.tensor.reshape(-1), None, root=req.meta.root)
                 else:
                     self.data.Bcast(byte_view(req.tensor), root=req.meta.root)
-                req.handle.set_result(req.tensor)
+            except Exception as err:
+                req.handle.set_error(err)
             else:
-                try:
-                    self._allreduce(reqs)
-                except Exception as err:  # e.g. a dtype the ufunc cannot handle
-                    for req in reqs:
-                        req.handle.set_error(err)
-                else:
-                    for req in reqs:
-                        req.handle.set_result(req.output)
-
-    def _allreduce(self, reqs: list[Request]) -> None:
-        meta = reqs[0].meta
-        dtype = reqs[0].tensor.dtype
-        self.stats["groups"] += 1
-        self.stats["fused_tensors"] += len(reqs)
-        if meta.device == "gpu":
-            self._allreduce_gpu(reqs)
+                req.handle.set_result(req.tensor)
             return
-        if len(reqs) == 1:
-            req = reqs[0]
-            if req.output is not req.tensor:
-                req.output[...] = req.tensor
-            buf = req.output.reshape(-1)
+        try:
+            self._allreduce(reqs)
+        except Exception as err:  # e.g. a dtype the reduction cannot handle
+            for req in reqs:
+                req.handle.set_error(err)
         else:
-            total = sum(r.tensor.size for r in reqs)
-            if self.fusion.nbytes < total * dtype.itemsize:
-                self.fusion = np.empty(total * dtype.itemsize, np.uint8)
-            buf = self.fusion[: total * dtype.itemsize].view(dtype)
-            off = 0
-            for r in reqs:
-                buf[off:off + r.tensor.size] = r.tensor.reshape(-1)
-                off += r.tensor.size
-        # Scaling happens on the fused buffer, halves in float32 (tensor_ops.scale_).
-        scale_(buf, meta.prescale)
-        _ring_allreduce(self.data, buf, ReduceOp(meta.op), self.scratch)
-        scale_(buf, meta.postscale)
+            for req in reqs:
+                req.handle.set_result(req.output)
+
+    def _reduce(self, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None) -> None:
+        """Allreduce the flat ``buf`` with the chosen algorithm (from ``source`` if given)."""
+        if self.algorithm == "mpi":
+            mpi_allreduce(self.data, buf, op, source)
+            return
+        if source is not None:
+            buf[...] = source
+        _ring_allreduce(self.data, buf, op, self.scratch)
         if self.size > 1:
             # Rank r sends every chunk but (r+1) in the reduce-scatter, every chunk but
             # (r+2) in the allgather.
             chunks = ring_chunks(buf.size, self.size)
             unsent = chunks[(self.rank + 1) % self.size][1] + chunks[(self.rank + 2) % self.size][1]
             self.stats["bytes_sent"] += (2 * buf.size - unsent) * buf.itemsize
-        if len(reqs) > 1:
-            off = 0
-            for r in reqs:
-                r.output.reshape(-1)[...] = buf[off:off + r.tensor.size]
-                off += r.tensor.size
 
+    def _allreduce(self, reqs: list[Request]) -> None:
+        meta = reqs[0].meta
+        dtype = reqs[0].tensor.dtype
+        op = ReduceOp(meta.op)
+        self.stats["groups"] += 1
+        self.stats["fused_tensors"] += len(reqs)
+        if meta.device == "gpu":
+            self._allreduce_gpu(reqs)
+            return
+        if len(reqs) == 1:
+            # Unfused: no fusion buffer. Out of place when the input may stay untouched,
+            # scaled out of place otherwise (as MPIAllreduce::Execute does).
+            req = reqs[0]
+            src, out = req.tensor.reshape(-1), req.output.reshape(-1)
+            if meta.prescale == 1.0 and not np.shares_memory(src, out):
+                self._reduce(out, op, source=src)
+            else:
+                scale_into(src, meta.prescale, out)
+                self._reduce(out, op)
+            scale_(out, meta.postscale)
+            return
+        total = sum(r.tensor.size for r in reqs)
+        if self.fusion.nbytes < total * dtype.itemsize:
+            self.fusion = np.empty(total * dtype.itemsize, np.uint8)
+        buf = self.fusion[: total * dtype.itemsize].view(dtype)
+        off = 0
+        for r in reqs:  # copy in by offset, prescale folded into the copy
+            scale_into(r.tensor.reshape(-1), meta.prescale, buf[off:off + r.tensor.size])
+            off += r.tensor.size
+        self._reduce(buf, op)
+        off = 0
+        for r in reqs:  # copy out, postscale folded into the copy
+            scale_into(buf[off:off + r.tensor.size], meta.postscale, r.output.reshape(-1))
+            off += r.tensor.size
 
     def _allreduce_gpu(self, reqs: list[Request]) -> None:
         """Fused GPU allreduce: prescale in the copy in, postscale in the copy out."""
@@ -383,7 +546,7 @@ class _HorovodProtocol(Protocol):
             if op is None:
                 self.data.Bcast(byte_view(host), root=root)
             else:
-                _ring_allreduce(self.data, host, op, self.scratch)
+                self._reduce(host.reshape(-1), op)
             gpu.HostStage.to_device(host, buf)
             return
         if self.nccl is None:
@@ -400,7 +563,9 @@ class HorovodStore(RequestStore):
 
     Options:
         fusion_threshold: bytes a fused buffer may hold (default 128 MiB; 0 = no fusion).
-        cycle_time: ms between the coordinator's planning rounds (default 1).
+        cycle_time: ms between the starts of two cycles (default 1; 0 cycles back to back).
+        cache_capacity: tensors in the response cache (default 1024; 0 = no cache).
+        algorithm: ``"mpi"`` (MPI_Allreduce, default) or ``"ring"`` (point-to-point ring).
         stall_timeout: s before warning that ranks have not submitted a tensor (60).
 
     Example:
@@ -422,8 +587,13 @@ class HorovodStore(RequestStore):
 
     @property
     def stats(self) -> dict[str, int]:
-        """Fusion statistics of this rank: groups executed and tensors they carried."""
+        """Statistics of this rank: groups executed and tensors they carried, cycles run,
+        requests served from the response cache."""
         return dict(self._proto.stats)
+
+    def fusion_groups(self) -> list[tuple[int, list[Any]]]:
+        """Return the last groups executed (up to 4096): (cycle number, tensor names)."""
+        return self._engine.call(lambda: list(self._proto.group_log)).wait()
 
     def _release(self) -> None:
         """Leave together with every other rank (the coordinator says when), then free."""

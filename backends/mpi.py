@@ -14,41 +14,26 @@ rank instead of hanging or corrupting memory; ``check_consistency=False`` is the
 from __future__ import annotations
 
 import collections
-import functools
+import threading
 from typing import Any
 
 import numpy as np
 
-from ddpbench.api import ReduceOp, register
-from ddpbench.backends._common import Meta, MismatchError, Request, RequestStore, mismatch_message
+from ddpbench.api import Handle, ReduceOp, register
+from ddpbench.backends._common import (
+    Meta,
+    MismatchError,
+    Request,
+    RequestStore,
+    check_dtype,
+    mismatch_message,
+    mpi_allreduce,
+)
 from ddpbench.comm import Protocol
 from ddpbench.contract import MpiKnobs
-from ddpbench.tensor_ops import HALF_DTYPES, byte_view, reduce_ufunc, scale_
+from ddpbench.tensor_ops import byte_view, scale_, scale_into
 
 _Options = MpiKnobs  # knobs and bounds: ddpbench.contract
-
-
-@functools.cache
-def _half_op(op: ReduceOp, dtype_name: str) -> tuple[Any, Any]:
-    """Return (MPI datatype, MPI op) reducing ``dtype_name`` halves with ``op`` in that dtype."""
-    from mpi4py import MPI
-
-    dtype = np.dtype(dtype_name) if dtype_name != "bfloat16" else HALF_DTYPES[-1]
-    ufunc = reduce_ufunc(op)
-
-    def combine(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
-        src = np.frombuffer(inbuf, dtype=dtype)
-        dst = np.frombuffer(inoutbuf, dtype=dtype)
-        ufunc(src, dst, out=dst)
-
-    mpitype = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
-    return mpitype, MPI.Op.Create(combine, commute=True)
-
-
-_MPI_OPS = {
-    ReduceOp.SUM: "SUM", ReduceOp.AVERAGE: "SUM", ReduceOp.MIN: "MIN",
-    ReduceOp.MAX: "MAX", ReduceOp.PRODUCT: "PROD",
-}
 
 
 def check_consistent(comm: Any, meta: Meta) -> None:
@@ -64,7 +49,13 @@ def check_consistent(comm: Any, meta: Meta) -> None:
 
 
 class _MPIProtocol(Protocol):
-    """Executes requests FIFO on the engine thread, one blocking collective each."""
+    """Executes requests FIFO, one blocking collective each.
+
+    Asynchronous calls run on the engine thread. A synchronous ``push_pull`` made while
+    nothing of this store is queued or running runs on the caller's thread instead
+    (:meth:`run_inline`): the order of calls is the same either way, and a plain MPI
+    program pays no thread hand-off for a call it waits on anyway.
+    """
 
     def __init__(self, comm: Any, validate: bool, gpu_transport: str) -> None:
         self.comm = comm
@@ -73,6 +64,11 @@ class _MPIProtocol(Protocol):
         self.nccl: Any = None  # made on the first GPU tensor (same point on every rank)
         self.stage: Any = None
         self.queue: collections.deque[Request] = collections.deque()
+        # One collective at a time on ``comm``, whichever thread runs it; ``submitted`` and
+        # ``finished`` count requests so that an inline call never overtakes a queued one.
+        self.lock = threading.Lock()
+        self.submitted = 0
+        self.finished = 0
 
     def accept(self, item: Request) -> None:
         self.queue.append(item)
@@ -80,10 +76,25 @@ class _MPIProtocol(Protocol):
     def busy(self) -> bool:
         return bool(self.queue)
 
+    def run_inline(self, req: Request) -> bool:
+        """Run ``req`` on this thread if nothing is ahead of it; return whether it ran."""
+        with self.lock:
+            if self.submitted != self.finished:
+                return False
+            self.submitted += 1
+            self._run(req)
+        return True
+
     def progress(self) -> bool:
-        if not self.queue:
+        if not self.queue or not self.lock.acquire(blocking=False):
             return False
-        req = self.queue.popleft()
+        try:
+            self._run(self.queue.popleft())
+        finally:
+            self.lock.release()
+        return True
+
+    def _run(self, req: Request) -> None:
         try:
             if self.validate:
                 check_consistent(self.comm, req.meta)
@@ -92,14 +103,13 @@ class _MPIProtocol(Protocol):
             elif req.meta.kind == "broadcast":
                 self.comm.Bcast(byte_view(req.tensor), root=req.meta.root)
             else:
-                if req.output is not req.tensor:
-                    req.output[...] = req.tensor
-                self._reduce_host(req.output, req.meta)
+                self._reduce_host(req.tensor, req.output, req.meta)
         except Exception as err:
             req.handle.set_error(err)
         else:
             req.handle.set_result(req.output)
-        return True
+        finally:
+            self.finished += 1
 
     def _gpu(self, req: Request) -> None:
         """NCCL on the device, or the host path through pinned memory."""
@@ -112,7 +122,7 @@ class _MPIProtocol(Protocol):
             if meta.kind == "broadcast":
                 self.comm.Bcast(byte_view(host), root=meta.root)
             else:
-                self._reduce_host(host, meta)
+                self._reduce_host(host, host, meta)
             gpu.HostStage.to_device(host, req.output)
             return
         if self.nccl is None:
@@ -124,17 +134,15 @@ class _MPIProtocol(Protocol):
         self.nccl.allreduce(req.output.reshape(-1), op)
         gpu.scale_(req.output, meta.postscale)
 
-    def _reduce_host(self, buf: np.ndarray, meta: Meta) -> None:
-        from mpi4py import MPI
-
+    def _reduce_host(self, src: np.ndarray, out: np.ndarray, meta: Meta) -> None:
         op = ReduceOp(meta.op)
-        scale_(buf, meta.prescale)
-        if buf.dtype in HALF_DTYPES:
-            mpitype, mpiop = _half_op(op, buf.dtype.name)
-            self.comm.Allreduce(MPI.IN_PLACE, [byte_view(buf), buf.size, mpitype], op=mpiop)
+        src, out = src.reshape(-1), out.reshape(-1)
+        if meta.prescale == 1.0 and not np.shares_memory(src, out):
+            mpi_allreduce(self.comm, out, op, source=src)  # out of place: no copy
         else:
-            self.comm.Allreduce(MPI.IN_PLACE, buf.reshape(-1), op=getattr(MPI, _MPI_OPS[op]))
-        scale_(buf, meta.postscale)
+            scale_into(src, meta.prescale, out)
+            mpi_allreduce(self.comm, out, op)
+        scale_(out, meta.postscale)
 
     def fail(self, error: BaseException) -> None:
         while self.queue:
@@ -157,10 +165,30 @@ class MPIStore(RequestStore):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
+        self._inline = threading.local()
         self._comm = self._engine.call(self._world.role_comm.Dup).wait()
         self._proto = _MPIProtocol(self._comm, self.options.check_consistency,
                                    self.options.gpu_transport)
         self._engine.register(self._proto)
+
+    def push_pull(self, *args: Any, **kwargs: Any) -> Any:
+        """Reduce now (see :meth:`KVStore.push_pull`); runs on this thread when it can."""
+        self._inline.on = True
+        try:
+            return super().push_pull(*args, **kwargs)
+        finally:
+            self._inline.on = False
+
+    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
+        check_dtype(meta.name, meta.dtype)
+        handle = self._track(Handle(meta.name))
+        req = Request(meta, tensor, output, handle, priority)
+        if getattr(self._inline, "on", False) and self._proto.run_inline(req):
+            return handle
+        with self._proto.lock:
+            self._proto.submitted += 1
+        self._engine.submit(self._proto, req)
+        return handle
 
     def _release(self) -> None:
         self._engine.unregister(self._proto)

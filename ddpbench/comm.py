@@ -174,7 +174,9 @@ class Protocol:
     ``accept`` takes an item the caller queued with :meth:`Engine.submit`; ``progress``
     advances in-flight work and returns True when it did something; ``busy`` says whether
     it waits on the network (the engine then keeps polling instead of sleeping).
-    ``fail`` completes every outstanding handle with ``error``.
+    ``deadline`` gives a ``time.monotonic()`` moment by which ``progress`` must run again
+    even if nothing arrives (a backend that works on a clock, such as Horovod's cycle), or
+    None. ``fail`` completes every outstanding handle with ``error``.
     """
 
     def accept(self, item: Any) -> None:
@@ -185,6 +187,9 @@ class Protocol:
 
     def busy(self) -> bool:
         return False
+
+    def deadline(self) -> float | None:
+        return None
 
     def fail(self, error: BaseException) -> None:
         """Complete every outstanding handle with ``error`` (default: nothing outstanding)."""
@@ -204,7 +209,8 @@ class Engine:
     on the engine thread, for blocking collectives such as a communicator ``Dup``). While a
     protocol is busy the engine polls: it spins (yielding the GIL) for ``spin_s`` after
     its last progress, then sleeps ``max_poll_s`` between polls, and 1 ms after 10 ms of
-    quiet; when nothing is in flight it sleeps until work is queued.
+    quiet; when nothing is in flight it sleeps until work is queued or until the earliest
+    protocol :meth:`~Protocol.deadline`.
     """
 
     def __init__(self, max_poll_s: float = 5e-5, spin_s: float = 1e-4) -> None:
@@ -265,17 +271,23 @@ class Engine:
         while True:
             with self._cond:
                 busy = any(p.busy() for p in self._protocols)
-                idle_s = time.monotonic() - last_active
+                now = time.monotonic()
+                idle_s = now - last_active
                 if not self._queue:
                     if self._stopping and not busy:
                         return
+                    due = min((d for d in (p.deadline() for p in self._protocols)
+                               if d is not None), default=now + 0.5)
                     if not busy:
-                        self._cond.wait(timeout=0.5)
+                        if due > now:
+                            self._cond.wait(timeout=due - now)
                     elif idle_s > self._spin_s:
                         # Right after activity a reply is likely soon: spin (below). Later,
                         # poll every max_poll_s, and after 10 ms every 1 ms, so that an
                         # idle coordinator does not burn a core.
-                        self._cond.wait(timeout=self._max_poll_s if idle_s < 0.01 else 1e-3)
+                        poll = self._max_poll_s if idle_s < 0.01 else 1e-3
+                        if due > now:
+                            self._cond.wait(timeout=min(poll, due - now))
                 items, self._queue = self._queue, []
             try:
                 did = bool(items)

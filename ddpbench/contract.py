@@ -140,6 +140,14 @@ class HorovodKnobs(Knobs):
         False, side="sim", env="HOROVOD_HIERARCHICAL_ALLREDUCE",
         source="horovod/common/ops/nccl_operations.cc, NCCLHierarchicalAllreduce",
         doc="intra-host reduce-scatter, inter-host allreduce, intra-host all-gather")
+    cache_capacity: int = knob(
+        1024, ge=0, side="real", env="HOROVOD_CACHE_CAPACITY",
+        source="horovod/common/response_cache.cc, HOROVOD_CACHE_CAPACITY",
+        doc="tensors the response cache holds; 0 negotiates every tensor")
+    algorithm: Literal["mpi", "ring"] = knob(
+        "mpi", side="real", source="horovod/common/ops/mpi_operations.cc (MPI_Allreduce)",
+        doc="CPU data path: the MPI library's MPI_Allreduce (Horovod's), or the "
+            "point-to-point ring that the simulator and the numerics emulator model")
     gpu_transport: Literal["nccl", "host"] = knob("nccl", side="real", doc=_GPU_TRANSPORT_DOC)
     stall_timeout: float = knob(
         60.0, gt=0, allow_inf_nan=False, unit="s", side="real",

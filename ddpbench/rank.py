@@ -30,6 +30,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from types import TracebackType
 
 TAIL_LINES = 20
 
@@ -111,6 +112,14 @@ def _run(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Return ``tb`` without the leading frames of this runner and of runpy."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename.endswith(("rank.py", "runpy.py"))
+                              or tb.tb_frame.f_code.co_filename == "<frozen runpy>"):
+        tb = tb.tb_next
+    return tb
+
+
 def _exit_code(err: SystemExit) -> int:
     if err.code is None:
         return 0
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as err:  # noqa: BLE001 - any uncaught exception ends the job
         name = "interrupted" if isinstance(err, KeyboardInterrupt) else "uncaught exception"
         print(f"[ddpbench rank {rank_id()}] {name}:", file=sys.stderr)
-        traceback.print_exception(type(err), err, err.__traceback__)
+        traceback.print_exception(type(err), err, _user_frames(err.__traceback__))
         code, how = (130 if isinstance(err, KeyboardInterrupt) else 1), "exception"
     lines = tail.close() if tail is not None else []
     _write_status(code, how, lines)

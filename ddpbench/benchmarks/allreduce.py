@@ -95,7 +95,7 @@ def _inputs(count: int, rank: int, size: int, dtype: np.dtype, op: str) -> tuple
     return x, ref
 
 
-def _time_one(kv: Any, comm: Any, fn: Any, warmup: int, iters: int) -> list[float]:
+def _time_one(comm: Any, fn: Any, warmup: int, iters: int) -> list[float]:
     from mpi4py import MPI
 
     for _ in range(warmup):
@@ -121,8 +121,123 @@ def _backend_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
     return spec, name, options
 
 
-def worker(cfg: dict[str, Any]) -> None:
+class _Native:
+    """The ``native`` row: a bare ``comm.Allreduce`` on preallocated buffers, no engine."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm.Dup()
+
+    def push_pull_async(self, name: Any, x: Any, output: Any, op: str, priority: int = 0
+                        ) -> Any:
+        from ddpbench.api import ReduceOp
+        from ddpbench.backends._common import mpi_allreduce
+
+        mpi_allreduce(self.comm, output.reshape(-1), ReduceOp.parse(op), source=x.reshape(-1))
+        if op == "average":
+            output /= self.comm.size
+        return _Done()
+
+    def push_pull(self, name: Any, x: Any, output: Any, op: str) -> None:
+        self.push_pull_async(name, x, output, op)
+
+    def close(self) -> None:
+        self.comm.Free()
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class _Gloo:
+    """torch.distributed on gloo, the peer users know, on preallocated tensors."""
+
+    BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+
+    def __init__(self, comm: Any) -> None:
+        import socket
+
+        import torch.distributed as dist
+
+        self.dist = dist
+        if not dist.is_initialized():
+            port = None
+            if comm.rank == 0:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", 0))
+                    port = sock.getsockname()[1]
+            port = comm.bcast(port, root=0)
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=comm.rank, world_size=comm.size)
+
+    def push_pull(self, name: Any, x: Any, output: Any, op: str) -> None:
+        import torch
+
+        y = torch.from_numpy(output)
+        y.copy_(torch.from_numpy(x))
+        self.dist.all_reduce(y, op=self._op(op))
+        if op == "average":
+            y /= self.dist.get_world_size()
+
+    def set_runner(self, xs: list[np.ndarray], ys: list[np.ndarray], order: list[int],
+                   op: str) -> Any:
+        """Return a function reducing the set as DDP does: 25 MB buckets in backward order."""
+        import torch
+
+        buckets: list[list[int]] = [[]]
+        size = 0
+        for i in order:
+            if buckets[-1] and size + xs[i].nbytes > self.BUCKET_BYTES:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(i)
+            size += xs[i].nbytes
+        flats = [torch.empty(sum(xs[i].size for i in b), dtype=torch.from_numpy(xs[0]).dtype)
+                 for b in buckets]
+
+        def run() -> None:
+            works = []
+            for b, flat in zip(buckets, flats):
+                torch.cat([torch.from_numpy(xs[i]) for i in b], out=flat)
+                works.append(self.dist.all_reduce(flat, op=self._op(op), async_op=True))
+            for b, flat, w in zip(buckets, flats, works):
+                w.wait()
+                off = 0
+                for i in b:
+                    torch.from_numpy(ys[i]).copy_(flat[off:off + xs[i].size])
+                    off += xs[i].size
+
+        return run
+
+    def _op(self, op: str) -> Any:
+        r = self.dist.ReduceOp
+        return {"sum": r.SUM, "average": r.SUM, "min": r.MIN, "max": r.MAX,
+                "product": r.PRODUCT}[op]
+
+    def close(self) -> None:
+        """Keep the process group: later rounds reuse it."""
+
+
+def _open(spec: str, cfg: dict[str, Any], comm: Any) -> tuple[str, Any]:
     import ddpbench
+
+    label, name, options = _backend_spec(spec)
+    if name == "native":
+        return label, _Native(comm)
+    if name == "gloo":
+        return label, _Gloo(comm)
+    if cfg.get("device") == "gpu":
+        options = {"gpu_transport": cfg["gpu_transport"], **options}
+    return label, ddpbench.create(name, **options)
+
+
+def worker(cfg: dict[str, Any]) -> None:
+    """Time every backend at every size (or on the tensor set), in ``rounds`` rounds.
+
+    Each round opens each backend in turn, times ``iters / rounds`` iterations of every
+    size and closes it, so that slow drift of a shared machine falls on every row alike;
+    the samples of all rounds make the row.
+    """
     from ddpbench.comm import world
 
     comm = world().comm
@@ -131,18 +246,42 @@ def worker(cfg: dict[str, Any]) -> None:
         from ddpbench import gpu
 
         gpu.select_device(world().local_rank)
-    for label, name, options in (_backend_spec(s) for s in cfg["backends"]):
-        if cfg.get("device") == "gpu":
-            options = {"gpu_transport": cfg["gpu_transport"], **options}
-        kv = ddpbench.create(name, **options)
-        if cfg.get("tensors"):
-            rows = [_tensor_set(kv, comm, label, cfg, dtype)]
-        else:
-            rows = [_one_size(kv, comm, label, nbytes, cfg, dtype) for nbytes in cfg["sizes"]]
-        kv.close()
-        if comm.rank == 0:  # rows go out as each backend finishes: a crash keeps them
-            with open(cfg["out"], "a") as out:
-                out.writelines(json.dumps(row) + "\n" for row in rows)
+    rounds = max(1, cfg.get("rounds", 1))
+    per_round = max(1, -(-cfg["iters"] // rounds))
+    samples: dict[tuple[str, int], list[float]] = {}
+    extra: dict[tuple[str, int], dict[str, Any]] = {}
+    keys = [(s, n) for s in cfg["backends"] for n in (cfg["sizes"] if not cfg.get("tensors")
+                                                     else [0])]
+    for _ in range(rounds):
+        for spec in cfg["backends"]:
+            label, kv = _open(spec, cfg, comm)
+            if cfg.get("tensors"):
+                got, info = _tensor_set(kv, comm, label, cfg, dtype, per_round)
+                samples.setdefault((spec, 0), []).extend(got)
+                extra[(spec, 0)] = info
+            else:
+                for nbytes in cfg["sizes"]:
+                    got, info = _one_size(kv, comm, nbytes, cfg, dtype, per_round)
+                    samples.setdefault((spec, nbytes), []).extend(got)
+                    prev = extra.get((spec, nbytes), {"wrong": 0})
+                    info["wrong"] += prev["wrong"]
+                    extra[(spec, nbytes)] = info
+            info_cycle = getattr(getattr(kv, "options", None), "cycle_time", None)
+            for key in keys:
+                if key[0] == spec and info_cycle is not None:
+                    extra[key]["cycle_time_ms"] = info_cycle
+            kv.close()
+        if comm.rank == 0:
+            print("  round done", file=sys.stderr, flush=True)
+    if comm.rank == 0:
+        with open(cfg["out"], "a") as out:
+            for spec, nbytes in keys:
+                info = extra[(spec, nbytes)]
+                row = _row(spec, info["nbytes"], info["count"], cfg, samples[(spec, nbytes)],
+                           info["wrong"], comm.size)
+                row.update({k: v for k, v in info.items() if k not in ("nbytes", "count",
+                                                                        "wrong")})
+                out.write(json.dumps(row) + "\n")
 
 
 def _on_device(cfg: dict[str, Any], x: np.ndarray) -> Any:
@@ -157,23 +296,20 @@ def _to_host(y: Any) -> np.ndarray:
     return y.get() if hasattr(y, "get") and not isinstance(y, np.ndarray) else y
 
 
-def _one_size(kv, comm, label, nbytes, cfg, dtype) -> dict[str, Any]:
+def _one_size(kv, comm, nbytes, cfg, dtype, iters) -> tuple[list[float], dict[str, Any]]:
     count = max(1, nbytes // dtype.itemsize)
     x, ref = _inputs(count, comm.rank, comm.size, dtype, cfg["op"])
     x = _on_device(cfg, x)
     y = x.copy()
     name = f"ar{nbytes}"
-    samples = _time_one(kv, comm, lambda: kv.push_pull(name, x, output=y, op=cfg["op"]),
-                        cfg["warmup"], cfg["iters"])
+    samples = _time_one(comm, lambda: kv.push_pull(name, x, output=y, op=cfg["op"]),
+                        cfg["warmup"], iters)
     wrong = int(np.count_nonzero(_to_host(y).astype(np.float64) != ref))
     wrong = comm.allreduce(wrong)
-    if comm.rank == 0:
-        print(f"  {label:<28} {human(count * dtype.itemsize):>9}  done", file=sys.stderr,
-              flush=True)
-    return _row(label, count * dtype.itemsize, count, cfg, samples, wrong, comm.size)
+    return samples, {"nbytes": count * dtype.itemsize, "count": count, "wrong": wrong}
 
 
-def _tensor_set(kv, comm, label, cfg, dtype) -> dict[str, Any]:
+def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[str, Any]]:
     counts = profile_tensor_sizes(cfg["tensors"])
     scale = cfg.get("scale", 1.0)
     counts = [max(1, int(c * scale)) for c in counts]
@@ -185,23 +321,34 @@ def _tensor_set(kv, comm, label, cfg, dtype) -> dict[str, Any]:
         refs.append(ref)
         ys.append(x.copy())
     order = list(reversed(range(len(counts))))  # backward: last layer's gradient first
+    total = sum(counts)
+    if label == "native":
+        # The floor: one MPI_Allreduce of every gradient at once, already packed.
+        x_all = np.concatenate([x.reshape(-1) for x in xs])
+        y_all = x_all.copy()
 
-    def one_set() -> None:
-        handles = [kv.push_pull_async(i, xs[i], output=ys[i], op=cfg["op"], priority=-i)
-                   for i in order]
-        for h in handles:
-            h.wait()
+        def one_set() -> None:
+            kv.push_pull("all", x_all, output=y_all, op=cfg["op"])
 
-    samples = _time_one(kv, comm, one_set, cfg["warmup"], cfg["iters"])
+        samples = _time_one(comm, one_set, cfg["warmup"], iters)
+        ref_all = np.concatenate(refs)
+        wrong = int(np.count_nonzero(_to_host(y_all).astype(np.float64) != ref_all))
+        return samples, {"nbytes": total * dtype.itemsize, "count": total, "tensors": 1,
+                         "wrong": comm.allreduce(wrong)}
+    if isinstance(kv, _Gloo):
+        one_set = kv.set_runner(xs, ys, order, cfg["op"])
+    else:
+        def one_set() -> None:
+            handles = [kv.push_pull_async(i, xs[i], output=ys[i], op=cfg["op"], priority=-i)
+                       for i in order]
+            for h in handles:
+                h.wait()
+
+    samples = _time_one(comm, one_set, cfg["warmup"], iters)
     wrong = sum(int(np.count_nonzero(_to_host(y).astype(np.float64) != r))
                 for y, r in zip(ys, refs))
-    wrong = comm.allreduce(wrong)
-    total = sum(counts)
-    if comm.rank == 0:
-        print(f"  {label:<28} {cfg['tensors']} set done", file=sys.stderr, flush=True)
-    row = _row(label, total * dtype.itemsize, total, cfg, samples, wrong, comm.size)
-    row["tensors"] = len(counts)
-    return row
+    return samples, {"nbytes": total * dtype.itemsize, "count": total, "tensors": len(counts),
+                     "wrong": comm.allreduce(wrong)}
 
 
 def _row(label, nbytes, count, cfg, samples, wrong, n) -> dict[str, Any]:
@@ -218,7 +365,11 @@ def _row(label, nbytes, count, cfg, samples, wrong, n) -> dict[str, Any]:
 # -- parent side ------------------------------------------------------------------------------
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default="mpi,horovod",
-                        help="comma-separated; options as name:key=value (default mpi,horovod)")
+                        help="comma-separated; options as name:key=value (default mpi,horovod); "
+                             "a 'native' row (bare comm.Allreduce) is always measured first")
+    parser.add_argument("--peers", default="",
+                        help="other libraries measured in the same run: 'gloo' "
+                             "(torch.distributed; needs the torch extra)")
     parser.add_argument("-n", "--ranks", type=int, default=2, help="ranks to launch (default 2)")
     parser.add_argument("--sizes", default="1K:64M",
                         help="a range LO:HI (x --factor each step) or a list, e.g. 4K,1M")
@@ -227,6 +378,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", default="sum", choices=OPS)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="open every backend this many times in turn, iters/rounds "
+                             "iterations each, so drift of a shared machine hits all rows alike")
     parser.add_argument("--tensors", default=None, choices=["resnet50", "vgg19"],
                         help="reduce a model's gradient tensors as one set instead of --sizes")
     parser.add_argument("--scale", type=float, default=1.0,
@@ -248,16 +402,26 @@ def main(args: argparse.Namespace) -> int:
         sizes = parse_sizes(args.sizes, args.factor)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if args.ranks < 1 or args.warmup < 0 or args.iters < 1:
-        raise UsageError("need --ranks >= 1, --warmup >= 0 and --iters >= 1")
+    if args.ranks < 1 or args.warmup < 0 or args.iters < 1 or args.rounds < 1:
+        raise UsageError("need --ranks >= 1, --warmup >= 0, --iters >= 1 and --rounds >= 1")
     if args.device == "gpu":
         from ddpbench import gpu
 
         if not gpu.is_available():
             raise UsageError(f"--device gpu needs CuPy and a CUDA device ({gpu.INSTALL_HINT})")
-    backends = [b for b in args.backends.split(",") if b]
+    backends = [b for b in args.backends.split(",") if b and b != "native"]
     if args.tensors and args.backends == "mpi,horovod":
         backends = ["mpi", "horovod", "horovod:fusion_threshold=0"]
+    peers = [p for p in args.peers.split(",") if p]
+    for peer in peers:
+        if peer != "gloo":
+            raise UsageError(f"--peers: unknown peer {peer!r}; available: ['gloo']")
+        if args.device == "gpu":
+            raise UsageError("--peers gloo measures CPU tensors; drop it with --device gpu")
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise UsageError("--peers gloo needs PyTorch: pip install 'ddpbench[torch]'")
     import ddpbench
 
     for spec in backends:
@@ -266,15 +430,17 @@ def main(args: argparse.Namespace) -> int:
             ddpbench.api.backend_class(name)
         except ValueError as err:
             raise UsageError(str(err)) from None
+    native = ["native"] + (["native:per_tensor"] if args.tensors else [])
+    specs = native + backends + peers
     with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
         out = Path(tmp) / "rows.jsonl"
         cfg = {
-            "backends": backends, "sizes": sizes, "dtype": args.dtype, "op": args.op,
-            "warmup": args.warmup, "iters": args.iters, "tensors": args.tensors,
-            "scale": args.scale, "out": str(out), "device": args.device,
-            "gpu_transport": args.gpu_transport,
+            "backends": specs, "sizes": sizes, "dtype": args.dtype, "op": args.op,
+            "warmup": args.warmup, "iters": args.iters, "rounds": args.rounds,
+            "tensors": args.tensors, "scale": args.scale, "out": str(out),
+            "device": args.device, "gpu_transport": args.gpu_transport,
         }
-        print(f"# ddpbench bench allreduce: {args.ranks} ranks, {', '.join(backends)}",
+        print(f"# ddpbench bench allreduce: {args.ranks} ranks, {', '.join(specs)}",
               file=sys.stderr, flush=True)
         rc = launch([sys.executable, "-m", "ddpbench.benchmarks.allreduce", json.dumps(cfg)],
                     args.ranks, timeout=args.timeout)
@@ -282,11 +448,11 @@ def main(args: argparse.Namespace) -> int:
     if rc != 0:
         print(f"ddpbench bench allreduce: the benchmark job failed (exit {rc})", file=sys.stderr)
         return 1
-    _print(rows, args.format, baseline=backends[0])
+    _print(rows, args.format)
     return 1 if any(r["wrong"] for r in rows) else 0
 
 
-def _print(rows: list[dict[str, Any]], fmt: str, baseline: str) -> None:
+def _print(rows: list[dict[str, Any]], fmt: str) -> None:
     if fmt == "json":
         print(json.dumps(rows, indent=1))
         return
@@ -297,30 +463,78 @@ def _print(rows: list[dict[str, Any]], fmt: str, baseline: str) -> None:
         for r in rows:
             print(",".join(str(r[c]) for c in cols))
         return
-    head = (f"{'backend':<28} {'n':>2} {'size':>9} {'count':>10} {'type':>8} {'redop':>7} "
+    head = (f"{'backend':<32} {'n':>2} {'size':>9} {'count':>10} {'type':>8} {'redop':>7} "
             f"{'time_us':>10} {'min_us':>10} {'max_us':>10} {'algbw':>7} {'busbw':>7} "
             f"{'#wrong':>6}")
     print(head)
-    print("#" + " " * 79 + "(GB/s)  (GB/s)")
+    print("#" + " " * 83 + "(GB/s)  (GB/s)")
     for r in rows:
-        print(f"{r['backend']:<28} {r['ranks']:>2} {human(r['size']):>9} {r['count']:>10} "
+        print(f"{r['backend']:<32} {r['ranks']:>2} {human(r['size']):>9} {r['count']:>10} "
               f"{r['type']:>8} {r['redop']:>7} {r['time_us']:>10.1f} {r['min_us']:>10.1f} "
               f"{r['max_us']:>10.1f} {r['algbw']:>7.3f} {r['busbw']:>7.3f} {r['wrong']:>6}")
-    base = {r["size"]: r for r in rows if r["backend"] == baseline}
-    ratios = [(r, base[r["size"]]) for r in rows
-              if r["backend"] != baseline and r["size"] in base]
-    if ratios:
-        print(f"\n# ratios against {baseline} measured in the same run "
-              f"(busbw ratio > 1 and time ratio < 1 mean faster than {baseline})")
-        for r, b in ratios:
-            print(f"{r['backend']:<28} {human(r['size']):>9}  busbw ratio "
-                  f"{r['busbw'] / b['busbw']:6.3f}   time ratio {r['time_us'] / b['time_us']:6.3f}")
-    tens = [r for r in rows if "tensors" in r]
-    fused = next((r for r in tens if r["backend"] == "horovod"), None)
-    unfused = next((r for r in tens if "fusion_threshold=0" in r["backend"]), None)
+    cycles = {r["backend"]: r["cycle_time_ms"] for r in rows if "cycle_time_ms" in r}
+    for label, ms in cycles.items():
+        print(f"# {label}: cycle_time {ms:g} ms (Horovod's default is 1 ms; set "
+              f"HOROVOD_CYCLE_TIME or {label.partition(':')[0]}:cycle_time=MS)")
+    if any("tensors" in r for r in rows):
+        _print_set(rows)
+        return
+    base = {r["size"]: r for r in rows if r["backend"] == "native"}
+    gloo = {r["size"]: r for r in rows if r["backend"] == "gloo"}
+    print("\n# ratios against native (bare comm.Allreduce, same run): busbw ratio >= 1 and "
+          "time ratio <= 1 mean as fast as native" + ("; last column: time / gloo's" if gloo
+                                                      else ""))
+    for r in rows:
+        b = base.get(r["size"])
+        if r["backend"] == "native" or b is None:
+            continue
+        line = (f"{r['backend']:<32} {human(r['size']):>9}  busbw ratio "
+                f"{r['busbw'] / b['busbw']:6.3f}   time ratio {r['time_us'] / b['time_us']:7.3f}")
+        g = gloo.get(r["size"])
+        if g is not None and r["backend"] != "gloo":
+            line += f"   vs gloo {r['time_us'] / g['time_us']:6.3f}"
+        print(line)
+    smallest = min(base) if base else None
+    if smallest is not None:
+        print(f"\n# per-tensor engine overhead at {human(smallest)}: time - native time "
+              f"(target <= 50 us)")
+        for r in rows:
+            if r["size"] == smallest and r["backend"] not in ("native", "gloo"):
+                print(f"{r['backend']:<32} {r['time_us'] - base[smallest]['time_us']:8.1f} us")
+
+
+def _print_set(rows: list[dict[str, Any]]) -> None:
+    """Ratios of a tensor set: against the floor (one allreduce of everything), fusion."""
+    by = {r["backend"]: r for r in rows}
+    floor, per = by.get("native"), by.get("native:per_tensor")
+    if floor is None:
+        return
+    n = next(r["tensors"] for r in rows if r["backend"] != "native")
+    print(f"\n# {n} tensors, {human(floor['size'])}: time against the floor (native: one "
+          f"MPI_Allreduce of all of it) and against native:per_tensor ({n} bare calls)")
+    for r in rows:
+        if r["backend"] == "native":
+            continue
+        line = f"{r['backend']:<32} time / floor {r['time_us'] / floor['time_us']:6.3f}"
+        if per is not None:
+            line += f"   time / per-tensor native {r['time_us'] / per['time_us']:6.3f}"
+        print(line)
+    fused = next((r for r in rows if r["backend"].split(":")[0] == "horovod"
+                  and "fusion_threshold=0" not in r["backend"]), None)
+    unfused = next((r for r in rows if "fusion_threshold=0" in r["backend"]), None)
     if fused and unfused:
-        print(f"\n# fusion: horovod fused is {unfused['time_us'] / fused['time_us']:.2f}x faster "
-              f"than unfused on the {fused['tensors']}-tensor set")
+        print(f"\n# fusion: {fused['backend']} is {unfused['time_us'] / fused['time_us']:.2f}x "
+              f"faster than {unfused['backend']}")
+    print(f"\n# per-tensor engine overhead: (time - the native work it does) / {n} "
+          f"(target <= 50 us; fused groups against the floor, one call per tensor against "
+          f"native:per_tensor)")
+    for r in rows:
+        name = r["backend"]
+        if name.startswith("native") or name == "gloo":
+            continue
+        unfused_like = name.split(":")[0] == "mpi" or "fusion_threshold=0" in name
+        ref = per if unfused_like and per is not None else floor
+        print(f"{name:<32} {(r['time_us'] - ref['time_us']) / n:8.1f} us")
 
 
 if __name__ == "__main__":
