@@ -25,6 +25,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", "-r", type=int, default=5,
                         help="timed steps, each with hooks and without (default 5); layer "
                              "times are medians over them")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default torch's own choice); 1 is the "
+                             "steadiest on a shared machine")
     parser.add_argument("--name", help="workload name in the file (default the model's name)")
     parser.add_argument("--compare", metavar="WORKLOAD",
                         help="after profiling, compare with another workload (shipped name or "
@@ -65,8 +68,16 @@ def main(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"  {line}", file=sys.stderr, flush=True)
 
+    try:
+        profiling.import_torch()
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     print(f"profiling {args.model} on {args.device}, batch {args.batch_size}: {args.warmup} "
           f"warm-up and {args.repeats} timed steps", file=sys.stderr, flush=True)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {args.threads}")
+        profiling.import_torch().set_num_threads(args.threads)
     try:
         data = profiling.profile(args.model, batch_size=args.batch_size, device=args.device,
                                  input_shape=args.input_shape, warmup=args.warmup,

@@ -339,6 +339,7 @@ def to_profile(m: Measurement, matmul: list[bool]) -> dict[str, Any]:
             "python": sys.version.split()[0],
             "device": m.device,
             "device_name": m.device_name,
+            "threads": int(torch.get_num_threads()),
             "batch_size": m.batch_size,
             "input_shape": list(m.input_shape),
             "warmup": m.warmup,
