@@ -89,8 +89,8 @@ def main(args: argparse.Namespace) -> int:
     workload = Workload.from_dict(data, source=str(out))  # what simulate will read back
     header = (f"# Workload profile {data['name']}: {len(workload.tensors)} tensors, "
               f"{workload.total_params:,} parameters.\n"
-              f"# Written by `ddpbench profile {args.model} --batch-size {args.batch_size} "
-              f"--device {args.device}`; times are milliseconds per step at batch_size.\n")
+              f"# Written by `{_command(args)}`;\n"
+              "# times are milliseconds per step at batch_size, medians over the timed steps.\n")
     out.write_text(header + _dump(data))
     meas = data["measured"]
     print(f"{data['name']}: {len(data['layers'])} layers, {len(workload.tensors)} tensors, "
@@ -103,6 +103,18 @@ def main(args: argparse.Namespace) -> int:
     if other is not None:
         _compare(workload, other, args.compare)
     return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """Return the command line that reproduces this profile (for the file's header)."""
+    parts = ["ddpbench profile", args.model, f"--batch-size {args.batch_size}",
+             f"--device {args.device}"]
+    if args.input_shape:
+        parts.append("--input-shape " + ",".join(str(d) for d in args.input_shape))
+    if args.threads is not None:
+        parts.append(f"--threads {args.threads}")
+    parts += [f"--warmup {args.warmup}", f"--repeats {args.repeats}", f"-o {args.output}"]
+    return " ".join(parts)
 
 
 def _compare(this: object, other: object, label: str) -> None:

@@ -174,3 +174,22 @@ def test_profile_fields_are_checked():
     bad["layers"][0]["tensors"][0].update(shape=[2, 3], bytes=25)
     with pytest.raises(ValueError, match="'bytes' \\(25\\) is not a multiple of numel"):
         Workload.from_dict(bad)
+
+
+def test_experiment_names_a_profile_beside_it(tmp_path):
+    """A workload path in an experiment file is relative to that file, wherever ddpbench runs."""
+    from ddpbench.experiments.schema import parse_experiment
+    from ddpbench.experiments.throughput.points import expand
+
+    folder = tmp_path / "exp"
+    (folder / "profiles").mkdir(parents=True)
+    profile = {"name": "mine", "batch_size": 2, "layers": [
+        {"name": "fc", "fwd_ms": 1.0, "bwd_ms": 2.0, "tensors": [{"name": "fc.weight",
+                                                                   "numel": 1000}]}]}
+    (folder / "profiles" / "mine.yaml").write_text(yaml.safe_dump(profile))
+    text = ("name: mine\nmode: simulate\nworkloads: [profiles/mine.yaml]\nworkers: 2\n"
+            "bandwidth_gbps: 10\nbackends: [horovod]\n")
+    (folder / "e.yaml").write_text(text)
+    exp = parse_experiment(text, folder / "e.yaml")
+    (point,) = expand(exp.spec)
+    assert load_workload(point["workload"]).total_params == 1000
