@@ -13,7 +13,8 @@ import importlib
 import sys
 
 # The order here is the order in --help.
-COMMANDS = ["run", "report", "list", "simulate", "launch", "bench", "numerics", "train"]
+COMMANDS = ["run", "report", "list", "simulate", "launch", "bench", "numerics", "train",
+            "profile"]
 
 
 class UsageError(Exception):

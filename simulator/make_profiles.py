@@ -182,16 +182,16 @@ def vgg19() -> dict:
     out = []
     for i, layer in enumerate(layers19):
         w, bias = tensors[2 * i], tensors[2 * i + 1]
-        out.append({"name": w["name"].split(".")[0], "fwd_ms": round(layer["fwd"], 4),
+        out.append({"name": w["name"].split("(")[0].rsplit(".", 1)[0], "fwd_ms": round(layer["fwd"], 4),
                     "bwd_ms": round(layer["bwd"], 4),
                     "tensors": [{"name": t["name"].split("(")[0], "numel": int(t["params"])}
                                 for t in (w, bias)]})
     return {"name": "vgg19", "batch_size": BATCH_IMAGES, "gpu": GPU, "device": DEVICE,
             "matmul_fraction": _matmul_fraction(_read_tsv("pipedream_vgg16_profile.tsv")),
             "notes": "VGG-19 with biases; times: PipeDream's VGG-16 profile, batch 128, with the "
-                     "three extra VGG-19 convolutions (conv8 256->256, conv12 and conv16 "
-                     "512->512) given the times of their same-shaped neighbour (the previous "
-                     "conv of the block); ReLU/pool/dropout folded into the preceding layer.",
+                     "three extra VGG-19 convolutions (features.16 256->256, features.25 and "
+                     "features.34 512->512, the 8th, 12th and 16th) given the times of their "
+                     "same-shaped neighbour (the previous conv of the block); ReLU/pool/dropout folded into the preceding layer.",
             "layers": out}
 
 

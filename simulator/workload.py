@@ -18,6 +18,12 @@ A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
 ``device`` and ``matmul_fraction`` are optional; without them a point may not name a
 ``device`` or ``batch_size`` other than the profile's (see :func:`ddpbench.hardware.compute_factor`).
 
+A profile written by ``ddpbench profile`` (:mod:`ddpbench.profiling`) also records how it
+was measured, all optional and ignored by the simulator: a top-level ``measured`` mapping
+(tool, torch version, device, batch, input shape, repeats, step times and their spread) and,
+per tensor, ``shape``, ``dtype``, ``bytes`` and ``ready_ms`` (when its gradient became ready,
+milliseconds after the backward pass began).
+
 Tensors are numbered in file order: that number is the tensor's key for the parameter-server
 placement rules of each backend (:mod:`ddpbench.backends.ps.placement`, docs/fidelity/).
 """
@@ -49,6 +55,11 @@ class Tensor(BaseModel):
     name: str
     numel: int = Field(gt=0, description="number of elements")
     layer: int = Field(ge=0, description="index of the layer that owns it")
+    shape: tuple[int, ...] | None = Field(None, description="shape, when the profile records it")
+    dtype: str = Field("", description="the parameter's dtype, when recorded (gradients "
+                                       "travel as fp32 regardless)")
+    ready_ms: float | None = Field(None, ge=0, description="measured gradient-ready time, ms "
+                                                          "after the backward pass began")
 
 
 class Layer(BaseModel):
@@ -74,6 +85,8 @@ class Workload(BaseModel):
     device: str = ""
     matmul_fraction: float | None = Field(None, ge=0, le=1)
     notes: str = ""
+    measured: dict[str, Any] | None = Field(None, description="how a profiled workload was "
+                                            "measured (ddpbench profile); free-form")
     layers: tuple[Layer, ...] = Field(min_length=1)
     tensors: tuple[Tensor, ...] = Field(min_length=1)
 
@@ -107,7 +120,8 @@ class Workload(BaseModel):
         if not isinstance(data, dict):
             raise ValueError(f"{source}: a workload profile must be a mapping, got "
                              f"{type(data).__name__}")
-        keys = {"name", "batch_size", "gpu", "device", "matmul_fraction", "notes", "layers"}
+        keys = {"name", "batch_size", "gpu", "device", "matmul_fraction", "notes", "measured",
+                "layers"}
         unknown = set(data) - keys
         if unknown:
             raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; valid keys: "
@@ -130,14 +144,14 @@ class Workload(BaseModel):
                 for j, t in enumerate(raw.get("tensors") or []):
                     if not isinstance(t, dict):
                         raise ValueError(f"{where}.tensors[{j}]: must be a mapping {{name, numel}}")
-                    tensors.append(Tensor(layer=i, **t))
+                    tensors.append(_tensor(t, i, f"{where}.tensors[{j}]"))
             except ValidationError as err:
                 raise ValueError(f"{where}: {_explain(err)}") from None
         try:
             return cls(name=data.get("name", source), batch_size=data.get("batch_size", 0),
                        gpu=data.get("gpu", ""), device=data.get("device", ""),
                        matmul_fraction=data.get("matmul_fraction"), notes=data.get("notes", ""),
-                       layers=tuple(layers), tensors=tuple(tensors))
+                       measured=data.get("measured"), layers=tuple(layers), tensors=tuple(tensors))
         except ValidationError as err:
             raise ValueError(f"{source}: {_explain(err)}") from None
 
@@ -181,6 +195,30 @@ class Workload(BaseModel):
         tensors = tuple(t.model_copy(update={"numel": max(1, int(round(t.numel * size_scale)))})
                         for t in self.tensors)
         return self.model_copy(update={"tensors": tensors})
+
+
+def _tensor(raw: dict, layer: int, where: str) -> Tensor:
+    """Build one tensor entry; ``bytes``, when given, must agree with numel and dtype."""
+    fields = dict(raw)
+    nbytes = fields.pop("bytes", None)
+    t = Tensor(layer=layer, **fields)
+    if nbytes is not None:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"{where}: field 'bytes' must be an integer > 0, got {nbytes!r}")
+        if nbytes % t.numel:
+            raise ValueError(f"{where}: field 'bytes' ({nbytes}) is not a multiple of numel "
+                             f"({t.numel})")
+    if t.shape is not None and _prod(t.shape) != t.numel:
+        raise ValueError(f"{where}: field 'shape' {list(t.shape)} holds {_prod(t.shape)} "
+                         f"elements, but numel is {t.numel}")
+    return t
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _ms(raw: dict, key: str, where: str) -> float:

@@ -172,6 +172,19 @@ def _known_workloads() -> tuple[str, ...]:
         return BUILTIN_WORKLOADS
 
 
+def _from_cwd(path: Path) -> str:
+    """Return a profile path (relative to the experiment file) as points load it: from the cwd.
+
+    Relative when the file lies under the working directory (so point names stay short and
+    the same on every machine that runs from the checkout's root), absolute otherwise.
+    """
+    full = path.resolve()
+    try:
+        return full.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(full)
+
+
 def prepare(raw: YamlMap, file: Path | str) -> None:
     """Move top-level ``backend.knob: values`` keys into ``backends`` (line kept)."""
     dotted = [k for k in raw if isinstance(k, str) and "." in k and k not in ENVELOPE]
@@ -227,12 +240,16 @@ def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
                 except ValueError as err:
                     raise err_at(file, raw, loc, str(err)) from None
     valid = _known_workloads()
+    resolved = []
     for i, w in enumerate(spec.workloads):
         if w not in valid and not (w.endswith((".yaml", ".yml")) and (base / w).is_file()):
             raise err_at(file, raw, ["workloads", i] if isinstance(raw.get("workloads"), list)
                        else ["workloads"],
                        f"unknown workload {w!r}; valid workloads: {sorted(valid)} or a path "
                        f"to a profile .yaml file")
+        resolved.append(w if w in valid else _from_cwd(base / w))
+    if tuple(resolved) != spec.workloads:
+        spec = spec.model_copy(update={"workloads": tuple(resolved)})
     axis_names: set[str] = set(spec.axes_of(next(iter(spec.backends))))
     for name in spec.backends:
         axis_names |= set(spec.axes_of(name))

@@ -1,0 +1,150 @@
+"""``ddpbench profile``: time a PyTorch model's training step and write it as a workload."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "profile a PyTorch model (torchvision:NAME or package.module:factory) into a workload YAML"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="torchvision:NAME (built without weights, nothing is "
+                                      "downloaded) or package.module:factory returning a "
+                                      "torch.nn.Module")
+    parser.add_argument("--batch-size", "-B", type=int, required=True,
+                        help="samples per step (one worker's batch)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where to run the steps (default cpu)")
+    parser.add_argument("--input-shape", type=_shape, default=None, metavar="C,H,W",
+                        help="shape of one input sample without the batch (default 3,224,224; "
+                             "3,299,299 for inception_v3)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed steps before the timed ones (default 2)")
+    parser.add_argument("--repeats", "-r", type=int, default=5,
+                        help="timed steps, each with hooks and without (default 5); layer "
+                             "times are medians over them")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default torch's own choice); 1 is the "
+                             "steadiest on a shared machine")
+    parser.add_argument("--name", help="workload name in the file (default the model's name)")
+    parser.add_argument("--compare", metavar="WORKLOAD",
+                        help="after profiling, compare with another workload (shipped name or "
+                             "YAML): tensor list equality and forward+backward time per layer "
+                             "group")
+    parser.add_argument("--output", "-o", required=True, metavar="FILE.yaml",
+                        help="where to write the workload profile")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 3,224,224, got {text!r}") from None
+    if not dims or any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(f"expected positive integers like 3,224,224, got {text!r}")
+    return dims
+
+
+def main(args: argparse.Namespace) -> int:
+
+    from ddpbench import profiling
+    from ddpbench.cli import UsageError
+    from ddpbench.simulator import Workload, load_workload
+
+    out = Path(args.output)
+    if out.suffix not in (".yaml", ".yml"):
+        raise UsageError(f"--output {args.output!r}: a workload file ends in .yaml or .yml")
+    if not out.parent.is_dir():
+        raise UsageError(f"--output {args.output!r}: folder {str(out.parent)!r} does not exist")
+    other = None
+    if args.compare:
+        try:
+            other = load_workload(args.compare)
+        except ValueError as err:
+            raise UsageError(f"--compare: {err}") from None
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    try:
+        profiling.import_torch()
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    print(f"profiling {args.model} on {args.device}, batch {args.batch_size}: {args.warmup} "
+          f"warm-up and {args.repeats} timed steps", file=sys.stderr, flush=True)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {args.threads}")
+        profiling.import_torch().set_num_threads(args.threads)
+    try:
+        data = profiling.profile(args.model, batch_size=args.batch_size, device=args.device,
+                                 input_shape=args.input_shape, warmup=args.warmup,
+                                 repeats=args.repeats, progress=progress)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.name:
+        data["name"] = args.name
+    workload = Workload.from_dict(data, source=str(out))  # what simulate will read back
+    header = (f"# Workload profile {data['name']}: {len(workload.tensors)} tensors, "
+              f"{workload.total_params:,} parameters.\n"
+              f"# Written by `{_command(args)}`;\n"
+              "# times are milliseconds per step at batch_size, medians over the timed steps.\n")
+    out.write_text(header + _dump(data))
+    meas = data["measured"]
+    print(f"{data['name']}: {len(data['layers'])} layers, {len(workload.tensors)} tensors, "
+          f"{workload.total_params:,} parameters ({workload.model_bytes / 2**20:.1f} MiB fp32)")
+    print(f"step {meas['step_ms']:.1f} ms median without hooks (min {meas['step_ms_min']:.1f}, "
+          f"max {meas['step_ms_max']:.1f}, spread {meas['step_spread']:.0%}); layers sum to "
+          f"{meas['layers_sum_ms']:.1f} ms = {meas['layers_sum_vs_step']:.3f} x the step; "
+          f"matmul fraction {data['matmul_fraction']}")
+    print(f"wrote {out}")
+    if other is not None:
+        _compare(workload, other, args.compare)
+    return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """Return the command line that reproduces this profile (for the file's header)."""
+    parts = ["ddpbench profile", args.model, f"--batch-size {args.batch_size}",
+             f"--device {args.device}"]
+    if args.input_shape:
+        parts.append("--input-shape " + ",".join(str(d) for d in args.input_shape))
+    if args.threads is not None:
+        parts.append(f"--threads {args.threads}")
+    parts += [f"--warmup {args.warmup}", f"--repeats {args.repeats}", f"-o {args.output}"]
+    return " ".join(parts)
+
+
+def _compare(this: object, other: object, label: str) -> None:
+    from ddpbench import profiling
+
+    diff = profiling.compare_tensors(this, other)
+    print(f"tensor list against {label}: " + ("identical" if diff is None else f"differs, {diff}"))
+    a, b = profiling.group_times(this), profiling.group_times(other)
+    print(f"{'layer group':<24} {'this ms':>10} {label + ' ms':>14} {'ratio':>7}")
+    for key in list(a) + [k for k in b if k not in a]:
+        x, y = a.get(key), b.get(key)
+        ratio = f"{x / y:7.3f}" if x is not None and y else "      -"
+        xs = f"{x * 1e3:10.2f}" if x is not None else f"{'-':>10}"
+        ys = f"{y * 1e3:14.2f}" if y is not None else f"{'-':>14}"
+        print(f"{key:<24} {xs} {ys} {ratio}")
+
+
+class _Row(dict):
+    """A mapping written on one line (a tensor entry)."""
+
+
+def _dump(data: dict) -> str:
+    """Return ``data`` as YAML with one line per tensor, as the shipped profiles are written."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(_Row, lambda d, row: d.represent_mapping(
+        "tag:yaml.org,2002:map", dict(row), flow_style=True))
+    for layer in data["layers"]:
+        layer["tensors"] = [_Row(t) for t in layer["tensors"]]
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, width=200, default_flow_style=None)
