@@ -34,8 +34,9 @@ also copies in and out (:mod:`ddpbench.gpu`), and reduce through NCCL
 (``gpu_transport="nccl"``, one rank per GPU) or through the CPU path via pinned host
 memory (``"host"``, which also runs several ranks on one GPU).
 
-Both algorithms reduce in a fixed order that :mod:`ddpbench.numerics` reproduces bit for
-bit (``ring``: ``ring_chunks`` order; ``mpi``: MPICH's recursive-doubling tree).
+:mod:`ddpbench.numerics` reproduces ``algorithm="ring"`` bit for bit (``ring_chunks``
+order); ``"mpi"`` reduces in the MPI library's own order, which the emulator does not
+model (at 3 ranks MPICH's fp16 sums differ from the ring's in the last bit).
 Knobs default to Horovod's and read ``HOROVOD_FUSION_THRESHOLD`` (bytes),
 ``HOROVOD_CYCLE_TIME`` (ms) and ``HOROVOD_CACHE_CAPACITY`` when not given.
 """

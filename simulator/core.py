@@ -72,6 +72,8 @@ class SimResult:
         hosts: worker hosts.
         gpus_per_host: GPUs (worker processes) per host.
         batch_size: samples per worker per iteration.
+        fusion_groups: the fused buffers a fusing strategy (``horovod``) planned, in order:
+            (cycle start in seconds, tensor names).
     """
 
     workload: str
@@ -90,6 +92,7 @@ class SimResult:
     hosts: int = 0
     gpus_per_host: int = 1
     batch_size: int = 0
+    fusion_groups: list[tuple[float, list[str]]] = field(default_factory=list, repr=False)
 
     def to_chrome_trace(self, path: str | Path) -> Path:
         """Write the timeline as Chrome-trace JSON (:mod:`ddpbench.trace`, the writer real
@@ -502,6 +505,7 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
                      throughput=c.workers * batch / iter_time if iter_time else math.inf,
                      bytes_sent=sent, bytes_received=recv, nic_utilisation=util,
                      events=sim.env.events, timeline=sim.timeline, iteration_end_s=list(ends),
+                     fusion_groups=list(getattr(sim.strategy, "plan_log", [])),
                      hosts=c.num_hosts, gpus_per_host=c.gpus_per_host, batch_size=batch)
 
 

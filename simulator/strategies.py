@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from ddpbench import contract
 from ddpbench.backends.ps import placement
 from ddpbench.backends.ps.placement import Part
+from ddpbench.fusion import fuse_responses, next_cycle_start
 from ddpbench.simulator.context import SimContext
 from ddpbench.simulator.network import Gate, Link, Message, Network, call_later
 
@@ -283,6 +284,7 @@ class HorovodStrategy(_AllreduceBase):
     def start(self) -> None:
         self._queue: list = []
         self._wake = None
+        self.plan_log: list[tuple[float, list[str]]] = []  # (cycle start, fused tensor names)
         self.sim.env.process(self._run())
 
     def grad_ready(self, w: int, layer: int) -> None:
@@ -292,18 +294,12 @@ class HorovodStrategy(_AllreduceBase):
             self._wake = None
 
     def _buffers(self, tensors: list) -> list[list]:
-        limit, itemsize = self.knobs.fusion_threshold, self.sim.itemsize
-        out: list[list] = []
-        size = 0
-        for t in tensors:
-            nbytes = t.numel * itemsize
-            if out and limit > 0 and size + nbytes <= limit:
-                out[-1].append(t)
-                size += nbytes
-            else:
-                out.append([t])
-                size = nbytes
-        return out
+        """Fuse one cycle's tensors with Horovod's look-ahead, the rule the real backend
+        plans with (:func:`ddpbench.fusion.fuse_responses`); simulated tensors share one
+        dtype, so all are compatible and the first that does not fit starts a buffer."""
+        itemsize = self.sim.itemsize
+        return fuse_responses(tensors, self.knobs.fusion_threshold,
+                              lambda t: t.numel * itemsize, lambda t: "allreduce")
 
     def _run(self):
         sim, env = self.sim, self.sim.env
@@ -327,6 +323,7 @@ class HorovodStrategy(_AllreduceBase):
             if sim.negotiation > 0:
                 yield env.timeout(sim.negotiation)  # the coordinator agrees on `ready`
             for buf in self._buffers(ready):
+                self.plan_log.append((cycle_start, [t.name for t in buf]))
                 n = sum(t.numel for t in buf)
                 if hierarchical:
                     yield from hierarchical_allreduce(sim, n, sim.itemsize, buf[0].layer)
@@ -334,7 +331,7 @@ class HorovodStrategy(_AllreduceBase):
                     yield from ring_allreduce(sim, n, sim.itemsize, buf[0].layer)
                 for t in buf:
                     sim.unit_done(0, t.layer)
-            next_start = max(env.now, cycle_start + cycle)
+            next_start = next_cycle_start(cycle_start, env.now, cycle)
 
 
 @register
