@@ -142,9 +142,12 @@ def load(path: str | Path | None = None) -> Published:
         return Published.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        if isinstance(first["loc"][0], str) and first["loc"][0] == "points" and len(
-                first["loc"]) > 1 and isinstance(first["loc"][1], int):
-            pid = raw["points"][first["loc"][1]].get("id", "?")
+        loc_t = tuple(first["loc"])
+        loc = ".".join(str(x) for x in loc_t)
+        if len(loc_t) > 1 and loc_t[0] == "points" and isinstance(loc_t[1], int):
+            pid = raw["points"][loc_t[1]].get("id", "?")
             loc = f"{loc} (point {pid!r})"
-        raise ValueError(f"{file}: {loc}: {first['msg']}") from None
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        if not loc:
+            raise ValueError(f"{file}: {msg}") from None
+        raise ValueError(f"{file}: {loc}: {msg}") from None

@@ -146,7 +146,7 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
 
     doc.heading("Constants and how they were chosen")
     used_t = sorted({by_id[i].setting.transport for i in df["id"] if by_id[i].simulate})
-    used_d = sorted({by_id[i].setting.device for i in df["id"]
+    used_d = sorted({str(by_id[i].setting.device) for i in df["id"]
                      if by_id[i].simulate and by_id[i].setting.device})
     used_l = sorted({by_id[i].setting.intra_link for i in df["id"]
                      if by_id[i].simulate and by_id[i].setting.gpus_per_host > 1})

@@ -92,14 +92,16 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
                 "note": point.reason}
     s = point.setting
     it, wu = int(params["_iterations"]), int(params["_warmup"])
-    common = {"hosts": s.hosts, "gpus_per_host": s.gpus_per_host, "iterations": it,
-              "warmup": wu}
+
+    def thr(backend: str, knobs: dict[str, Any], bw: float, hosts: int | None = s.hosts,
+            gpus_per_host: int = s.gpus_per_host) -> float:
+        return _throughput(point, backend, knobs, bandwidth=bw, hosts=hosts,
+                           gpus_per_host=gpus_per_host, iterations=it, warmup=wu)
 
     def speedup(bw: float) -> float:
         assert point.baseline is not None
-        a = _throughput(point, point.backend, point.backend_knobs, bandwidth=bw, **common)
-        b = _throughput(point, point.baseline, point.baseline_knobs, bandwidth=bw, **common)
-        return a / b
+        return (thr(point.backend, point.backend_knobs, bw)
+                / thr(point.baseline, point.baseline_knobs, bw))
 
     peak_bw: float | None = None
     if point.metric == "speedup":
@@ -114,15 +116,12 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
     elif point.metric == "scaling_efficiency":
         assert s.bandwidth_gbps is not None
         n = (s.hosts or 1) * s.gpus_per_host
-        many = _throughput(point, point.backend, point.backend_knobs,
-                           bandwidth=s.bandwidth_gbps, **common)
-        one = _throughput(point, point.backend, point.backend_knobs,
-                          bandwidth=s.bandwidth_gbps, hosts=1, gpus_per_host=1,
-                          iterations=it, warmup=wu)
+        many = thr(point.backend, point.backend_knobs, s.bandwidth_gbps)
+        one = thr(point.backend, point.backend_knobs, s.bandwidth_gbps, hosts=1,
+                  gpus_per_host=1)
         value = many / (n * one)
     else:
         assert s.bandwidth_gbps is not None
-        value = _throughput(point, point.backend, point.backend_knobs,
-                            bandwidth=s.bandwidth_gbps, **common)
+        value = thr(point.backend, point.backend_knobs, s.bandwidth_gbps)
     return {"simulated": float(value), "rel_error": float(value / point.value - 1.0),
             "peak_bandwidth_gbps": peak_bw, "note": ""}
