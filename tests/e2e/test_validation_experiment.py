@@ -69,5 +69,5 @@ def test_a_small_validation_run_renders(tmp_path):
                   "Constants and how they were chosen", "transport tcp: efficiency",
                   "byteps_osdi_vs_ps"):
         assert words in md, words
-    for name in ("published_vs_simulated.png", "errors.png", "report.html"):
+    for name in ("published_vs_simulated.png", "errors.png", "peak_gain_sweep.png", "report.html"):
         assert (out / name).stat().st_size > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -225,4 +226,32 @@ def _plots(df: Any, by_id: dict[str, data.Point], outdir: Path, spec: Spec,
     plt.close(fig)
     paths.append(path)
     doc.image(path, "relative error per point")
+
+    curves = [(r["id"], by_id[r["id"]], r.get("sweep")) for _, r in df.iterrows()
+              if by_id[r["id"]].metric == "peak_speedup" and isinstance(r.get("sweep"), str)]
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for _pid, p, text in curves:
+            sweep = {float(k): float(v) for k, v in json.loads(text).items()}
+            bws = sorted(sweep)
+            line, = ax.plot(bws, [sweep[b] for b in bws], marker="o", ms=3,
+                            label=f"{p.setting.workload} simulated")
+            peak_bw = next((q.value for q in by_id.values() if q.metric == "peak_bandwidth"
+                            and q.setting.workload == p.setting.workload
+                            and q.source.startswith("p3")), None)
+            ax.axhline(p.value, color=line.get_color(), ls=":", lw=0.9,
+                       label=f"{p.setting.workload} published peak {p.value:g}x")
+            if peak_bw is not None:
+                ax.plot([peak_bw], [p.value], marker="*", ms=12, color=line.get_color())
+        ax.set_xscale("log")
+        ax.set_xlabel("bandwidth, Gbit/s (log)")
+        ax.set_ylabel(f"speedup of {curves[0][1].backend} over {curves[0][1].baseline}")
+        ax.set_title("Peak gains over the bandwidth sweep (stars: published peak bandwidth)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = outdir / "peak_gain_sweep.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+        doc.image(path, "speedup against bandwidth, simulated, with the published peaks")
     return paths

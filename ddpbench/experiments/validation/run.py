@@ -89,7 +89,7 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
     point = data.Point.model_validate_json(params["_point"])
     if not point.simulate:
         return {"simulated": None, "rel_error": None, "peak_bandwidth_gbps": None,
-                "note": point.reason}
+                "note": point.reason, "sweep": None}
     s = point.setting
     it, wu = int(params["_iterations"]), int(params["_warmup"])
 
@@ -104,6 +104,7 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
                 / thr(point.baseline, point.baseline_knobs, bw))
 
     peak_bw: float | None = None
+    sweep: dict[float, float] = {}
     if point.metric == "speedup":
         assert s.bandwidth_gbps is not None
         value = speedup(s.bandwidth_gbps)
@@ -124,4 +125,5 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
         assert s.bandwidth_gbps is not None
         value = thr(point.backend, point.backend_knobs, s.bandwidth_gbps)
     return {"simulated": float(value), "rel_error": float(value / point.value - 1.0),
-            "peak_bandwidth_gbps": peak_bw, "note": ""}
+            "peak_bandwidth_gbps": peak_bw, "note": "",
+            "sweep": json.dumps({f"{bw:g}": v for bw, v in sweep.items()}) if sweep else None}
