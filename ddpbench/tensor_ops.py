@@ -57,20 +57,7 @@ def scale_(buf: Any, factor: float) -> None:
     Integers are scaled in float64 and truncated toward zero (C assignment semantics).
     A factor of exactly 1 is skipped: no pass over the buffer.
     """
-    if factor == 1.0:
-        return
-    xp = array_module(buf)
-    dt = np.dtype(buf.dtype)
-    if dt in HALF_DTYPES:
-        buf[...] = (buf.astype(np.float32) * np.float32(factor)).astype(dt)
-    elif dt == np.float32:
-        xp.multiply(buf, np.float32(factor), out=buf)
-    elif dt.kind == "f":
-        xp.multiply(buf, dt.type(factor), out=buf)
-    elif dt.kind in "iu":
-        buf[...] = xp.trunc(buf.astype(np.float64) * factor).astype(dt)
-    else:
-        raise TypeError(f"cannot scale a {dt} tensor")
+    scale_into(buf, factor, buf)
 
 
 def scale_into(src: Any, factor: float, out: Any) -> None:

@@ -16,10 +16,9 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _results import result
+from _results import result, run_cases
 from torch import nn
 
-import ddpbench
 import ddpbench.torch as dt
 from ddpbench.comm import world
 from ddpbench.data import ShardedLoader, mnist5k
@@ -230,21 +229,5 @@ CASES = {"reference": case_reference, "lazy": case_lazy, "errors": case_errors,
          "variants": case_variants, "local_sgd": case_local_sgd, "onserver": case_onserver}
 
 
-def main() -> None:
-    cases, backends = sys.argv[1].split(","), sys.argv[2].split(",")
-    for spec in backends:
-        name, _, rest = spec.partition(":")
-        opts = {}
-        for item in filter(None, rest.split(";")):
-            k, _, v = item.partition("=")
-            opts[k] = int(v) if v.isdigit() else v
-        kv = ddpbench.create(name, **opts)
-        if kv is None:  # a server rank of a parameter-server backend served and is done
-            continue
-        for c in cases:
-            CASES[c](kv, spec)
-        kv.close()
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(CASES, sys.argv[1:])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from _results import result
+from _results import result, run_cases
 
 import ddpbench
 from ddpbench import nn
@@ -253,21 +253,5 @@ CASES = {"deferred": case_deferred, "reference": case_reference, "onserver": cas
          "local_sgd": case_local_sgd}
 
 
-def main() -> None:
-    cases, backends = sys.argv[1].split(","), sys.argv[2].split(",")
-    for spec in backends:
-        name, _, rest = spec.partition(":")
-        opts = {}
-        for kv_ in filter(None, rest.split(";")):
-            k, _, v = kv_.partition("=")
-            opts[k] = int(v) if v.isdigit() else v
-        kv = ddpbench.create(name, **opts)
-        if kv is None:  # a server rank of a parameter-server backend served and is done
-            continue
-        for c in cases:
-            CASES[c](kv, spec)
-        kv.close()
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(CASES, sys.argv[1:])
