@@ -71,3 +71,51 @@ def test_a_small_validation_run_renders(tmp_path):
         assert words in md, words
     for name in ("published_vs_simulated.png", "errors.png", "peak_gain_sweep.png", "report.html"):
         assert (out / name).stat().st_size > 0
+
+
+PUBLISHED = textwrap.dedent("""\
+    sources:
+      t: {title: a test, url: nowhere}
+    points:
+      - id: tput
+        source: t
+        where: here
+        quote: "a sentence"
+        setting: {workload: resnet50, hosts: 2, transport: ideal, bandwidth_gbps: 10}
+        metric: throughput
+        backend: horovod
+        value: 100
+      - id: peak
+        source: t
+        where: here
+        quote: "a sentence"
+        setting: {workload: resnet50, hosts: 2, transport: ideal}
+        metric: peak_speedup
+        backend: horovod
+        baseline: mpi
+        value: 1.5
+    """)
+
+
+def test_simulated_values_equal_the_simulator_in_the_point_setting(tmp_path):
+    from ddpbench.simulator import simulate
+
+    (tmp_path / "pub.yaml").write_text(PUBLISHED)
+    path = tmp_path / "v.yaml"
+    path.write_text(f"name: v\nkind: validation\npublished: {tmp_path / 'pub.yaml'}\n"
+                    "bandwidths_gbps: [1, 10]\niterations: 2\n")
+    out = tmp_path / "out"
+    summary = runner.run_experiment(schema.load_experiment(path), out, jobs=1, progress=False)
+    assert summary.ok == 2
+    rows = pd.read_csv(out / "results.csv").set_index("id")
+
+    def thr(backend, bw):
+        return simulate("resnet50", backend, workers=2, hosts=2, bandwidth_gbps=bw,
+                        transport="ideal", iterations=2, warmup=1).throughput
+
+    assert rows.loc["tput", "simulated"] == pytest.approx(thr("horovod", 10), rel=1e-12)
+    assert rows.loc["tput", "rel_error"] == pytest.approx(thr("horovod", 10) / 100 - 1,
+                                                          rel=1e-12)
+    ratios = {bw: thr("horovod", bw) / thr("mpi", bw) for bw in (1.0, 10.0)}
+    assert rows.loc["peak", "simulated"] == pytest.approx(max(ratios.values()), rel=1e-12)
+    assert rows.loc["peak", "peak_bandwidth_gbps"] == max(ratios, key=ratios.get)
