@@ -1,52 +1,129 @@
-"""Points of a validation experiment: simulate each published setting, compare."""
+"""The ``validation`` kind's points: one per published value, simulated in its setting."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-from ddpbench.experiments.naming import make_name
+from ddpbench.experiments.schema import ExperimentError, err_at
+from ddpbench.experiments.validation import data
 from ddpbench.experiments.validation.spec import Spec
+
+__all__ = ["check", "expand", "point_name", "run_point"]
+
+
+def _published(spec: Spec) -> data.Published:
+    return data.load(spec.published)
+
+
+def check(spec: Spec, raw: Any, file: str | Path) -> Spec:
+    """Load the points file and check ``only``/``sources`` against it."""
+    try:
+        pub = _published(spec)
+    except (OSError, ValueError) as err:
+        raise err_at(file, raw, ("published",), str(err)) from None
+    ids = {p.id for p in pub.points}
+    for i, pid in enumerate(spec.only):
+        if pid not in ids:
+            raise err_at(file, raw, ("only", i), f"unknown point id {pid!r}; valid: {sorted(ids)}")
+    for i, src in enumerate(spec.sources):
+        if src not in pub.sources:
+            raise err_at(file, raw, ("sources", i),
+                         f"unknown source {src!r}; valid: {sorted(pub.sources)}")
+    if spec.warmup >= spec.iterations:
+        raise ExperimentError(file, None, "warmup",
+                              f"warmup ({spec.warmup}) must be below iterations "
+                              f"({spec.iterations})")
+    return spec
 
 
 def expand(spec: Spec) -> list[dict[str, Any]]:
-    """Return one point per published figure (its setting as JSON text: scalars only)."""
-    return [{"mode": "simulate", "id": p.id, "source": p.source, "quote": p.quote,
-             "metric": p.metric, "workload": p.workload, "backend": p.backend,
-             "baseline": p.baseline or "", "published": p.published,
-             "bandwidth_gbps": json.dumps(list(p.bandwidth_gbps)),
-             "cluster": json.dumps(p.cluster, sort_keys=True),
-             "knobs": json.dumps(p.knobs, sort_keys=True), "iterations": spec.iterations}
-            for p in spec.points]
+    """Return one point per selected published value, in the file's order."""
+    pub = _published(spec)
+    points = []
+    for p in pub.points:
+        if spec.only and p.id not in spec.only:
+            continue
+        if spec.sources and p.source not in spec.sources:
+            continue
+        points.append({
+            "id": p.id, "source": p.source, "metric": p.metric, "published": p.value,
+            "simulated_by": "simulator" if p.simulate else "none",
+            "mode": "simulate",
+            "_point": p.model_dump_json(),
+            "_bandwidths": json.dumps(list(spec.bandwidths_gbps)),
+            "_iterations": spec.iterations, "_warmup": spec.warmup,
+        })
+    return points
 
 
 def point_name(params: dict[str, Any]) -> str:
-    """Return ``validation[id=...]``."""
-    return make_name("validation", {"id": params["id"]})
+    """Return the point's id (ids are unique in a points file)."""
+    return str(params["id"])
 
 
-def _throughput(params: dict[str, Any], backend: str, bandwidth: float,
-                knobs: dict[str, Any]) -> float:
-    from ddpbench.simulator import simulate
+def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandwidth: float,
+                hosts: int | None, gpus_per_host: int, iterations: int,
+                warmup: int) -> float:
+    from ddpbench.experiments.throughput.points import run_point as run_throughput
 
-    cluster = json.loads(params["cluster"])
-    res = simulate(params["workload"], backend, bandwidth_gbps=bandwidth,
-                   iterations=int(params["iterations"]), warmup=1, **cluster, **knobs)
-    return float(res.throughput)
+    s = point.setting
+    hosts = hosts if hosts is not None else 1
+    params: dict[str, Any] = {
+        "mode": "simulate", "workload": s.workload, "backend": backend,
+        "workers": hosts * gpus_per_host, "hosts": hosts, "gpus_per_host": gpus_per_host,
+        "bandwidth_gbps": bandwidth, "latency_us": s.latency_us, "transport": s.transport,
+        "intra_link": s.intra_link, "iterations": iterations, "warmup": warmup, **knobs}
+    if s.device is not None:
+        params["device"] = s.device
+    if s.batch_size is not None:
+        params["batch_size"] = s.batch_size
+    if backend in ("kvstore", "p3", "byteps"):
+        params["servers"] = s.servers
+    return float(run_throughput(params)["throughput"])
 
 
 def run_point(params: dict[str, Any]) -> dict[str, Any]:
-    """Simulate the point's setting; return the simulated figure and its error."""
-    bandwidths = json.loads(params["bandwidth_gbps"])
-    knobs = json.loads(params["knobs"])
-    best_at, value = bandwidths[0], 0.0
-    for bw in bandwidths:
-        mine = _throughput(params, params["backend"], bw, knobs)
-        if params["metric"] == "throughput":
-            figure = mine
-        else:
-            figure = mine / _throughput(params, params["baseline"], bw, {})
-        if figure > value:
-            best_at, value = bw, figure
-    published = float(params["published"])
-    return {"simulated": value, "at_gbps": best_at, "rel_error": value / published - 1.0}
+    """Simulate one published point; return the simulated value and its relative error."""
+    point = data.Point.model_validate_json(params["_point"])
+    if not point.simulate:
+        return {"simulated": None, "rel_error": None, "peak_bandwidth_gbps": None,
+                "note": point.reason, "sweep": None}
+    s = point.setting
+    it, wu = int(params["_iterations"]), int(params["_warmup"])
+
+    def thr(backend: str, knobs: dict[str, Any], bw: float, hosts: int | None = s.hosts,
+            gpus_per_host: int = s.gpus_per_host) -> float:
+        return _throughput(point, backend, knobs, bandwidth=bw, hosts=hosts,
+                           gpus_per_host=gpus_per_host, iterations=it, warmup=wu)
+
+    def speedup(bw: float) -> float:
+        assert point.baseline is not None
+        return (thr(point.backend, point.backend_knobs, bw)
+                / thr(point.baseline, point.baseline_knobs, bw))
+
+    peak_bw: float | None = None
+    sweep: dict[float, float] = {}
+    if point.metric == "speedup":
+        assert s.bandwidth_gbps is not None
+        value = speedup(s.bandwidth_gbps)
+    elif point.metric in ("peak_speedup", "peak_bandwidth"):
+        sweep = {bw: speedup(bw) for bw in json.loads(params["_bandwidths"])}
+        # Ties (a flat curve) resolve to the lowest bandwidth reaching the peak.
+        best = max(sweep.values())
+        peak_bw = min(bw for bw, v in sweep.items() if v >= best - 1e-9)
+        value = best if point.metric == "peak_speedup" else peak_bw
+    elif point.metric == "scaling_efficiency":
+        assert s.bandwidth_gbps is not None
+        n = (s.hosts or 1) * s.gpus_per_host
+        many = thr(point.backend, point.backend_knobs, s.bandwidth_gbps)
+        one = thr(point.backend, point.backend_knobs, s.bandwidth_gbps, hosts=1,
+                  gpus_per_host=1)
+        value = many / (n * one)
+    else:
+        assert s.bandwidth_gbps is not None
+        value = thr(point.backend, point.backend_knobs, s.bandwidth_gbps)
+    return {"simulated": float(value), "rel_error": float(value / point.value - 1.0),
+            "peak_bandwidth_gbps": peak_bw, "note": "",
+            "sweep": json.dumps({f"{bw:g}": v for bw, v in sweep.items()}) if sweep else None}

@@ -1,78 +1,46 @@
-"""The keys of a ``kind: validation`` file: published points with their source and setting."""
+"""The ``validation`` kind's keys: which published points, the bandwidth sweep, iterations."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from pydantic import Field, field_validator
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from ddpbench.experiments.schema import Frozen
 
-from ddpbench import contract
-
-METRICS = ("peak_speedup", "speedup", "throughput")
+__all__ = ["Spec"]
 
 
-class PublishedPoint(BaseModel):
-    """One published figure, where it comes from, and the setting it was measured in."""
+class Spec(Frozen):
+    """The keys of a ``kind: validation`` experiment file.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    source: str = Field(min_length=1)
-    quote: str = Field(min_length=1)
-    metric: Literal["peak_speedup", "speedup", "throughput"]
-    workload: str = Field(min_length=1)
-    backend: str
-    baseline: str | None = None
-    bandwidth_gbps: tuple[float, ...] = Field(min_length=1)
-    cluster: dict[str, Any] = Field(default_factory=dict)
-    knobs: dict[str, Any] = Field(default_factory=dict)
-    published: float = Field(gt=0, allow_inf_nan=False)
+    Attributes:
+        published: the points file; ``None`` = the shipped ``published.yaml``.
+        only: point ids to run (empty = every point of the file).
+        sources: source keys to run (empty = every source).
+        bandwidths_gbps: the sweep of ``peak_speedup``/``peak_bandwidth`` points.
+        iterations: simulated iterations per run (warm-up included).
+        warmup: leading iterations left out.
+        target_median: the median |relative error| the report checks against.
+        target_max: the largest |relative error| any point may have.
+        notes: paragraphs the report prints under "Why the misses" (the analysis of the
+            model gaps, written by whoever ran the validation).
+    """
 
-    @field_validator("backend", "baseline")
+    published: str | None = None
+    only: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    bandwidths_gbps: tuple[float, ...] = (1, 2, 4, 6, 8, 10, 15, 20, 25, 30, 40, 50, 100)
+    iterations: int = Field(3, ge=1)
+    warmup: int = Field(1, ge=0)
+    target_median: float = Field(0.10, gt=0)
+    target_max: float = Field(0.25, gt=0)
+    notes: tuple[str, ...] = ()
+
+    @field_validator("bandwidths_gbps")
     @classmethod
-    def _known_backend(cls, value: str | None) -> str | None:
-        if value is not None and value not in contract.BACKENDS:
-            raise ValueError(f"unknown backend {value!r}; valid: {sorted(contract.BACKENDS)}")
-        return value
-
-    @field_validator("bandwidth_gbps")
-    @classmethod
-    def _positive(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if any(not (b > 0) for b in value):
-            raise ValueError(f"every bandwidth must be > 0, got {list(value)}")
-        return value
-
-    @field_validator("cluster")
-    @classmethod
-    def _cluster(cls, value: dict[str, Any]) -> dict[str, Any]:
-        allowed = set(contract.Cluster.model_fields) | {"batch_size"}
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            raise ValueError(f"unknown cluster key(s) {unknown}; valid: {sorted(allowed)}")
-        if "bandwidth_gbps" in value:
-            raise ValueError("give bandwidth_gbps beside cluster, not inside it")
-        return value
-
-    @model_validator(mode="after")
-    def _metric_needs(self) -> PublishedPoint:
-        if self.metric in ("peak_speedup", "speedup") and self.baseline is None:
-            raise ValueError(f"metric {self.metric!r} needs a baseline backend")
-        if self.metric in ("speedup", "throughput") and len(self.bandwidth_gbps) != 1:
-            raise ValueError(f"metric {self.metric!r} is measured at one bandwidth, got "
-                             f"{list(self.bandwidth_gbps)}")
-        return self
-
-
-class Spec(BaseModel):
-    """A validation experiment: the published points, checked against the contract."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    points: tuple[PublishedPoint, ...] = Field(min_length=1)
-    iterations: int = Field(3, ge=2, strict=True)
-
-    @model_validator(mode="after")
-    def _unique_ids(self) -> Spec:
-        ids = [p.id for p in self.points]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
-            raise ValueError(f"point ids must be unique, repeated: {dup}")
-        return self
+    def _bandwidths(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value:
+            raise ValueError("bandwidths_gbps is empty; give at least one bandwidth > 0")
+        for bw in value:
+            if not bw > 0:
+                raise ValueError(f"bandwidths_gbps value {bw!r} is not > 0")
+        return tuple(sorted(set(float(b) for b in value)))

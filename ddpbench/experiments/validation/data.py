@@ -1,0 +1,153 @@
+"""The published data points the ``validation`` kind checks the simulator against.
+
+The points live in ``published.yaml`` beside this module (or a file the experiment names);
+:func:`load` reads it with ``yaml.safe_load`` and validates every point: a known source, a
+quote, a metric, a setting whose device, transport and intra-host link exist in
+:mod:`ddpbench.hardware` and whose workload is a shipped profile (points marked
+``simulate: false`` only need a ``reason``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ddpbench import contract, hardware
+
+__all__ = ["DEFAULT_FILE", "METRICS", "Point", "Published", "Setting", "Source", "load"]
+
+DEFAULT_FILE = Path(__file__).with_name("published.yaml")
+METRICS = ("speedup", "peak_speedup", "peak_bandwidth", "scaling_efficiency", "throughput")
+_SWEPT = ("peak_speedup", "peak_bandwidth")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Source(_Frozen):
+    """Where points come from: a paper, a documentation page, a reading note."""
+
+    title: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+
+
+class Setting(_Frozen):
+    """The cluster and workload a point was measured on (the simulator's names)."""
+
+    workload: str
+    hosts: int | None = Field(None, ge=1)
+    gpus_per_host: int = Field(1, ge=1)
+    device: str | None = None
+    batch_size: int | None = Field(None, ge=1)
+    transport: str = "tcp"
+    intra_link: str = "pcie"
+    bandwidth_gbps: float | None = Field(None, gt=0)
+    latency_us: float = Field(5.0, ge=0)
+    servers: int | Literal["colocated"] = "colocated"
+
+
+class Point(_Frozen):
+    """One published value with its citation and setting."""
+
+    id: str = Field(pattern=r"^[a-z0-9_]+$")
+    source: str
+    where: str = Field(min_length=1)
+    quote: str = Field(min_length=1)
+    setting: Setting
+    metric: Literal["speedup", "peak_speedup", "peak_bandwidth", "scaling_efficiency",
+                    "throughput"]
+    backend: str
+    backend_knobs: dict[str, Any] = Field(default_factory=dict)
+    baseline: str | None = None
+    baseline_knobs: dict[str, Any] = Field(default_factory=dict)
+    value: float = Field(gt=0)
+    assumed: tuple[str, ...] = ()
+    simulate: bool = True
+    reason: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Point:
+        needs_baseline = self.metric in ("speedup", *_SWEPT)
+        if needs_baseline and self.baseline is None:
+            raise ValueError(f"point {self.id!r}: metric {self.metric!r} needs a baseline")
+        for field in self.assumed:
+            if field not in Setting.model_fields:
+                raise ValueError(f"point {self.id!r}: assumed field {field!r} is not a setting "
+                                 f"field; valid: {sorted(Setting.model_fields)}")
+        if not self.simulate:
+            if not self.reason:
+                raise ValueError(f"point {self.id!r}: simulate: false needs a reason")
+            return self
+        s = self.setting
+        for backend in (self.backend, self.baseline):
+            if backend is not None and backend not in contract.BACKENDS:
+                raise ValueError(f"point {self.id!r}: unknown backend {backend!r}; "
+                                 f"valid: {sorted(contract.BACKENDS)}")
+        if s.device is not None:
+            hardware.device(s.device)
+        hardware.transport(s.transport)
+        hardware.intra_link(s.intra_link)
+        if self.metric in _SWEPT and s.bandwidth_gbps is not None:
+            raise ValueError(f"point {self.id!r}: metric {self.metric!r} sweeps the bandwidth; "
+                             "leave bandwidth_gbps out of its setting")
+        if self.metric not in _SWEPT and s.bandwidth_gbps is None:
+            raise ValueError(f"point {self.id!r}: metric {self.metric!r} needs "
+                             "setting.bandwidth_gbps")
+        from ddpbench.experiments.throughput.spec import BUILTIN_WORKLOADS
+
+        if s.workload not in BUILTIN_WORKLOADS:
+            raise ValueError(f"point {self.id!r}: unknown workload {s.workload!r}; "
+                             f"valid: {sorted(BUILTIN_WORKLOADS)}")
+        contract.validate_knobs(self.backend, dict(self.backend_knobs))
+        if self.baseline is not None:
+            contract.validate_knobs(self.baseline, dict(self.baseline_knobs))
+        return self
+
+
+class Published(_Frozen):
+    """The whole file: sources and points."""
+
+    sources: dict[str, Source]
+    points: tuple[Point, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> Published:
+        seen: set[str] = set()
+        for p in self.points:
+            if p.source not in self.sources:
+                raise ValueError(f"point {p.id!r}: unknown source {p.source!r}; "
+                                 f"valid: {sorted(self.sources)}")
+            if p.id in seen:
+                raise ValueError(f"point id {p.id!r} appears twice")
+            seen.add(p.id)
+        return self
+
+
+def load(path: str | Path | None = None) -> Published:
+    """Read and validate the published points (the shipped file when ``path`` is None).
+
+    Raises:
+        ValueError: the file is not a mapping or a point is malformed (the message names
+            the point and the field).
+    """
+    file = Path(path) if path is not None else DEFAULT_FILE
+    raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file}: expected a mapping with 'sources' and 'points'")
+    try:
+        return Published.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc_t = tuple(first["loc"])
+        loc = ".".join(str(x) for x in loc_t)
+        if len(loc_t) > 1 and loc_t[0] == "points" and isinstance(loc_t[1], int):
+            pid = raw["points"][loc_t[1]].get("id", "?")
+            loc = f"{loc} (point {pid!r})"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        if not loc:
+            raise ValueError(f"{file}: {msg}") from None
+        raise ValueError(f"{file}: {loc}: {msg}") from None

@@ -1,0 +1,121 @@
+"""The ``kind: validation`` runner plugin: spec errors, and a small run that renders."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+import pytest
+
+from ddpbench.experiments import runner, schema
+from ddpbench.experiments import validation as va
+
+
+@pytest.mark.parametrize("body, words", [
+    ("only: [no_such_point]\n", "unknown point id 'no_such_point'"),
+    ("sources: [wikipedia]\n", "unknown source 'wikipedia'"),
+    ("bandwidths_gbps: [10, 0]\n", "not > 0"),
+    ("iterations: 0\n", "iterations"),
+    ("iterations: 2\nwarmup: 2\n", "warmup"),
+    ("colour: red\n", "colour"),
+    ("published: /nonexistent/pub.yaml\n", "published"),
+])
+def test_spec_errors_name_the_field(tmp_path, body, words):
+    path = tmp_path / "v.yaml"
+    path.write_text("name: v\nkind: validation\n" + body)
+    with pytest.raises(ValueError, match=words):
+        schema.load_experiment(path)
+
+
+def test_spec_round_trips():
+    spec = va.Spec.model_validate({"only": ["p3_resnet50_4g"], "bandwidths_gbps": [4, 1, 4]})
+    assert spec.bandwidths_gbps == (1.0, 4.0)
+    assert va.Spec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+SMALL = textwrap.dedent("""\
+    name: small_validation
+    kind: validation
+    only: [p3_resnet50_4g, p3_resnet50_peak, p3_resnet50_peak_bw, hvd_inception3_128,
+           byteps_osdi_vs_ps]
+    bandwidths_gbps: [2, 4, 30]
+    iterations: 2
+    notes: ["a note the report prints"]
+    """)
+
+
+def test_a_small_validation_run_renders(tmp_path):
+    path = tmp_path / "small_validation.yaml"
+    path.write_text(SMALL)
+    exp = schema.load_experiment(path)
+    out = tmp_path / "out"
+    summary = runner.run_experiment(exp, out, jobs=1, progress=False)
+    assert summary.failed == 0 and summary.ok == 5
+    df = pd.read_csv(out / "results.csv")
+    row = df.set_index("id").loc
+    # The relative error is simulated / published - 1, and a point the sources leave
+    # unpinned is shown without a simulated value.
+    r = row["p3_resnet50_4g"]
+    assert r["rel_error"] == pytest.approx(r["simulated"] / 1.26 - 1)
+    assert pd.isna(row["byteps_osdi_vs_ps"]["simulated"])
+    # The peak of the sweep is its largest speedup, at one of the swept bandwidths.
+    peak = row["p3_resnet50_peak"]
+    assert peak["peak_bandwidth_gbps"] in (2.0, 4.0, 30.0)
+    assert row["p3_resnet50_peak_bw"]["simulated"] == peak["peak_bandwidth_gbps"]
+    assert peak["simulated"] >= r["simulated"] - 1e-12  # 4 Gbps is in the sweep
+    assert 0 < row["hvd_inception3_128"]["simulated"] <= 1.0 + 1e-9
+    md = (out / "report.md").read_text()
+    for words in ("p3_resnet50_4g", "26% at 4 Gbps", "Median |error|", "a note the report prints",
+                  "Constants and how they were chosen", "transport tcp: efficiency",
+                  "byteps_osdi_vs_ps"):
+        assert words in md, words
+    for name in ("published_vs_simulated.png", "errors.png", "peak_gain_sweep.png", "report.html"):
+        assert (out / name).stat().st_size > 0
+
+
+PUBLISHED = textwrap.dedent("""\
+    sources:
+      t: {title: a test, url: nowhere}
+    points:
+      - id: tput
+        source: t
+        where: here
+        quote: "a sentence"
+        setting: {workload: resnet50, hosts: 2, transport: ideal, bandwidth_gbps: 10}
+        metric: throughput
+        backend: horovod
+        value: 100
+      - id: peak
+        source: t
+        where: here
+        quote: "a sentence"
+        setting: {workload: resnet50, hosts: 2, transport: ideal}
+        metric: peak_speedup
+        backend: horovod
+        baseline: mpi
+        value: 1.5
+    """)
+
+
+def test_simulated_values_equal_the_simulator_in_the_point_setting(tmp_path):
+    from ddpbench.simulator import simulate
+
+    (tmp_path / "pub.yaml").write_text(PUBLISHED)
+    path = tmp_path / "v.yaml"
+    path.write_text(f"name: v\nkind: validation\npublished: {tmp_path / 'pub.yaml'}\n"
+                    "bandwidths_gbps: [1, 10]\niterations: 2\n")
+    out = tmp_path / "out"
+    summary = runner.run_experiment(schema.load_experiment(path), out, jobs=1, progress=False)
+    assert summary.ok == 2
+    rows = pd.read_csv(out / "results.csv").set_index("id")
+
+    def thr(backend, bw):
+        return simulate("resnet50", backend, workers=2, hosts=2, bandwidth_gbps=bw,
+                        transport="ideal", iterations=2, warmup=1).throughput
+
+    assert rows.loc["tput", "simulated"] == pytest.approx(thr("horovod", 10), rel=1e-12)
+    assert rows.loc["tput", "rel_error"] == pytest.approx(thr("horovod", 10) / 100 - 1,
+                                                          rel=1e-12)
+    ratios = {bw: thr("horovod", bw) / thr("mpi", bw) for bw in (1.0, 10.0)}
+    assert rows.loc["peak", "simulated"] == pytest.approx(max(ratios.values()), rel=1e-12)
+    assert rows.loc["peak", "peak_bandwidth_gbps"] == max(ratios, key=ratios.get)

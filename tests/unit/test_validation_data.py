@@ -1,0 +1,67 @@
+"""The published data points of the ``validation`` kind: the shipped file validates, and a
+malformed point is refused with its id and field named."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from ddpbench.experiments.validation import data
+
+
+def _raw() -> dict:
+    return yaml.safe_load(data.DEFAULT_FILE.read_text(encoding="utf-8"))
+
+
+def test_shipped_points_validate_and_cover_enough_sources():
+    pub = data.load()
+    assert len(pub.points) >= 25
+    assert len({p.source for p in pub.points}) >= 4
+    # Four distinct publications or documentation sets behind the source keys.
+    families = {k.split("_")[0] for k in {p.source for p in pub.points}}
+    assert {"p3", "horovod", "byteps", "bytescheduler"} <= families
+    for p in pub.points:
+        assert p.quote.strip() and p.where.strip()
+        assert p.simulate or p.reason
+
+
+def test_p3_gain_points_carry_the_abstract_values():
+    by_id = {p.id: p for p in data.load().points}
+    assert [by_id[i].value for i in ("p3_resnet50_peak", "p3_sockeye_peak", "p3_vgg19_peak")] \
+        == [1.25, 1.38, 1.66]
+    assert "25%, 38% and 66%" in by_id["p3_vgg19_peak"].quote
+
+
+def _write(tmp_path, raw):
+    path = tmp_path / "pub.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: r["points"][0].update(source="nowhere"), "unknown source 'nowhere'"),
+    (lambda r: r["points"][0]["setting"].update(device="GTX480"), "unknown device 'GTX480'"),
+    (lambda r: r["points"][0]["setting"].update(transport="carrier_pigeon"),
+     "unknown transport"),
+    (lambda r: r["points"][0].update(metric="speed"), "metric"),
+    (lambda r: r["points"][0].pop("baseline"), "needs a baseline"),
+    (lambda r: r["points"][0].update(value=-1), "value"),
+    (lambda r: r["points"][0]["setting"].update(batch_size=0), "batch_size"),
+    (lambda r: r["points"][1].update(id=r["points"][0]["id"]), "appears twice"),
+    (lambda r: r["points"][0].update(assumed=["colour"]), "assumed field 'colour'"),
+    (lambda r: r["points"][0]["setting"].update(bandwidth_gbps=10), "sweeps the bandwidth"),
+])
+def test_a_bad_point_is_refused_naming_it(tmp_path, edit, words):
+    raw = copy.deepcopy(_raw())
+    edit(raw)
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        data.load(_write(tmp_path, raw))
+
+
+def test_a_non_mapping_file_is_refused(tmp_path):
+    path = tmp_path / "pub.yaml"
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ValueError, match="expected a mapping"):
+        data.load(path)
