@@ -83,6 +83,7 @@ EXPERIMENT_KINDS: dict[str, Any] = {
     "throughput": "ddpbench.experiments.throughput",
     "numerics": "ddpbench.experiments.numerics",
     "accuracy": "ddpbench.experiments.accuracy",
+    "validation": "ddpbench.experiments.validation",
 }
 REQUIRED = ("Spec", "expand", "point_name", "run_point", "render")
 
