@@ -16,6 +16,13 @@ The emulator reproduces the ``horovod`` backend bit for bit (the chunking of :fu
   (fp16/bf16 scaled in fp32 and rounded once; a factor of exactly 1 is skipped);
 - AVERAGE is SUM with the postscale divided by p (float64 division).
 
+``scaling="gpu"`` swaps in Horovod's CUDA rule for fp16 (``ScaleBufferCudaImpl`` in
+``horovod/common/ops/cuda/cuda_kernels.cu``): the factor is converted double -> float ->
+half (``__float2half``, round to nearest even) and every element is multiplied by it in half
+precision (``__hmul``/``__hmul2``: the exact product of two halves, rounded once to half).
+Other dtypes scale the same way on either rule (the kernel's generic path multiplies in
+the element type's arithmetic, fp32 for bf16 as on CPU).
+
 It runs vectorised over ranks: the buffer is cut into column blocks, each block is copied
 once into *step order* (row k holds, for every column in chunk c, rank (c + k) mod p's value:
 chunk c's order is the rank order rotated by c, so the copy is two slice copies per chunk),
@@ -175,13 +182,44 @@ def _is16(dtype: np.dtype) -> bool:
     return dtype.itemsize == 2
 
 
+SCALING_RULES = ("cpu", "gpu")
+
+
+def check_scaling(scaling: Any) -> str:
+    """Return ``scaling`` ("cpu" or "gpu") or raise naming the bad value."""
+    if scaling not in SCALING_RULES:
+        raise ValueError(f"scaling must be one of {', '.join(SCALING_RULES)}, got {scaling!r}")
+    return str(scaling)
+
+
+def half_factor(factor: float) -> np.float16:
+    """Return the factor as Horovod's CUDA kernel holds it: ``__float2half((float) f)``."""
+    with np.errstate(over="ignore"):
+        return np.float16(np.float32(factor))
+
+
+def scale_gpu_half(buf: np.ndarray, factor: float) -> np.ndarray:
+    """Return fp16 ``buf`` scaled as Horovod's CUDA kernel does: half factor, half multiply.
+
+    ``__hmul`` rounds the product of two halves once to half; that product is exact in
+    float32 (11 + 11 significand bits), so float32 multiply then one rounding is the
+    same bits, subnormals included.
+    """
+    h = half_factor(factor)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        return (buf.astype(np.float32) * np.float32(h)).astype(np.float16)
+
+
 @functools.lru_cache(maxsize=64)
-def _scale_table(dtype_name: str, factor: float) -> np.ndarray:
-    """Return scale_(v, factor) for all 65,536 bit patterns v of a 16-bit dtype."""
+def _scale_table(dtype_name: str, factor: float, scaling: str = "cpu") -> np.ndarray:
+    """Return scale(v, factor) under ``scaling`` for all 65,536 bit patterns v of a 16-bit dtype."""
     dtype = resolve_dtype(dtype_name)
     table = np.arange(1 << 16, dtype=np.uint16).view(dtype).copy()
-    with np.errstate(over="ignore", invalid="ignore"):
-        scale_(table, factor)
+    if scaling == "gpu" and dtype == np.float16:
+        table = scale_gpu_half(table, factor)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            scale_(table, factor)
     table.setflags(write=False)
     return table
 
@@ -203,17 +241,19 @@ def _lookup(table: np.ndarray, idx: np.ndarray, out: np.ndarray | None = None) -
     return out
 
 
-def scale(buf: np.ndarray, factor: float) -> np.ndarray:
+def scale(buf: np.ndarray, factor: float, scaling: str = "cpu") -> np.ndarray:
     """Return ``buf`` scaled as the ``horovod`` backend scales its fused buffer.
 
-    Same result as :func:`ddpbench.tensor_ops.scale_` on a copy (halves in float32, one
-    rounding; factor 1 returns ``buf`` itself); 16-bit dtypes go through a lookup table.
+    With ``scaling="cpu"`` the same result as :func:`ddpbench.tensor_ops.scale_` on a copy
+    (halves in float32, one rounding); with ``"gpu"`` fp16 follows Horovod's CUDA kernel
+    (:func:`scale_gpu_half`). Factor 1 returns ``buf`` itself on both rules (Horovod skips
+    the scaling kernel then); 16-bit dtypes go through a lookup table.
     """
     if factor == 1.0:
         return buf
     dtype = buf.dtype
     if _is16(dtype) and dtype.kind in "fV":
-        return _lookup(_scale_table(dtype.name, float(factor)), buf.view(np.uint16))
+        return _lookup(_scale_table(dtype.name, float(factor), scaling), buf.view(np.uint16))
     out = np.array(buf, copy=True)
     with np.errstate(over="ignore", invalid="ignore"):
         scale_(out, factor)
@@ -248,10 +288,11 @@ def _step_order(xb: np.ndarray, lo: int, hi: int, offsets: np.ndarray, out: np.n
 
 
 def _ring_block(xb: np.ndarray, lo: int, hi: int, offsets: np.ndarray, ufunc: np.ufunc,
-                prescale: float, postscale: float, work: np.ndarray | None = None) -> np.ndarray:
+                prescale: float, postscale: float, work: np.ndarray | None = None,
+                scaling: str = "cpu") -> np.ndarray:
     """Return the ring result for columns lo..hi of the ranks' (unscaled) block ``xb``."""
     p, cols = xb.shape
-    xs = scale(xb, prescale)
+    xs = scale(xb, prescale, scaling)
     if p == 1:
         acc = np.array(xs[0], copy=True)
     else:
@@ -259,7 +300,7 @@ def _ring_block(xb: np.ndarray, lo: int, hi: int, offsets: np.ndarray, ufunc: np
         _step_order(xs, lo, hi, offsets, order)
         del xs
         acc = _accumulate(order, ufunc)
-    return scale(acc, postscale)
+    return scale(acc, postscale, scaling)
 
 
 def _accumulate(order: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
@@ -295,7 +336,7 @@ def _scales(op: ReduceOp, p: int, prescale_factor: float,
 
 def ring_allreduce(x: np.ndarray | Sequence[np.ndarray], op: ReduceOp | str = ReduceOp.SUM, *,
                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                   threads: int | None = None) -> np.ndarray:
+                   threads: int | None = None, scaling: str = "cpu") -> np.ndarray:
     """Return what every rank of the ``horovod`` ring holds after ``push_pull``.
 
     Args:
@@ -305,14 +346,18 @@ def ring_allreduce(x: np.ndarray | Sequence[np.ndarray], op: ReduceOp | str = Re
         prescale_factor: multiplies every rank's buffer before the ring.
         postscale_factor: multiplies the result after it (divided by p for AVERAGE).
         threads: column blocks reduced at once (default: up to 4, the CPU count).
+        scaling: "cpu" (the backend's and Horovod's CPU rule) or "gpu" (Horovod's CUDA
+            rule for fp16: half factor, half multiply).
 
     Returns:
         The 1-D result (n elements, x's dtype), bit-identical to the backend's.
 
     Raises:
-        ValueError: an empty rank axis, an unknown dtype, a factor <= 0, mismatched lengths.
+        ValueError: an empty rank axis, an unknown dtype, a factor <= 0, mismatched
+            lengths, an unknown scaling rule.
     """
     op = ReduceOp.parse(op)
+    scaling = check_scaling(scaling)
     if not isinstance(x, np.ndarray):
         rows = [np.asarray(r).reshape(-1) for r in x]
         if not rows:
@@ -337,14 +382,15 @@ def ring_allreduce(x: np.ndarray | Sequence[np.ndarray], op: ReduceOp | str = Re
 
     def run(block: tuple[int, int]) -> None:
         lo, hi = block
-        out[lo:hi] = _ring_block(x[:, lo:hi], lo, hi, offsets, ufunc, pre, post)
+        out[lo:hi] = _ring_block(x[:, lo:hi], lo, hi, offsets, ufunc, pre, post,
+                                 scaling=scaling)
 
     _map(run, _plan_blocks(n, p), nthreads)
     return out
 
 
 def predivide_allreduce(x: np.ndarray | Sequence[np.ndarray], factor: float, *,
-                        threads: int | None = None) -> np.ndarray:
+                        threads: int | None = None, scaling: str = "cpu") -> np.ndarray:
     """Return the ring average with ``gradient_predivide_factor`` = ``factor``.
 
     As the trainer calls the backend: AVERAGE with prescale 1/factor and postscale factor,
@@ -352,7 +398,7 @@ def predivide_allreduce(x: np.ndarray | Sequence[np.ndarray], factor: float, *,
     """
     factor = check_factor(factor)
     return ring_allreduce(x, ReduceOp.AVERAGE, prescale_factor=1.0 / factor,
-                          postscale_factor=factor, threads=threads)
+                          postscale_factor=factor, threads=threads, scaling=scaling)
 
 
 def _map(fn: Callable[[Any], None], items: list[Any], threads: int) -> None:
@@ -489,7 +535,8 @@ class Emulation:
 
 
 def emulate(source: Callable[[int, int, Any], np.ndarray], world_size: int, n: int, dtype: Any,
-            factors: Iterable[float], *, threads: int | None = None) -> Emulation:
+            factors: Iterable[float], *, threads: int | None = None,
+            scaling: str = "cpu") -> Emulation:
     """Run the predivide ring average at several factors over data drawn block by block.
 
     Args:
@@ -502,12 +549,14 @@ def emulate(source: Callable[[int, int, Any], np.ndarray], world_size: int, n: i
         dtype: gradient dtype.
         factors: predivide factors (> 0): prescale 1/f, postscale f, AVERAGE.
         threads: blocks reduced at once (default up to 4).
+        scaling: "cpu" or "gpu" (Horovod's CUDA fp16 rule), as :func:`ring_allreduce`.
 
     Returns:
         An :class:`Emulation` with the n-element output per factor and the fp64 mean.
     """
     p = check_world_size(world_size)
     dtype = resolve_dtype(dtype)
+    scaling = check_scaling(scaling)
     facs = [check_factor(f) for f in factors]
     if not facs:
         raise ValueError("factors is empty; give at least one predivide factor")
@@ -538,27 +587,29 @@ def emulate(source: Callable[[int, int, Any], np.ndarray], world_size: int, n: i
         if p == 1:
             for f in facs:
                 pre, post = _scales(ReduceOp.AVERAGE, p, 1.0 / f, f)
-                outs[f][lo:hi] = scale(scale(xb[0], pre), post)
+                outs[f][lo:hi] = scale(scale(xb[0], pre, scaling), post, scaling)
             return
         # Scaling is element-wise, so step order is taken once and shared by all factors.
         _step_order(xb, lo, hi, offsets, rot)
         del xb
         for f in facs:
             pre, post = _scales(ReduceOp.AVERAGE, p, 1.0 / f, f)
-            acc = _accumulate(_scale_into(rot, pre, work), add)
-            outs[f][lo:hi] = scale(acc, post)
+            acc = _accumulate(_scale_into(rot, pre, work, scaling), add)
+            outs[f][lo:hi] = scale(acc, post, scaling)
 
     _map(run, _plan_blocks(n, p), nthreads)
     return Emulation(outs, ref, dtype, p)
 
 
-def _scale_into(x: np.ndarray, factor: float, out: np.ndarray) -> np.ndarray:
-    """Return ``scale(x, factor)``, written into ``out`` where that saves an allocation."""
+def _scale_into(x: np.ndarray, factor: float, out: np.ndarray,
+                scaling: str = "cpu") -> np.ndarray:
+    """Return ``scale(x, factor, scaling)``, written into ``out`` where that saves an allocation."""
     if factor == 1.0:
         return x
     if _is16(x.dtype):
-        return _lookup(_scale_table(x.dtype.name, float(factor)), x.view(np.uint16), out)
-    return scale(x, factor)
+        return _lookup(_scale_table(x.dtype.name, float(factor), scaling), x.view(np.uint16),
+                       out)
+    return scale(x, factor, scaling)
 
 
 def error_metrics(out: np.ndarray, ref: np.ndarray, dtype: Any) -> dict[str, Any]:
@@ -621,15 +672,16 @@ def factor_label(factor: float, world_size: int) -> str:
 
 def sweep_cell(dtype: str, dist: str, scale_: float, world_size: int,
                factors: Sequence[float], n: int, seed: int = 0,
-               threads: int | None = None) -> list[dict[str, Any]]:
+               threads: int | None = None, scaling: str = "cpu") -> list[dict[str, Any]]:
     """Emulate one (dtype, distribution, scale, N) cell at every factor; one row per factor.
 
     The gradient is drawn once and shared by all factors, so factors compare on equal data.
+    ``scaling`` picks Horovod's CPU or GPU (CUDA fp16) scaling rule.
     """
     dt = resolve_dtype(dtype)
     p = check_world_size(world_size)
     emu = emulate(lambda lo, hi, out: gradient_block(dist, scale_, p, lo, hi, dt, seed, out),
-                  p, n, dt, factors, threads=threads)
+                  p, n, dt, factors, threads=threads, scaling=scaling)
     rows = []
     for f in emu.outputs:
         rows.append({"dtype": dt.name, "dist": dist, "scale": float(scale_), "world_size": p,

@@ -213,3 +213,58 @@ def test_bad_dtype_and_world_size_are_clear_errors():
     with pytest.raises(ValueError, match="unknown distribution 'uniform'"):
         nm.gradient_block("uniform", 1.0, 2, 0, 4, "float16")
     assert nm.resolve_dtype("bf16") == np.dtype(ml_dtypes.bfloat16)
+
+
+def cuda_half_scale(x: np.ndarray, factor: float) -> np.ndarray:
+    """Horovod's CUDA fp16 scaling, element by element: ``__float2half((float) f)``, then
+    ``__hmul`` (the exact product of two halves, rounded once to half), computed here in
+    float64 and rounded straight to half."""
+    h = float(np.float16(np.float32(factor)))
+    out = np.empty_like(x)
+    with np.errstate(all="ignore"):
+        for i, v in enumerate(x.astype(np.float64)):
+            out[i] = np.float16(v * h)
+    return out
+
+
+def test_gpu_scaling_is_horovods_cuda_kernel_bit_for_bit():
+    allbits = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    for f in (1 / 3, 0.125, 1 / 6, 1e-6, 3.0, 1 / 1000, 65504.0):
+        want = cuda_half_scale(allbits, f)
+        assert np.array_equal(bits(nm.scale(allbits, f, "gpu")), bits(want)), f
+    # bf16 and wider dtypes scale the same way on both rules
+    x = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    assert np.array_equal(bits(nm.scale(x, 1 / 3, "gpu")), bits(nm.scale(x, 1 / 3, "cpu")))
+
+
+def test_gpu_rule_biases_averages_at_world_sizes_not_powers_of_two():
+    # 1/3 in half is 0.33325... (2.4e-4 low), so the GPU average of 3 ranks rounds down
+    # wherever that bias crosses a rounding boundary, and never up
+    x = (np.random.default_rng(1).standard_normal((3, 4001)) * 10).astype(np.float16)
+    cpu = nm.ring_allreduce(x, "average")
+    gpu = nm.ring_allreduce(x, "average", scaling="gpu")
+    summed = nm.ring_allreduce(x, "sum")
+    assert np.array_equal(bits(gpu), bits(cuda_half_scale(summed, 1 / 3)))
+    lower = np.abs(gpu.astype(np.float64)) < np.abs(cpu.astype(np.float64))
+    higher = np.abs(gpu.astype(np.float64)) > np.abs(cpu.astype(np.float64))
+    assert lower.sum() > 100 and higher.sum() == 0
+    # powers of two are exact in half: both rules agree bit for bit
+    y = (np.random.default_rng(2).standard_normal((4, 301)) * 50).astype(np.float16)
+    assert np.array_equal(bits(nm.ring_allreduce(y, "average", scaling="gpu")),
+                          bits(nm.ring_allreduce(y, "average")))
+
+
+def test_gpu_rule_ring_and_emulate_agree_with_a_literal_gpu_ring():
+    rng = np.random.default_rng(11)
+    for p in (2, 3, 5):
+        x = (rng.standard_normal((p, 97)) * 1e3).astype(np.float16)
+        for f in (1.0, 2.5, 7.0):
+            summed = nm.ring_allreduce(np.stack([cuda_half_scale(r, 1 / f) for r in x]), "sum")
+            want = cuda_half_scale(summed, f / p) if f / p != 1.0 else summed
+            got = nm.predivide_allreduce(x, f, scaling="gpu")
+            assert np.array_equal(bits(got), bits(want)), (p, f)
+            emu = nm.emulate(lambda lo, hi, out, x=x: x[:, lo:hi], p, 97, "float16", [f],
+                             scaling="gpu")
+            assert np.array_equal(bits(emu.outputs[f]), bits(want)), (p, f)
+    with pytest.raises(ValueError, match="scaling must be one of cpu, gpu, got 'tpu'"):
+        nm.ring_allreduce(x, "sum", scaling="tpu")
