@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpbench import numerics as nm
-from ddpbench.experiments.numerics.spec import Spec
+from ddpbench.experiments.numerics.spec import GPU_LABEL, Spec
 
 # --------------------------------------------------------------------------- report
 
@@ -40,10 +40,18 @@ def _map_rows(df: Any) -> Any:
 
 def _mark(m: Any, spec: Spec) -> Any:
     rows = m.to_dict("records")
-    nm.mark_safe(rows, err_ratio=spec.safe.err_ratio, underflow_tol=spec.safe.underflow_tol)
+    # Each scaling rule is its own map: the best factor is found within a rule.
+    for rule in ("cpu", "gpu"):
+        group = [r for r in rows if (r.get("scaling") if isinstance(r.get("scaling"), str)
+                                     else "cpu") == rule]
+        nm.mark_safe(group, err_ratio=spec.safe.err_ratio,
+                     underflow_tol=spec.safe.underflow_tol)
     import pandas as pd
 
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if "scaling" in out.columns:  # Horovod's CUDA rule: its own maps, labelled float16_gpu
+        out.loc[out["scaling"] == "gpu", "dtype"] = GPU_LABEL
+    return out
 
 
 def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Path]:
@@ -175,7 +183,7 @@ def safe_table(m: Any, spec: Spec, dtype: str, dist: str) -> Any:
 def _reading(m: Any, spec: Spec) -> list[str]:
     """Return one plain sentence per (dtype, distribution, N in {1024, 4096})."""
     out = []
-    for dtype in spec.dtypes:
+    for dtype in spec.map_labels():
         for dist in spec.distributions:
             for n in [w for w in (1024, 4096) if w in spec.world_sizes]:
                 parts, worst = [], 0.0
@@ -206,7 +214,7 @@ def _choices(m: Any, spec: Spec) -> Any:
 
     rows = []
     worlds = [w for w in (256, 1024, 4096) if w in spec.world_sizes]
-    for dtype in spec.dtypes:
+    for dtype in spec.map_labels():
         for dist in spec.distributions:
             for s in dist.scales:
                 row = {"dtype": dtype, "gradients": dist.name, "scale": _fmt_scale(s)}
@@ -347,12 +355,18 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
                   caption="The common choices, checked (ok = safe; OVERFLOW = inf/nan; "
                           "underflow = results flushed; err xK = K times the best factor's "
                           "error):")
-        for dtype in spec.dtypes:
+        for dtype in spec.map_labels():
             if not (m["dtype"] == dtype).any():
                 continue
             hm = _heatmaps(plt, m, spec, dtype, outdir)
             paths += hm
             doc.heading(f"{dtype}: error and range maps")
+            if dtype == GPU_LABEL:
+                doc.text("float16 under Horovod's CUDA scaling rule (horovod/common/ops/cuda/"
+                         "cuda_kernels.cu): the factor is rounded to half and each element "
+                         "is multiplied in half, where the float16 maps scale in fp32 as "
+                         "Horovod does on CPU. Where 1/f is not exact in half the average is "
+                         "biased.")
             for p in hm:
                 doc.image(Path(p.name), p.stem)
             doc.heading(f"{dtype}: safe factor ranges", level=3)

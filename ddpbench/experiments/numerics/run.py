@@ -12,19 +12,23 @@ from typing import Any
 
 from ddpbench import numerics as nm
 from ddpbench.experiments.numerics.report import render
-from ddpbench.experiments.numerics.spec import Spec
+from ddpbench.experiments.numerics.spec import GPU_LABEL, Spec
 
 # --------------------------------------------------------------------------- runner plugin
 
 
 def _cells(spec: Spec) -> list[dict[str, Any]]:
     cells = []
-    for dtype in spec.dtypes:
-        for dist in spec.distributions:
-            for scale in dist.scales:
-                for n in spec.world_sizes:
-                    cells.append({"task": "map", "dtype": dtype, "dist": dist.name,
-                                  "scale": float(scale), "world_size": n})
+    for scaling in spec.scalings:
+        for dtype in spec.dtypes:
+            if scaling == "gpu" and dtype != "float16":
+                continue  # Horovod's CUDA rule is a float16 kernel
+            extra = {"scaling": "gpu"} if scaling == "gpu" else {}  # cpu: keys unchanged
+            for dist in spec.distributions:
+                for scale in dist.scales:
+                    for n in spec.world_sizes:
+                        cells.append({"task": "map", "dtype": dtype, "dist": dist.name,
+                                      "scale": float(scale), "world_size": n, **extra})
     return cells
 
 
@@ -55,13 +59,15 @@ def point_name(params: dict[str, Any]) -> str:
     named = {"N": params["world_size"], "f": params["factor"], "scale": params["scale"]}
     if params.get("task") == "train":
         return make_name("train", {**named, "dtype": params["dtype"]})
-    return make_name(params["dtype"], {**named, "dist": params["dist"]})
+    label = GPU_LABEL if params.get("scaling") == "gpu" else params["dtype"]
+    return make_name(label, {**named, "dist": params["dist"]})
 
 
 @functools.lru_cache(maxsize=4)
 def _cell_rows(dtype: str, dist: str, scale: float, world_size: int, factors: tuple[float, ...],
-               elements: int, seed: int) -> dict[float, dict[str, Any]]:
-    rows = nm.sweep_cell(dtype, dist, scale, world_size, factors, elements, seed, threads=1)
+               elements: int, seed: int, scaling: str = "cpu") -> dict[float, dict[str, Any]]:
+    rows = nm.sweep_cell(dtype, dist, scale, world_size, factors, elements, seed, threads=1,
+                         scaling=scaling)
     return {r["factor"]: r for r in rows}
 
 
@@ -73,9 +79,10 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
         float(params["factor"]),)
     rows = _cell_rows(params["dtype"], params["dist"], float(params["scale"]),
                       int(params["world_size"]), factors, int(params["elements"]),
-                      int(params.get("seed", 0)))
+                      int(params.get("seed", 0)), str(params.get("scaling", "cpu")))
     row = dict(rows[float(params["factor"])])
-    for key in ("dtype", "dist", "scale", "world_size", "factor", "elements", "seed"):
+    for key in ("dtype", "dist", "scale", "world_size", "factor", "elements", "seed",
+                "scaling"):
         row.pop(key, None)
     return row
 
@@ -117,7 +124,8 @@ def _run_cell(args: tuple[dict[str, Any], list[float], int, int]) -> tuple[dict,
     cell, factors, elements, seed = args
     t0 = time.perf_counter()
     rows = nm.sweep_cell(cell["dtype"], cell["dist"], cell["scale"], cell["world_size"],
-                         factors, elements, seed, threads=1)
+                         factors, elements, seed, threads=1,
+                         scaling=cell.get("scaling", "cpu"))
     return cell, rows, time.perf_counter() - t0
 
 
@@ -163,7 +171,8 @@ def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = Non
     done: dict[tuple, tuple[dict[float, dict[str, Any]], float]] = {}
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         for i, (cell, rows, seconds) in enumerate(pool.map(_run_cell, tasks)):
-            key = (cell["dtype"], cell["dist"], cell["scale"], cell["world_size"])
+            key = (cell["dtype"], cell["dist"], cell["scale"], cell["world_size"],
+                   cell.get("scaling", "cpu"))
             done[key] = ({r["factor"]: r for r in rows}, seconds / max(1, len(rows)))
             if progress:
                 progress(i + 1, len(tasks))
@@ -172,7 +181,7 @@ def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = Non
         t0 = time.perf_counter()
         if point["task"] == "map":
             by_f, seconds = done[(point["dtype"], point["dist"], point["scale"],
-                                  point["world_size"])]
+                                  point["world_size"], point.get("scaling", "cpu"))]
             result = {k: v for k, v in by_f[point["factor"]].items() if k not in point}
         else:
             result = _train_row(point)

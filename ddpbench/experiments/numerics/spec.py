@@ -86,12 +86,20 @@ class Training(_Frozen):
         return value
 
 
+GPU_LABEL = "float16_gpu"
+"""The maps of float16 under Horovod's CUDA scaling rule."""
+
+
 class Spec(_Frozen):
     """The keys of a ``kind: numerics`` experiment file."""
 
     world_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     factors: FactorGrid = FactorGrid()
     dtypes: tuple[Literal["float16", "bfloat16", "float32"], ...] = ("float16", "bfloat16")
+    scalings: tuple[Literal["cpu", "gpu"], ...] = Field(("cpu",), description=(
+        "scaling rules to map: 'cpu' scales halves in fp32 (Horovod on CPU); 'gpu' is "
+        "Horovod's CUDA kernel (factor rounded to half, product in half), float16 only, "
+        "drawn as the maps of 'float16_gpu'"))
     distributions: tuple[Distribution, ...] = (
         Distribution(name="normal", scales=(1e-4, 1e-2, 1.0, 100.0)),)
     elements: int = Field(8192, ge=1, le=1 << 24, description="elements per rank")
@@ -112,6 +120,18 @@ class Spec(_Frozen):
     def _nonempty(self) -> Spec:
         if not self.dtypes or not self.distributions:
             raise ValueError("dtypes and distributions must each name at least one entry")
+        if not self.scalings:
+            raise ValueError("scalings must name at least one rule: cpu, gpu")
+        if "gpu" in self.scalings and "float16" not in self.dtypes:
+            raise ValueError("scalings: 'gpu' is Horovod's CUDA rule for float16; add "
+                             "float16 to dtypes")
         return self
+
+    def map_labels(self) -> list[str]:
+        """Return the maps drawn: each dtype (CPU rule), then ``float16_gpu`` if asked."""
+        labels: list[str] = list(self.dtypes) if "cpu" in self.scalings else []
+        if "gpu" in self.scalings:
+            labels.append(GPU_LABEL)
+        return labels
 
 
