@@ -30,7 +30,8 @@ How a ``push_pull`` travels (``horovod/common/operations.cc``, ``controller.cc``
 as Horovod does with ``HOROVOD_CACHE_CAPACITY=0``.
 
 CuPy tensors fuse in a GPU buffer, with prescale and postscale done by one kernel that
-also copies in and out (:mod:`ddpbench.gpu`), and reduce through NCCL
+also copies in and out (:mod:`ddpbench.gpu`; fp16 by Horovod's CUDA rule, half factor and
+half multiply, unless ``gpu_half_scaling="float"``), and reduce through NCCL
 (``gpu_transport="nccl"``, one rank per GPU) or through the CPU path via pinned host
 memory (``"host"``, which also runs several ranks on one GPU).
 
@@ -240,6 +241,7 @@ class _HorovodProtocol(Protocol):
         self.stall_s = options.stall_timeout
         self.algorithm = options.algorithm
         self.gpu_transport = options.gpu_transport
+        self.half_rule = options.gpu_half_scaling
         self.cache = _ResponseCache(options.cache_capacity)
         self.nccl: Any = None  # made by the first GPU group, at the same point on every rank
         self.stage: Any = None
@@ -519,9 +521,9 @@ class _HorovodProtocol(Protocol):
         meta, dtype = reqs[0].meta, reqs[0].tensor.dtype
         if len(reqs) == 1:
             req = reqs[0]
-            gpu.scale_copy(req.tensor, req.output, meta.prescale)
+            gpu.scale_copy(req.tensor, req.output, meta.prescale, self.half_rule)
             self._reduce_gpu(req.output.reshape(-1), ReduceOp(meta.op))
-            gpu.scale_(req.output, meta.postscale)
+            gpu.scale_(req.output, meta.postscale, self.half_rule)
             return
         total = sum(r.tensor.size for r in reqs) * dtype.itemsize
         if self.gpu_fusion is None or self.gpu_fusion.nbytes < total:
@@ -529,12 +531,14 @@ class _HorovodProtocol(Protocol):
         buf = self.gpu_fusion[:total].view(dtype)
         off = 0
         for r in reqs:
-            gpu.scale_copy(r.tensor.reshape(-1), buf[off:off + r.tensor.size], meta.prescale)
+            gpu.scale_copy(r.tensor.reshape(-1), buf[off:off + r.tensor.size], meta.prescale,
+                           self.half_rule)
             off += r.tensor.size
         self._reduce_gpu(buf, ReduceOp(meta.op))
         off = 0
         for r in reqs:
-            gpu.scale_copy(buf[off:off + r.tensor.size], r.output.reshape(-1), meta.postscale)
+            gpu.scale_copy(buf[off:off + r.tensor.size], r.output.reshape(-1), meta.postscale,
+                           self.half_rule)
             off += r.tensor.size
 
     def _reduce_gpu(self, buf: Any, op: ReduceOp | None, root: int = 0) -> None:

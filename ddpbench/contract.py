@@ -149,6 +149,11 @@ class HorovodKnobs(Knobs):
         doc="CPU data path: the MPI library's MPI_Allreduce (Horovod's), or the "
             "point-to-point ring that the simulator and the numerics emulator model")
     gpu_transport: Literal["nccl", "host"] = knob("nccl", side="real", doc=_GPU_TRANSPORT_DOC)
+    gpu_half_scaling: Literal["half", "float"] = knob(
+        "half", side="real", source="horovod/common/ops/cuda/cuda_kernels.cu (ScaleBufferCudaImpl)",
+        doc="fp16 prescale/postscale on the GPU: 'half' rounds the factor to half and "
+            "multiplies in half (Horovod's CUDA kernel); 'float' scales in float32 with one "
+            "rounding, Horovod's CPU rule and ddpbench's own variant on the GPU")
     stall_timeout: float = knob(
         60.0, gt=0, allow_inf_nan=False, unit="s", side="real",
         env="HOROVOD_STALL_CHECK_TIME_SECONDS",

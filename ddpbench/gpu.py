@@ -71,12 +71,35 @@ def _scale_kernel() -> Any:
     )
 
 
+@functools.cache
+def _half_scale_kernel() -> Any:
+    cupy = cupy_or_raise()
+    # Horovod's CUDA rule: the factor is a half and the product of two halves is rounded
+    # once to half (``__hmul``). That product is exact in float, so multiplying in float and
+    # rounding once gives __hmul's bits on every architecture.
+    return cupy.ElementwiseKernel(
+        "T x, T f", "T y", "y = (T)((float)x * (float)f)", "ddpbench_scale_copy_half"
+    )
+
+
 def _factor(dtype: Any, factor: float) -> Any:
     return np.float64(factor) if np.dtype(dtype) == np.float64 else np.float32(factor)
 
 
-def scale_copy(src: Any, dst: Any, factor: float) -> None:
-    """Write ``src * factor`` into ``dst`` (same dtype, same size) in one pass on the GPU."""
+HALF_RULES = ("half", "float")
+"""fp16 scaling on the GPU: "half" is Horovod's CUDA kernel, "float" its CPU rule."""
+
+
+def scale_copy(src: Any, dst: Any, factor: float, half_rule: str = "half") -> None:
+    """Write ``src * factor`` into ``dst`` (same dtype, same size) in one pass on the GPU.
+
+    fp16 follows ``half_rule``: "half" (default) is Horovod's ``ScaleBufferCudaImpl``, the
+    factor rounded to half (``__float2half((float) f)``) and a half multiply; "float" scales
+    in float32 with one rounding, as Horovod does on the CPU. Other float dtypes scale in
+    float32 (float64 in float64); integers truncate the float64 product.
+    """
+    if half_rule not in HALF_RULES:
+        raise ValueError(f"half_rule must be one of {', '.join(HALF_RULES)}, got {half_rule!r}")
     if factor == 1.0:
         dst[...] = src.reshape(dst.shape)
         return
@@ -84,13 +107,18 @@ def scale_copy(src: Any, dst: Any, factor: float) -> None:
         cupy = cupy_or_raise()
         dst[...] = cupy.trunc(src.reshape(dst.shape).astype(np.float64) * factor).astype(dst.dtype)
         return
+    if np.dtype(src.dtype) == np.float16 and half_rule == "half":
+        from ddpbench.numerics import half_factor
+
+        _half_scale_kernel()(src.reshape(dst.shape), half_factor(factor), dst)
+        return
     _scale_kernel()(src.reshape(dst.shape), _factor(src.dtype, factor), dst)
 
 
-def scale_(buf: Any, factor: float) -> None:
-    """Scale a GPU buffer in place with the same rounding as the CPU path."""
+def scale_(buf: Any, factor: float, half_rule: str = "half") -> None:
+    """Scale a GPU buffer in place (:func:`scale_copy`'s rules)."""
     if factor != 1.0:
-        scale_copy(buf, buf, factor)
+        scale_copy(buf, buf, factor, half_rule)
 
 
 _NCCL_DTYPES = {

@@ -23,21 +23,37 @@ def test_without_cupy_import_is_clean_and_use_says_what_to_install(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_fused_scale_kernel_matches_cpu_bits(dtype):
+@pytest.mark.parametrize("half_rule", ["half", "float"])
+def test_fused_scale_kernel_matches_horovods_rules(dtype, half_rule):
+    """fp16 under "half" is Horovod's CUDA kernel (numerics.scale's "gpu" rule, itself pinned
+    against an element-wise kernel emulation); everything else is the CPU rule's bits."""
     gpu_or_skip()
     import cupy
 
     from ddpbench import gpu
-    from ddpbench.tensor_ops import scale_
+    from ddpbench.numerics import scale
 
     host = (np.random.default_rng(1).standard_normal(100_003) * 300).astype(dtype)
-    for factor in (0.125, 1 / 3, 7.0, 1e-4):
+    rule = "gpu" if (dtype == "float16" and half_rule == "half") else "cpu"
+    for factor in (0.125, 1 / 3, 1 / 6, 7.0, 1e-4, 3e-8):
         src = cupy.asarray(host)
         dst = cupy.empty_like(src)
-        gpu.scale_copy(src, dst, factor)
-        want = host.copy()
-        scale_(want, factor)
+        gpu.scale_copy(src, dst, factor, half_rule)
+        want = scale(host.copy(), factor, scaling=rule)
         assert np.array_equal(cupy.asnumpy(dst).view(np.uint8), want.view(np.uint8)), factor
+    if dtype == "float16":  # all 65,536 bit patterns at a factor the rules round apart
+        every = np.arange(65536, dtype=np.uint16).view(np.float16)
+        out = cupy.empty(every.size, np.float16)
+        gpu.scale_copy(cupy.asarray(every), out, 1 / 3, half_rule)
+        want = scale(every.copy(), 1 / 3, scaling=rule)
+        assert np.array_equal(cupy.asnumpy(out).view(np.uint16), want.view(np.uint16))
+
+
+def test_scale_copy_names_a_bad_half_rule():
+    from ddpbench import gpu
+
+    with pytest.raises(ValueError, match="half_rule must be one of half, float"):
+        gpu.scale_copy(np.ones(2), np.ones(2), 0.5, "double")
 
 
 @pytest.mark.gpu
