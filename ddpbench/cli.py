@@ -14,7 +14,7 @@ import sys
 
 # The order here is the order in --help.
 COMMANDS = ["run", "report", "list", "simulate", "launch", "bench", "numerics", "train",
-            "profile"]
+            "profile", "calibrate"]
 
 
 class UsageError(Exception):

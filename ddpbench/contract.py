@@ -416,6 +416,13 @@ class Cluster(BaseModel):
         stragglers: workers (chosen by ``seed``) slower than the rest in every iteration.
         straggler_slowdown: how much slower a straggler computes.
         seed: seed of the jitter and of the stragglers' choice.
+        machine: a machine profile (``ddpbench calibrate``): the simulator then runs the
+            point at that machine's measured costs (:mod:`ddpbench.calibration.machine`);
+            a real run ignores it (it runs on the machine it runs on).
+        paced: real runs of the parameter-server backends pace their data messages at
+            ``bandwidth_gbps``/``latency_us`` (the allreduce backends cannot be paced). A
+            simulated point runs at ``bandwidth_gbps`` either way, unless a machine profile
+            is given and the point is unpaced: then at the machine's own speed.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -450,6 +457,9 @@ class Cluster(BaseModel):
     straggler_slowdown: float = Field(2.0, ge=1, allow_inf_nan=False,
                                       json_schema_extra=_expect("a finite number >= 1"))
     seed: int = Field(0, ge=0, strict=True, json_schema_extra=_expect(">= 0"))
+    machine: str | None = Field(None, json_schema_extra=_expect(
+        "the path of a machine profile written by `ddpbench calibrate` (or none)"))
+    paced: bool = Field(False, strict=True, json_schema_extra=_expect("true or false"))
 
     @model_validator(mode="before")
     @classmethod
@@ -528,7 +538,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
     "device": None, "server_sum_gbps": 80.0, "server_update_gbps": None, "jitter": 0.0,
     "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
-    "hierarchical": False,
+    "hierarchical": False, "machine": None, "paced": False,
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed

@@ -160,9 +160,9 @@ class _Sim:
 
     def __init__(self, workload: Workload | None, cluster: contract.Cluster, *,
                  symmetric: bool = True, summation: float = math.inf,
-                 trace: bool = True) -> None:
+                 trace: bool = True, transport: hardware.Transport | None = None) -> None:
         c = cluster
-        tr = hardware.transport(c.transport)
+        tr = transport or hardware.transport(c.transport)
         link = hardware.intra_link(c.intra_link)
         self.env = CountingEnvironment()
         self.workload = workload if workload is not None else _EMPTY
@@ -428,7 +428,8 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
              iterations: int = 3, warmup: int = 1, compute_scale: float = 1.0,
              summation_gbps: float | None = None, trace: bool = True,
              cluster: contract.Cluster | None = None,
-             schedule: contract.Schedule | None = None, **options: Any) -> SimResult:
+             schedule: contract.Schedule | None = None, machine: Any = None,
+             **options: Any) -> SimResult:
     """Simulate data-parallel training of ``workload`` with ``backend`` on an idle cluster.
 
     Args:
@@ -454,6 +455,9 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
         schedule: a :class:`ddpbench.contract.Schedule`; when given, its fields replace
             ``iterations``, ``warmup``, ``compute_scale``, ``size_scale`` and
             ``batch_size``.
+        machine: a calibrated machine (:class:`ddpbench.calibration.Machine` or the path
+            of its YAML), as the cluster's ``machine`` field: compute, messages, bandwidth
+            and summation at that machine's measured costs.
         **options: any other field of :class:`~ddpbench.contract.Cluster` (``hosts``,
             ``gpus_per_host``, ``transport``, ``intra_link``, ``device``, ``jitter``,
             ``stragglers``, ``seed``, ``oversubscription``, ...) or
@@ -487,8 +491,11 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
     c, sched = point.cluster, point.schedule
     wl = _rescaled(load_workload(workload), c, sched)
     batch = sched.batch_size or wl.batch_size
-    sim = _Sim(wl, c, symmetric=cls.symmetric, summation=point.summation_gbps * 1e9 / 8,
-               trace=trace)
+    summation, transport = point.summation_gbps, None
+    if machine is not None or c.machine is not None:
+        c, wl, transport, summation = _on_machine(machine or c.machine, backend, c, wl)
+    sim = _Sim(wl, c, symmetric=cls.symmetric, summation=summation * 1e9 / 8,
+               trace=trace, transport=transport)
     ends = _without_gc(lambda: sim.run_training(cls(sim, parsed), sched.iterations))
     base = ends[sched.warmup - 1] if sched.warmup > 0 else 0.0
     iter_time = (ends[-1] - base) / (sched.iterations - sched.warmup)
@@ -507,6 +514,23 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
                      events=sim.env.events, timeline=sim.timeline, iteration_end_s=list(ends),
                      fusion_groups=list(getattr(sim.strategy, "plan_log", [])),
                      hosts=c.num_hosts, gpus_per_host=c.gpus_per_host, batch_size=batch)
+
+
+def _on_machine(machine: Any, backend: str, c: contract.Cluster, wl: Workload
+                ) -> tuple[contract.Cluster, Workload, hardware.Transport, float]:
+    """Return the cluster, workload, transport and summation rate of a point on ``machine``."""
+    from ddpbench.calibration.machine import adjust, load_machine
+
+    m = load_machine(machine)
+    uses_servers = contract.backend(backend).uses_servers
+    servers = (c.dedicated_servers() or c.workers) if uses_servers else 0
+    a = adjust(m, backend, workers=c.workers, servers=servers, paced=c.paced,
+               bandwidth_gbps=c.bandwidth_gbps, latency_us=c.latency_us)
+    c = c.model_copy(update={"bandwidth_gbps": a["bandwidth_gbps"],
+                             "latency_us": a["latency_us"]})
+    transport = hardware.Transport("machine", 1.0, a["per_message_us"], 1.0, True,
+                                   f"calibrated on {m.host} ({m.measured_at})")
+    return c, wl.emulated(a["compute_rate"], a["compute_overhead_s"]), transport, a["sum_gbps"]
 
 
 def _ring_broadcast(sim: _Sim, n: int) -> Generator[simpy.Event, Any, None]:

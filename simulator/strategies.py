@@ -274,8 +274,8 @@ class HorovodStrategy(_AllreduceBase):
     into buffers of at most ``fusion_threshold`` bytes (a larger tensor goes alone), and the
     buffers are ring-allreduced one after the other (``hierarchical``: with
     :func:`hierarchical_allreduce`). Before its allreduces a cycle spends the negotiation
-    of the ready tensors (``sim.negotiation``: grows with log2 of the world size; free on
-    the ideal transport).
+    of the ready tensors (``sim.negotiation``: grows with log2 of the world size) and one
+    message cost per ready tensor for its response (both free on the ideal transport).
     """
 
     name = "horovod"
@@ -321,7 +321,9 @@ class HorovodStrategy(_AllreduceBase):
             cycle_start = env.now
             ready, self._queue = self._queue, []
             if sim.negotiation > 0:
-                yield env.timeout(sim.negotiation)  # the coordinator agrees on `ready`
+                # The coordinator agrees on `ready`, then handles each tensor's response
+                # (a cache lookup, a fusion-buffer entry) at the transport's message cost.
+                yield env.timeout(sim.negotiation + len(ready) * sim.per_message)
             for buf in self._buffers(ready):
                 self.plan_log.append((cycle_start, [t.name for t in buf]))
                 n = sum(t.numel for t in buf)

@@ -163,6 +163,19 @@ class Workload(BaseModel):
                              bwd_s=x.bwd_s * compute_scale) for x in self.layers)
         return self.model_copy(update={"layers": layers})
 
+    def emulated(self, rate: float, overhead_s: float) -> Workload:
+        """Return a copy whose non-zero compute times ``t`` are ``t x rate + overhead_s``.
+
+        The time a trainer's compute emulation takes on a calibrated machine (one sleep per
+        layer and pass; :mod:`ddpbench.calibration.machine`).
+        """
+        def f(t: float) -> float:
+            return t * rate + overhead_s if t > 0 else 0.0
+
+        layers = tuple(Layer(name=x.name, fwd_s=f(x.fwd_s), bwd_s=f(x.bwd_s))
+                       for x in self.layers)
+        return self.model_copy(update={"layers": layers})
+
     def compute_factor(self, device: str | None, batch_size: int | None) -> float:
         """Return the factor on compute times for ``device`` at ``batch_size`` per worker.
 

@@ -65,6 +65,8 @@ def _cluster_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _value(text: str) -> object:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for cast in (int, float):
         try:
             return cast(text)

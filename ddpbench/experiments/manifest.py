@@ -212,6 +212,13 @@ def _archive(outdir: Path, rows: Iterable[Mapping[str, Any]], doc: Mapping[str, 
     writer.writerows(rows)
     _atomic_write(target / "results.csv", buf.getvalue())
     _atomic_write(target / MANIFEST, json.dumps(doc, indent=2) + "\n")
+    for r in rows:  # the files a row's point wrote (a timeline) go with it
+        for rel in filter(None, str(r.get("files") or "").split(";")):
+            src = (outdir / rel).resolve()
+            if outdir.resolve() in src.parents and src.is_file():
+                dst = target / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                src.replace(dst)
     return target
 
 

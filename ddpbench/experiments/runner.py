@@ -499,6 +499,8 @@ def _run_points(
             files = result.pop("_files", None)
             if files:
                 _write_files(outdir, files)
+                # Named in the row, so a row moved to history takes its files along.
+                row["files"] = ";".join(sorted(files))
             row.update(public(result))
             summary.ok += 1
         else:

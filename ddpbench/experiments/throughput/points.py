@@ -189,10 +189,13 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
             f"written yet); available: {ddpbench.available()}"
         )
     cluster = contract.Cluster.from_point(_cluster_params(params))
+    # The machine a real run measures is the one it runs on: a machine profile is for the
+    # simulated twin of the point, and pacing is what a real run does with the bandwidth.
     default = contract.Cluster(workers=cluster.workers, servers=cluster.servers,
                                bandwidth_gbps=cluster.bandwidth_gbps,
                                latency_us=cluster.latency_us, rack_size=cluster.rack_size,
-                               server_sum_gbps=cluster.server_sum_gbps)
+                               server_sum_gbps=cluster.server_sum_gbps,
+                               machine=cluster.machine, paced=cluster.paced)
     simulated_only = [k for k in contract.Cluster.model_fields
                       if getattr(cluster, k) != getattr(default, k)]
     if contract.Schedule.from_point(params).batch_size is not None:
@@ -203,17 +206,24 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
                          "the machine's own network, devices and processes); run this point "
                          "with mode: simulate")
     workers = cluster.workers
+    knobs = _knobs(params)
     if backend in contract.PS_BACKENDS:
         servers = cluster.dedicated_servers() or workers
+        if cluster.paced:
+            knobs.update(bandwidth_gbps=cluster.bandwidth_gbps, latency_us=cluster.latency_us)
     else:
         servers = 0
+        if cluster.paced:
+            raise ValueError(f"paced: backend {backend!r} cannot be paced (its messages go "
+                             "through the MPI library); pacing applies to "
+                             f"{sorted(contract.PS_BACKENDS)}")
     timeout = float(params.get("timeout_s", 300.0))
     with tempfile.TemporaryDirectory(prefix="ddpbench-real-") as tmp:
         out = Path(tmp) / "result.json"
         worker_cmd = [
             sys.executable, "-m", "ddpbench.experiments.throughput.worker",
             "--workload", str(params["workload"]), "--backend", backend,
-            "--knobs", json.dumps(_knobs(params)),
+            "--knobs", json.dumps(knobs),
             "--iterations", str(int(params["iterations"])),
             "--warmup", str(int(params["warmup"])),
             "--compute-scale", repr(float(params["compute_scale"])),

@@ -86,6 +86,16 @@ def _axis_labels(table: Any) -> Any:
     return table.rename(index=lambda v: format_value(v) if isinstance(v, float) else v)
 
 
+def _rows_by(df: Any, first: Sequence[str]) -> list[str]:
+    """Return ``first`` and then every point axis that varies in ``df``.
+
+    A table keyed on fewer axes than vary would average two configurations into one cell
+    (paced and unpaced runs, say); keyed on all of them, each cell is one point.
+    """
+    return [*first, *(a for a in POINT_AXES if a not in first and a in df.columns
+                      and df[a].nunique(dropna=False) > 1)]
+
+
 def _varying(df: Any, cols: Sequence[str]) -> list[str]:
     return [c for c in cols if c in df.columns and df[c].nunique(dropna=False) > 1]
 
@@ -362,8 +372,7 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
             doc.heading(f"Speedup over {baseline} ({shown})")
             doc.bullets(_speedup_highlights(sp, baseline))
             x = _speedup_x(sp)
-            cols = [c for c in ("workload", "workers", "bandwidth_gbps", "latency_us")
-                    if c == x or c == "workload" or sp[c].nunique() > 1]
+            cols = _rows_by(sp, ["workload", *([x] if x in sp.columns else [])])
             # Rows in numeric order of their axes (bandwidth 6 before 8, 10 before 15).
             table = _axis_labels(sp.pivot_table(index=cols, columns="variant",
                                                 values="speedup", sort=False).sort_index())
@@ -371,9 +380,7 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
                       f"the same point (> 1: faster than {baseline}).")
 
     doc.heading("Throughput (samples/s, whole job)")
-    cols = [c for c in ("mode", "workload", "workers", "servers", "bandwidth_gbps",
-                        "latency_us", "size_scale") if c == "workload" or
-            (c in agg.columns and agg[c].nunique() > 1)]
+    cols = _rows_by(agg, ["mode", "workload"] if agg["mode"].nunique() > 1 else ["workload"])
     doc.table(_axis_labels(agg.pivot_table(index=cols, columns="variant", values="throughput",
                                            sort=False).sort_index()), index=True)
 
@@ -577,7 +584,64 @@ def _plot_sim_vs_real(c: PlotContext) -> list[Path]:
         return []
     p, pairs = found
     c.doc.image(p.relative_to(c.outdir), "simulated vs measured iteration time")
-    c.doc.table(pairs[["variant", "workload", "workers", "iteration_time_ms_sim",
-                       "iteration_time_ms_real", "real/sim"]],
-                caption="Iteration time (ms), simulated and measured.")
+    cols = _rows_by(pairs, ["variant", "workload", "workers"])
+    c.doc.table(pairs[[*cols, "iteration_time_ms_sim", "iteration_time_ms_real", "real/sim"]],
+                caption="Iteration time (ms), simulated and measured; real/sim per point.")
+    _calibration_section(c.doc, pairs)
     return [p]
+
+
+def _calibration_section(doc: Document, pairs: Any) -> None:
+    """Summarise real/sim and, for points simulated on a machine profile, the profile."""
+    err = (pairs["real/sim"] - 1).abs()
+    lines = [f"all {len(pairs)} points: median |real/sim - 1| {err.median():.1%}, largest "
+             f"{err.max():.1%}, {int((err > 0.25).sum())} beyond 25%"]
+    machines = ([m for m in dict.fromkeys(pairs["machine"]) if isinstance(m, str) and m]
+                if "machine" in pairs.columns else [])
+    profiles = []
+    for path in machines:
+        from ddpbench.calibration.machine import load_machine
+
+        try:
+            profiles.append((path, load_machine(path)))
+        except ValueError as bad:
+            lines.append(f"machine profile {path}: cannot be read ({bad})")
+    for path, m in profiles:
+        on = pairs["machine"] == path
+        inside = on & (pairs["workers"].astype(int) == m.workers)
+        outside = on & ~inside
+        for label, mask in ((f"calibrated at {m.workers} workers (in sample)", inside),
+                            ("other worker counts (out of sample)", outside)):
+            if mask.any():
+                sub = err[mask]
+                lines.append(f"{label}: {int(mask.sum())} points, median {sub.median():.1%}, "
+                             f"largest {sub.max():.1%}")
+    doc.bullets(lines)
+    for path, m in profiles:
+        doc.heading(f"Machine profile {path}", level=3)
+        doc.text(f"Measured by `ddpbench calibrate -n {m.workers}` on {m.host} at "
+                 f"{m.measured_at} ({m.cores} cores): MPI latency {m.latency_us:.1f} us, "
+                 f"bandwidth {m.bandwidth_gbps:.1f} Gbit/s; NumPy copy {m.copy_gbps:.0f} and "
+                 f"sum {m.sum_gbps:.0f} Gbit/s; one sleep of t takes {m.compute_rate:.3f} t + "
+                 f"{m.compute_overhead_us:.0f} us. A 1 KiB ring step through the engine "
+                 "thread takes " + "; ".join(
+                     f"{style}: " + ", ".join(f"{v:.0f} us at {k}" for k, v in t.items())
+                     for style, t in m.ring_step_us.items()) + " processes.")
+        rows = [{"backend": b, "per_message_us": f.per_message_us,
+                 "bandwidth_gbps": f.bandwidth_gbps, "compute_factor": f.compute_factor,
+                 "small_ms (real/sim)": f"{f.small_ms:.2f} / {f.small_sim_ms:.2f}"
+                 if f.small_ms and f.small_sim_ms else "",
+                 "large_ms (real/sim)": f"{f.large_ms:.2f} / {f.large_sim_ms:.2f}"
+                 if f.large_ms and f.large_sim_ms else "",
+                 "workload_ms (real/sim)": f"{f.workload_ms:.1f} / {f.workload_sim_ms:.1f}"
+                 if f.workload_ms and f.workload_sim_ms else ""}
+                for b, f in m.backends.items()]
+        import pandas as pd
+
+        doc.table(pd.DataFrame(rows), caption=(
+            "Each backend's constants, fitted once through the simulator on its runs at the "
+            "calibration's worker count (many small tensors: per-message cost; few large "
+            "ones: bandwidth; the workload itself: how much slower compute runs beside the "
+            "backend's threads) and used unchanged at every point; other process counts "
+            "stretch the software costs by the ratio of the measured ring steps "
+            "(ddpbench/calibration/machine.py)."))

@@ -103,6 +103,8 @@ class ThroughputSpec(Frozen):
     straggler_slowdown: tuple[float, ...] = (2.0,)
     seed: tuple[int, ...] = (0,)
     batch_size: tuple[int | None, ...] = (None,)
+    machine: tuple[str | None, ...] = (None,)
+    paced: tuple[bool, ...] = (False,)
     repetitions: int = Field(1, ge=1)
     backends: dict[str, dict[str, tuple[Any, ...]]]
     zip: tuple[tuple[str, ...], ...] = ()
@@ -250,6 +252,20 @@ def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
         resolved.append(w if w in valid else _from_cwd(base / w))
     if tuple(resolved) != spec.workloads:
         spec = spec.model_copy(update={"workloads": tuple(resolved)})
+    machines: list[str | None] = []
+    for i, m in enumerate(spec.machine):
+        if m is None:
+            machines.append(m)
+            continue
+        path = base / m
+        if not path.is_file():
+            where: list[Any] = ["machine", i] if isinstance(raw.get("machine"), list) \
+                else ["machine"]
+            raise err_at(file, raw, where, f"machine profile {m!r} not found (relative to the "
+                         "experiment file); write one with `ddpbench calibrate -o PATH`")
+        machines.append(_from_cwd(path))
+    if tuple(machines) != spec.machine:
+        spec = spec.model_copy(update={"machine": tuple(machines)})
     axis_names: set[str] = set(spec.axes_of(next(iter(spec.backends))))
     for name in spec.backends:
         axis_names |= set(spec.axes_of(name))

@@ -1,0 +1,102 @@
+"""Ring steps through an engine thread: the cost of one message as the process count grows.
+
+Every rank's engine thread (:class:`ddpbench.comm.Engine`, the thread every backend's MPI
+calls run on) exchanges 1 KiB with its ring neighbours while the main thread waits for each
+step's handle, as a trainer waits for its gradients; ``--style`` says how the step is made
+(:data:`STYLES`). Run by
+``ddpbench calibrate`` under ``ddpbench launch -n P`` for several P; rank 0 writes the
+median step time over ranks to ``--out``. On a machine with fewer cores than processes the
+step time grows with P: the calibration's software costs are stretched by this ratio
+(:meth:`ddpbench.calibration.machine.Machine.contention`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ddpbench.api import Handle
+from ddpbench.comm import Protocol
+
+STYLES = ("blocking", "polled")
+"""How the engine thread makes a step: one blocking ``MPI_Sendrecv`` (the ``mpi`` and
+``horovod`` backends' calls), or nonblocking requests it polls (``collective`` and the
+parameter-server backends)."""
+
+
+class _PolledStep(Protocol):
+    """One ring step as the polling backends make it: ``Isend``/``Irecv``, then ``Test``."""
+
+    def __init__(self, comm: Any, right: int, left: int) -> None:
+        self.comm, self.right, self.left = comm, right, left
+        self.send, self.recv = np.zeros(1024, np.uint8), np.zeros(1024, np.uint8)
+        self.reqs: list[Any] = []
+        self.handle: Handle | None = None
+
+    def accept(self, item: Any) -> None:
+        self.handle = item
+        self.reqs = [self.comm.Irecv(self.recv, self.left, 1),
+                     self.comm.Isend(self.send, self.right, 1)]
+
+    def progress(self) -> bool:
+        if self.handle is None or not self.reqs[0].Test() or not self.reqs[1].Test():
+            return False
+        handle, self.handle = self.handle, None
+        handle.set_result(None)
+        return True
+
+    def busy(self) -> bool:
+        return self.handle is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ring steps on this rank; return the exit code."""
+    p = argparse.ArgumentParser(prog="python -m ddpbench.calibration.ringstep")
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--style", choices=STYLES, default="blocking")
+    args = p.parse_args(argv)
+    from mpi4py import MPI
+
+    from ddpbench.comm import engine  # noqa: PLC0415 - MPI starts here, not at import
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    send, recv = np.zeros(1024, np.uint8), np.zeros(1024, np.uint8)
+    eng = engine()
+
+    def step() -> None:
+        comm.Sendrecv(send, right, 0, recv, left, 0)
+
+    polled = _PolledStep(comm, right, left)
+    if args.style == "polled":
+        eng.register(polled)
+    comm.Barrier()
+    times = []
+    for i in range(args.steps + 30):
+        t0 = time.perf_counter()
+        if args.style == "polled":
+            handle = Handle("step")
+            eng.submit(polled, handle)
+            handle.wait()
+        else:
+            eng.call(step).wait()
+        if i >= 30:  # warm-up steps
+            times.append(time.perf_counter() - t0)
+    medians = comm.gather(statistics.median(times), root=0)
+    if rank == 0 and medians is not None:
+        Path(args.out).write_text(json.dumps({"processes": size,
+                                              "step_us": statistics.median(medians) * 1e6}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

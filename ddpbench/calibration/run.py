@@ -1,0 +1,370 @@
+"""``ddpbench calibrate``'s work: measure this machine with real processes, fit the model.
+
+Steps (each a tick of the progress bar):
+
+1. MPI ping-pong between two processes (:mod:`ddpbench.calibration.pingpong`): latency is
+   the half round trip at 0 bytes, bandwidth the slope between the two largest sizes.
+2. Ring steps through an engine thread at 2 to 8 processes (:mod:`.ringstep`): how much a
+   message's software cost stretches as processes outnumber cores.
+3. Copy and summation throughput of NumPy on 64 MiB float32 arrays (one core).
+4. Compute emulation: one ``time.sleep`` per layer and pass is what the trainer's worker
+   does (:mod:`ddpbench.experiments.throughput.worker`); calls of 0.05 to 5 ms give the
+   rate (slope) and the per-call overhead (intercept) by least squares, and the workload's
+   own sequence of calls is timed against that rule.
+5. For each backend, two synthetic workloads on ``workers`` real worker processes (and
+   ``servers`` server processes for the parameter-server backends), no compute: 64 tensors
+   of 256 floats (``small``: per-message costs dominate) and 4 tensors of 1 Mi floats
+   (``large``: bytes dominate). The backend's ``per_message_us`` and ``bandwidth_gbps`` are
+   then fitted through the simulator itself, so they count messages the way the simulator
+   counts them: alternating one-dimensional solves (bisection; the simulated time grows
+   with the per-message cost and falls with bandwidth) until both workloads' simulated
+   iteration times equal the measured medians. Then the workload itself (with compute, as
+   the experiment runs it) gives the backend's ``compute_factor``: how much slower the
+   sleeps run beside that backend's threads, solved the same way with the two costs fixed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ddpbench.calibration.machine import KIND, BackendFit, Machine
+
+__all__ = ["SYNTHETIC", "calibrate", "fit_backend", "synthetic_profile"]
+
+STEP_PROCESSES = (2, 3, 4, 6, 8)
+"""Process counts at which the ring step is timed (beyond 8: extended along 6 to 8)."""
+
+SYNTHETIC = {"small": (64, 256), "large": (4, 1 << 20)}
+"""Calibration workloads: name -> (tensors, float32 elements each), no compute."""
+
+
+def synthetic_profile(name: str) -> dict[str, Any]:
+    """Return the profile (plain data, the simulator's YAML format) of a calibration workload."""
+    count, numel = SYNTHETIC[name]
+    return {"name": f"calibration_{name}", "batch_size": 1, "device": "cpu",
+            "matmul_fraction": 0.5,
+            "notes": "ddpbench calibrate: synthetic, no compute",
+            "layers": [{"name": f"l{i}", "fwd_ms": 0.0, "bwd_ms": 0.0,
+                        "tensors": [{"name": f"t{i}", "numel": numel}]}
+                       for i in range(count)]}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def pingpong(timeout_s: float = 120.0) -> dict[str, Any]:
+    """Return the ping-pong sizes, half round trips, and the fitted latency and bandwidth."""
+    with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
+        out = Path(tmp) / "pingpong.json"
+        cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", "2", "--timeout",
+               str(timeout_s), "--", sys.executable, "-m", "ddpbench.calibration.pingpong",
+               "--out", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 30)
+        if proc.returncode != 0 or not out.exists():
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            raise RuntimeError(f"ping-pong failed (exit {proc.returncode}): {tail}")
+        data = json.loads(out.read_text())
+    sizes, secs = data["sizes"], data["seconds"]
+    slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2])
+    return {"sizes_bytes": sizes, "half_round_trip_us": [round(s * 1e6, 3) for s in secs],
+            "latency_us": secs[0] * 1e6, "bandwidth_gbps": 8e-9 / slope}
+
+
+def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 3
+               ) -> dict[str, dict[int, float]]:
+    """Return style -> process count -> ring step time, microseconds (:mod:`.ringstep`).
+
+    Each count runs ``repeats`` times and keeps the median: with more processes than cores
+    the time depends on how the scheduler happens to interleave them.
+    """
+    from ddpbench.calibration.ringstep import STYLES
+
+    out: dict[str, dict[int, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
+        for style in STYLES:
+            out[style] = {}
+            for n in counts:
+                values = []
+                for r in range(repeats):
+                    path = Path(tmp) / f"ringstep-{style}-{n}-{r}.json"
+                    cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(n),
+                           "--timeout", str(timeout_s), "--", sys.executable, "-m",
+                           "ddpbench.calibration.ringstep", "--style", style, "--out",
+                           str(path)]
+                    proc = subprocess.run(cmd, capture_output=True, text=True,
+                                          timeout=timeout_s + 30)
+                    if proc.returncode != 0 or not path.exists():
+                        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+                        raise RuntimeError(f"ring steps ({style}) at {n} processes failed "
+                                           f"(exit {proc.returncode}): {tail}")
+                    values.append(float(json.loads(path.read_text())["step_us"]))
+                out[style][n] = round(statistics.median(values), 2)
+    return out
+
+
+def copy_and_sum(nbytes: int = 64 << 20, reps: int = 5) -> dict[str, float]:
+    """Return NumPy's copy and add throughput on float32 arrays of ``nbytes``, Gbit/s."""
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.ones_like(a)
+    c = np.empty_like(a)
+    copy, add = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(c, a)
+        t1 = time.perf_counter()
+        np.add(a, b, out=c)
+        t2 = time.perf_counter()
+        copy.append(t1 - t0)
+        add.append(t2 - t1)
+    return {"copy_gbps": nbytes * 8e-9 / statistics.median(copy),
+            "sum_gbps": nbytes * 8e-9 / statistics.median(add)}
+
+
+def compute_rule(workload: str, compute_scale: float, size_scale: float,
+                 reps: int = 3) -> dict[str, Any]:
+    """Return the sleep rule (rate, overhead) and the workload's sequence timed against it."""
+    from ddpbench.experiments.throughput.worker import load_workload
+
+    requested = [5e-5, 2e-4, 1e-3, 5e-3]
+    xs, ys = [], []
+    for t in requested:
+        for _ in range(40 if t < 1e-3 else 8):
+            t0 = time.perf_counter()
+            time.sleep(t)
+            xs.append(t)
+            ys.append(time.perf_counter() - t0)
+    rate, intercept = np.polyfit(np.array(xs), np.array(ys), 1)
+    overhead = max(0.0, float(intercept))
+    wl = load_workload(workload).resized(size_scale)
+    calls = [x * compute_scale for layer in wl.layers for x in (layer.fwd_s, layer.bwd_s)
+             if x > 0]
+    runs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for t in calls:
+            time.sleep(t)
+        runs.append(time.perf_counter() - t0)
+    return {"rate": float(rate), "overhead_us": overhead * 1e6,
+            "workload": wl.name, "compute_scale": compute_scale, "calls": len(calls),
+            "requested_ms": sum(calls) * 1e3, "measured_ms": statistics.median(runs) * 1e3,
+            "rule_ms": (sum(calls) * float(rate) + len(calls) * overhead) * 1e3}
+
+
+def real_iteration(backend: str, profile: Path | str, workers: int, servers: int,
+                   iterations: int, timeout_s: float, compute_scale: float = 1.0,
+                   size_scale: float = 1.0) -> dict[str, Any]:
+    """Return a real run's iteration times of ``profile`` with ``backend``."""
+    from ddpbench.experiments.throughput.points import run_point
+
+    row = run_point({"mode": "real", "backend": backend, "workload": str(profile),
+                     "workers": workers,
+                     "servers": servers if servers != workers else "colocated",
+                     "iterations": iterations, "warmup": 3, "compute_scale": compute_scale,
+                     "size_scale": size_scale, "compute": "sleep", "timeout_s": timeout_s})
+    return {"median_s": float(row["iteration_time_s"]), "samples_s": row["samples_s"]}
+
+
+def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, *,
+           increasing: bool, steps: int = 22) -> float:
+    """Return x in [lo, hi] with f(x) = target for a monotone f (clamped to the ends)."""
+    flo, fhi = f(lo), f(hi)
+    if increasing and target <= flo or not increasing and target >= flo:
+        return lo
+    if increasing and target >= fhi or not increasing and target <= fhi:
+        return hi
+    for _ in range(steps):
+        mid = (lo * hi) ** 0.5 if lo > 0 else (lo + hi) / 2
+        if (f(mid) < target) == increasing:
+            lo = mid
+        else:
+            hi = mid
+    return (lo * hi) ** 0.5 if lo > 0 else (lo + hi) / 2
+
+
+def _sim_time(backend: str, profile: Path | str, workers: int, servers: int, latency_us: float,
+              per_message_us: float, bandwidth_gbps: float, cores: int, *,
+              compute: tuple[float, float] = (1.0, 0.0), compute_factor: float = 1.0,
+              schedule: dict[str, float] | None = None) -> float:
+    from ddpbench import simulator
+
+    m = Machine(kind=KIND, host="fit", measured_at="fit", cores=cores, workers=workers,
+                servers=servers, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps,
+                copy_gbps=1.0, sum_gbps=1e6, compute_rate=compute[0],
+                compute_overhead_us=compute[1],
+                ring_step_us={"blocking": {2: 1.0}, "polled": {2: 1.0}},
+                backends={backend: BackendFit(per_message_us=per_message_us,
+                                              bandwidth_gbps=bandwidth_gbps,
+                                              compute_factor=compute_factor)})
+    sched = schedule or {}
+    res = simulator.simulate(str(profile), backend, workers=workers, servers="colocated",
+                             bandwidth_gbps=bandwidth_gbps, latency_us=latency_us,
+                             iterations=5, warmup=2, machine=m, trace=False,
+                             compute_scale=sched.get("compute_scale", 1.0),
+                             size_scale=sched.get("size_scale", 1.0))
+    return float(res.iteration_time_s)
+
+
+def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, float], *,
+                workers: int, servers: int, latency_us: float, bandwidth_gbps: float,
+                cores: int, rounds: int = 3,
+                workload: tuple[str, float, tuple[float, float], dict[str, float]] | None = None,
+                ) -> BackendFit:
+    """Fit ``backend``'s per-message cost and bandwidth so the simulator meets both runs.
+
+    Args:
+        backend: the backend.
+        small: (profile path, measured median seconds) of the many-small-tensors workload.
+        large: the same for the few-large-tensors workload.
+        workers: worker processes of the runs.
+        servers: server processes of the runs (0 for allreduce backends).
+        latency_us: the machine's point-to-point latency.
+        bandwidth_gbps: the starting bandwidth (the ping-pong's).
+        cores: the machine's cores.
+        rounds: alternations of the two solves.
+        workload: (profile, measured median seconds, (compute rate, overhead us), schedule
+            keywords) of the workload's own run with compute: fits ``compute_factor``.
+    """
+    per_msg, bw = 0.0, bandwidth_gbps
+
+    def sim(path: Path, p: float, b: float) -> float:
+        return _sim_time(backend, path, workers, servers, latency_us, p, b, cores)
+
+    for _ in range(rounds):
+        per_msg = _solve(functools.partial(lambda b, p: sim(small[0], p, b), bw), small[1],
+                         0.0, 1e5, increasing=True)
+        bw = _solve(functools.partial(lambda p, b: sim(large[0], p, b), per_msg), large[1],
+                    0.01, 1e4, increasing=False)
+    factor, wl_sim = 1.0, None
+    if workload is not None:
+        name, measured, compute, schedule = workload
+
+        def wsim(f: float) -> float:
+            return _sim_time(backend, name, workers, servers, latency_us, per_msg, bw, cores,
+                             compute=compute, compute_factor=f, schedule=schedule)
+
+        factor = _solve(wsim, measured, 0.5, 10.0, increasing=True)
+        wl_sim = wsim(factor) * 1e3
+    return BackendFit(per_message_us=round(per_msg, 3), bandwidth_gbps=round(bw, 3),
+                      compute_factor=round(factor, 4),
+                      workload_ms=workload[1] * 1e3 if workload else None,
+                      workload_sim_ms=wl_sim,
+                      small_ms=small[1] * 1e3, large_ms=large[1] * 1e3,
+                      small_sim_ms=sim(small[0], per_msg, bw) * 1e3,
+                      large_sim_ms=sim(large[0], per_msg, bw) * 1e3)
+
+
+def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None = None,
+              workload: str = "resnet50", compute_scale: float = 0.05,
+              size_scale: float = 0.01, iterations: int = 20, timeout_s: float = 120.0,
+              step_processes: Sequence[int] = STEP_PROCESSES, step_repeats: int = 3,
+              progress: Callable[[str], None] | None = None) -> Machine:
+    """Measure this machine and return its fitted :class:`Machine` (steps: module doc).
+
+    Args:
+        backends: the backends to calibrate (real ones from ``ddpbench.available()``).
+        workers: worker processes of each backend's runs (>= 2).
+        servers: server processes of the parameter-server runs (default: ``workers``).
+        workload: the profile whose compute sequence is timed.
+        compute_scale: its compute times x this (as the experiment runs it).
+        size_scale: its gradient sizes x this.
+        iterations: timed iterations of each real run.
+        timeout_s: per real run.
+        step_processes: process counts of the ring-step measurement (at least one).
+        step_repeats: runs per count (the median is kept).
+        progress: called with each step's name before it runs.
+
+    Raises:
+        ValueError: bad arguments, naming them.
+        RuntimeError: a real run failed (its message).
+    """
+    import ddpbench
+    from ddpbench import contract
+
+    if workers < 2:
+        raise ValueError(f"workers: calibration needs at least 2 worker processes, got {workers}")
+    servers = workers if servers is None else servers
+    if servers < 1:
+        raise ValueError(f"servers: expected >= 1 server processes, got {servers}")
+    unknown = [b for b in backends if b not in contract.BACKENDS]
+    if unknown:
+        raise ValueError(f"backends: unknown backend(s) {unknown}; valid backends: "
+                         f"{sorted(contract.BACKENDS)}")
+    missing = [b for b in backends if b not in ddpbench.available()]
+    if missing:
+        raise ValueError(f"backends: {missing} cannot run here; available: "
+                         f"{ddpbench.available()}")
+    if not step_processes or any(n < 2 for n in step_processes):
+        raise ValueError(f"step_processes: expected counts >= 2, got {list(step_processes)}")
+    if step_repeats < 1:
+        raise ValueError(f"step_repeats: expected >= 1, got {step_repeats}")
+    tick = progress or (lambda _step: None)
+    cores = _cores()
+    tick("ping-pong")
+    pp = pingpong(timeout_s)
+    tick("ring steps")
+    steps = ring_steps(sorted(set(step_processes)), timeout_s, step_repeats)
+    tick("copy and sum")
+    cs = copy_and_sum()
+    tick("compute")
+    comp = compute_rule(workload, compute_scale, size_scale)
+    fits: dict[str, BackendFit] = {}
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
+        paths = {}
+        for name in SYNTHETIC:
+            paths[name] = Path(tmp) / f"calibration_{name}.yaml"
+            paths[name].write_text(yaml.safe_dump(synthetic_profile(name)))
+        for b in backends:
+            s = servers if contract.backend(b).uses_servers else 0
+            measured = {}
+            for name in SYNTHETIC:
+                tick(f"{b} {name}")
+                measured[name] = real_iteration(b, paths[name], workers, s if s else workers,
+                                                iterations, timeout_s)
+            tick(f"{b} {workload}")
+            measured[workload] = real_iteration(b, workload, workers, s if s else workers,
+                                                iterations, timeout_s, compute_scale,
+                                                size_scale)
+            tick(f"{b} fit")
+            fits[b] = fit_backend(
+                b, (paths["small"], measured["small"]["median_s"]),
+                (paths["large"], measured["large"]["median_s"]),
+                workers=workers, servers=s, latency_us=pp["latency_us"],
+                bandwidth_gbps=pp["bandwidth_gbps"], cores=cores,
+                workload=(workload, measured[workload]["median_s"],
+                          (comp["rate"], comp["overhead_us"]),
+                          {"compute_scale": compute_scale, "size_scale": size_scale}))
+            runs[b] = {name: [round(x * 1e3, 4) for x in m["samples_s"]]
+                       for name, m in measured.items()}
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Machine(
+        kind=KIND, host=platform.node() or "unknown", measured_at=now, cores=cores,
+        workers=workers, servers=servers, latency_us=round(pp["latency_us"], 3),
+        bandwidth_gbps=round(pp["bandwidth_gbps"], 3), copy_gbps=round(cs["copy_gbps"], 2),
+        sum_gbps=round(cs["sum_gbps"], 2), compute_rate=round(comp["rate"], 5),
+        compute_overhead_us=round(comp["overhead_us"], 2), ring_step_us=steps,
+        backends=fits,
+        measurements={"pingpong": {k: pp[k] for k in ("sizes_bytes", "half_round_trip_us")},
+                      "compute": {k: (round(v, 3) if isinstance(v, float) else v)
+                                  for k, v in comp.items() if k not in ("rate", "overhead_us")},
+                      "synthetic": {k: {"tensors": c, "numel": n} for k, (c, n) in SYNTHETIC.items()},
+                      "iteration_ms": runs, "iterations": iterations})

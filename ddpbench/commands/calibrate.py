@@ -1,0 +1,90 @@
+"""``ddpbench calibrate``: measure this machine with real processes, write a machine profile."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+HELP = ("measure this machine with each backend's real processes and write a machine "
+        "profile for the simulator (--machine, machine: in experiment files)")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--workers", type=int, default=2,
+                        help="worker processes of each backend's runs (default 2)")
+    parser.add_argument("--servers", type=int, default=None,
+                        help="server processes of the parameter-server runs (default: workers)")
+    parser.add_argument("-o", "--output", required=True, help="machine profile to write (YAML)")
+    parser.add_argument("--backends", default=None,
+                        help="comma-separated backends (default: every available one)")
+    parser.add_argument("--workload", default="resnet50",
+                        help="profile whose compute and tensors are run with each backend "
+                             "(default resnet50)")
+    parser.add_argument("--compute-scale", type=float, default=0.05,
+                        help="its compute times x this (default 0.05, as real_local)")
+    parser.add_argument("--size-scale", type=float, default=0.01,
+                        help="its gradient sizes x this (default 0.01, as real_local)")
+    parser.add_argument("--iterations", type=int, default=20,
+                        help="timed iterations of each real run (default 20)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds each real run may take (default 120)")
+    parser.add_argument("--step-processes", default="2,3,4,6,8",
+                        help="process counts at which ring steps are timed (default 2,3,4,6,8)")
+    parser.add_argument("--step-repeats", type=int, default=3,
+                        help="runs per count; the median is kept (default 3)")
+
+
+def main(args: argparse.Namespace) -> int:
+    import ddpbench
+    from ddpbench.calibration.run import SYNTHETIC, calibrate
+    from ddpbench.cli import UsageError
+
+    backends = (ddpbench.available() if args.backends is None
+                else [b.strip() for b in args.backends.split(",") if b.strip()])
+    if args.iterations < 1:
+        raise UsageError(f"--iterations must be >= 1, got {args.iterations}")
+    try:
+        counts = [int(x) for x in args.step_processes.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--step-processes expects comma-separated counts, got "
+                         f"{args.step_processes!r}") from None
+    steps = 4 + len(backends) * (len(SYNTHETIC) + 2)
+    from tqdm import tqdm
+
+    bar = tqdm(total=steps, desc="calibrate", unit="step", file=sys.stderr)
+    first = [True]
+
+    def tick(step: str) -> None:
+        if not first[0]:
+            bar.update(1)
+        first[0] = False
+        bar.set_postfix_str(step)
+
+    t0 = time.perf_counter()
+    try:
+        machine = calibrate(backends, workers=args.workers, servers=args.servers,
+                            workload=args.workload, compute_scale=args.compute_scale,
+                            size_scale=args.size_scale, iterations=args.iterations,
+                            timeout_s=args.timeout, step_processes=counts,
+                            step_repeats=args.step_repeats, progress=tick)
+    except ValueError as err:
+        bar.close()
+        raise UsageError(str(err)) from None
+    except RuntimeError as err:  # a real run failed: its message, no traceback
+        bar.close()
+        print(f"ddpbench calibrate: error: {err}", file=sys.stderr)
+        return 1
+    bar.update(1)
+    bar.close()
+    try:
+        machine.save(args.output)
+    except OSError as err:
+        raise UsageError(f"cannot write {args.output}: {err.strerror}") from None
+    print(f"machine profile -> {args.output} ({time.perf_counter() - t0:.0f} s): latency "
+          f"{machine.latency_us:.1f} us, bandwidth {machine.bandwidth_gbps:.1f} Gbit/s, "
+          f"{machine.cores} cores, sleep overhead {machine.compute_overhead_us:.0f} us")
+    for name, fit in machine.backends.items():
+        print(f"  {name:<10} per message {fit.per_message_us:8.1f} us  bandwidth "
+              f"{fit.bandwidth_gbps:7.2f} Gbit/s  compute x{fit.compute_factor:.2f}")
+    return 0

@@ -1,0 +1,68 @@
+"""``ddpbench calibrate`` on real processes: the profile it writes fits its own runs through
+the simulator, and paced real runs honour the pacing (a closed-form lower bound)."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ddpbench.calibration.machine import load_machine
+
+pytestmark = pytest.mark.mpi
+
+
+def test_calibrate_writes_a_profile_whose_fits_reproduce_its_runs(tmp_path):
+    out = tmp_path / "machine.yaml"
+    cmd = [sys.executable, "-m", "ddpbench", "calibrate", "-n", "2", "--backends",
+           "mpi,kvstore", "--iterations", "4", "--step-processes", "2,3",
+           "--step-repeats", "1", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "machine profile ->" in proc.stdout
+    m = load_machine(out)
+    assert set(m.backends) == {"mpi", "kvstore"} and m.workers == 2 and m.servers == 2
+    assert set(m.ring_step_us) == {"blocking", "polled"}
+    assert all(set(t) == {2, 3} for t in m.ring_step_us.values())
+    assert yaml.safe_load(out.read_text())["kind"] == "ddpbench-machine"
+    for name, fit in m.backends.items():
+        # Each fitted constant reproduces its own measurement through the simulator
+        # (unless it sits at a bound of its search: then the simulator cannot go further).
+        assert fit.small_sim_ms == pytest.approx(fit.small_ms, rel=0.02) or \
+            fit.per_message_us == 0.0, name
+        assert fit.large_sim_ms == pytest.approx(fit.large_ms, rel=0.02), name
+        assert fit.workload_sim_ms == pytest.approx(fit.workload_ms, rel=0.02) or \
+            fit.compute_factor in (0.5, 10.0), name
+    # The compute rule predicts the workload's own sequence of sleeps.
+    comp = m.measurements["compute"]
+    assert comp["rule_ms"] == pytest.approx(comp["measured_ms"], rel=0.25)
+
+
+def test_calibrate_refuses_bad_arguments(tmp_path):
+    for args, message in [(["-n", "1"], "at least 2 worker processes"),
+                          (["--backends", "gloo"], "unknown backend(s) ['gloo']"),
+                          (["--step-processes", "1,2"], "counts >= 2")]:
+        proc = subprocess.run([sys.executable, "-m", "ddpbench", "calibrate", *args, "-o",
+                               str(tmp_path / "m.yaml")], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        assert not (tmp_path / "m.yaml").exists()
+
+
+def test_paced_real_run_takes_at_least_its_bytes_over_the_pacing_rate(tmp_path):
+    from ddpbench.calibration.run import synthetic_profile
+    from ddpbench.experiments.throughput.points import run_point
+
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(synthetic_profile("small")))
+    base = {"mode": "real", "backend": "kvstore", "workload": str(path), "workers": 2,
+            "servers": "colocated", "iterations": 3, "warmup": 1, "compute_scale": 1.0,
+            "size_scale": 1.0, "compute": "sleep", "timeout_s": 120,
+            "bandwidth_gbps": 0.05, "latency_us": 0.0}
+    paced = run_point({**base, "paced": True})
+    # 64 tensors of 1 KiB go out (push) and come back (pull) through each worker's NIC.
+    nbytes = 64 * 256 * 4
+    assert paced["iteration_time_s"] >= nbytes * 8 / 0.05e9
+    with pytest.raises(ValueError, match="backend 'mpi' cannot be paced"):
+        run_point({**base, "backend": "mpi", "paced": True})

@@ -1,0 +1,184 @@
+"""Machine profiles: parsing with named errors, the contention law, and how a simulated
+point uses a profile (closed forms of the simulator's ring on a calibrated machine)."""
+
+import copy
+import textwrap
+
+import pytest
+import yaml
+
+from ddpbench import simulator
+from ddpbench.calibration import machine as M
+from ddpbench.calibration.run import SYNTHETIC, synthetic_profile
+
+BASE = {
+    "kind": "ddpbench-machine", "host": "box", "measured_at": "2026-11-25T00:00:00Z",
+    "cores": 2, "workers": 2, "servers": 2, "latency_us": 2.0, "bandwidth_gbps": 100.0,
+    "copy_gbps": 90.0, "sum_gbps": 80.0, "compute_rate": 1.0, "compute_overhead_us": 70.0,
+    "ring_step_us": {"blocking": {2: 30.0, 3: 70.0, 4: 110.0},
+                     "polled": {2: 30.0, 4: 130.0, 6: 230.0}},
+    "backends": {
+        "mpi": {"per_message_us": 15.0, "bandwidth_gbps": 16.0, "compute_factor": 1.5},
+        "kvstore": {"per_message_us": 150.0, "bandwidth_gbps": 4.0, "compute_factor": 2.0},
+    },
+}
+
+
+def machine(**changes):
+    data = copy.deepcopy(BASE)
+    data.update(changes)
+    return M.parse_machine(data, "m.yaml")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"drop": "latency_us"}, "m.yaml: missing field 'latency_us'"),
+    ({"set": ("latency_us", -1.0)}, "field 'latency_us': Input should be greater than or equal to 0"),
+    ({"set": ("cores", 0)}, "field 'cores'"),
+    ({"set": ("speed", 3)}, "m.yaml: unknown field 'speed'"),
+    ({"set": ("kind", "other")}, "field 'kind' must be 'ddpbench-machine'"),
+    ({"backend": ("mpi", "per_message_us", -5.0)}, "field 'backends.mpi.per_message_us'"),
+    ({"backend": ("mpi", "gain", 2.0)}, "unknown field 'backends.mpi.gain'"),
+    ({"set": ("backends", {"gloo": {"per_message_us": 1.0, "bandwidth_gbps": 1.0}})},
+     "unknown backend(s) ['gloo']"),
+    ({"set": ("ring_step_us", {"blocking": {1: 3.0}})}, "process counts >= 2"),
+])
+def test_bad_profile_names_the_field(change, message):
+    data = copy.deepcopy(BASE)
+    if "drop" in change:
+        del data[change["drop"]]
+    if "set" in change:
+        key, value = change["set"]
+        data[key] = value
+    if "backend" in change:
+        name, key, value = change["backend"]
+        data["backends"][name][key] = value
+    with pytest.raises(ValueError, match=__import__("re").escape(message)):
+        M.parse_machine(data, "m.yaml")
+
+
+def test_load_reads_yaml_safely_and_names_bad_files(tmp_path):
+    path = tmp_path / "m.yaml"
+    machine().save(path)
+    assert M.load_machine(path) == machine()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: [unclosed\n")
+    with pytest.raises(ValueError, match="is not valid YAML"):
+        M.load_machine(bad)
+    code = tmp_path / "code.yaml"
+    code.write_text("!!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        M.load_machine(code)
+    with pytest.raises(ValueError, match="cannot read machine profile"):
+        M.load_machine(tmp_path / "missing.yaml")
+
+
+def test_a_backend_the_profile_lacks_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"no calibration for backend 'p3' \(it has: "
+                                         r"\['kvstore', 'mpi'\]\)"):
+        simulator.simulate("resnet50", "p3", workers=2, bandwidth_gbps=1, machine=machine())
+
+
+def test_contention_law_is_flat_within_the_cores_then_a_least_squares_line():
+    m = machine()
+    # blocking: s0 = 30 (P <= 2 cores); k = sum(x y) / sum(x^2) over (1, 40), (2, 80) = 40.
+    assert m.step_us("blocking", 2) == 30.0
+    assert m.step_us("blocking", 5) == pytest.approx(30 + 40 * 3)
+    # polled: (2, 100), (4, 200) -> k = (200 + 800) / 20 = 50.
+    assert m.step_us("polled", 8) == pytest.approx(30 + 50 * 6)
+    assert m.contention("blocking", 3, calibration_processes=2) == pytest.approx(70 / 30)
+    assert m.contention("blocking", 2, calibration_processes=2) == 1.0
+    assert m.contention("polled", 2, calibration_processes=2) == 1.0
+
+
+def test_adjust_at_the_calibration_and_beyond():
+    m = machine()
+    same = M.adjust(m, "mpi", workers=2, servers=0, paced=False, bandwidth_gbps=1.0,
+                    latency_us=20.0)
+    assert same == {"bandwidth_gbps": 16.0, "latency_us": 2.0, "per_message_us": 15.0,
+                    "sum_gbps": 80.0, "compute_rate": 1.5, "compute_overhead_s": 70e-6 * 1.5}
+    f = 70 / 30  # blocking at 3 processes against 2
+    more = M.adjust(m, "mpi", workers=3, servers=0, paced=False, bandwidth_gbps=1.0,
+                    latency_us=20.0)
+    assert more["per_message_us"] == pytest.approx(15 * f)
+    assert more["bandwidth_gbps"] == pytest.approx(16 / f)
+    assert more["compute_rate"] == pytest.approx(1 + 0.5 * f)
+    # kvstore was calibrated with 2 workers + 2 servers; paced: slower of the two rates.
+    paced = M.adjust(m, "kvstore", workers=2, servers=2, paced=True, bandwidth_gbps=1.0,
+                     latency_us=20.0)
+    assert paced["bandwidth_gbps"] == 1.0 and paced["latency_us"] == 22.0
+    assert paced["per_message_us"] == 150.0
+
+
+def _profile(tmp_path, layers):
+    data = {"name": "t", "batch_size": 1, "device": "cpu", "matmul_fraction": 0.5,
+            "layers": [{"name": f"l{i}", "fwd_ms": f, "bwd_ms": b,
+                        "tensors": [{"name": f"t{i}", "numel": n}]}
+                       for i, (f, b, n) in enumerate(layers)]}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_simulated_ring_on_a_machine_is_the_closed_form(tmp_path, workers):
+    """One tensor, no compute: 2(p-1) ring steps of latency + per-message + chunk / bandwidth,
+    each at the machine's costs stretched by the contention law."""
+    n = 1 << 18
+    path = _profile(tmp_path, [(0.0, 0.0, n)])
+    m = machine()
+    res = simulator.simulate(str(path), "mpi", workers=workers, bandwidth_gbps=1,
+                             latency_us=20, iterations=3, warmup=1, machine=m)
+    f = m.contention("blocking", workers, calibration_processes=2)
+    chunk = -(-n // workers) * 4
+    step = 2e-6 + 15e-6 * f + chunk / (16e9 / f / 8)
+    assert res.iteration_time_s == pytest.approx(2 * (workers - 1) * step, rel=1e-9)
+
+
+def test_compute_on_a_machine_is_rate_times_time_plus_overhead(tmp_path):
+    """Two layers with compute and a 1-element tensor each, 1 worker: no communication."""
+    path = _profile(tmp_path, [(2.0, 3.0, 1), (0.0, 5.0, 1)])
+    res = simulator.simulate(str(path), "mpi", workers=1, bandwidth_gbps=1, iterations=2,
+                             warmup=1, machine=machine())
+    rate, over = 1.5, 70e-6 * 1.5  # compute_factor 1.5 at the calibration's own count...
+    # ...but 1 process is fewer than calibrated: contention min(1, step(1)/step(2)) = 1.
+    calls = [2e-3, 3e-3, 5e-3]  # the zero forward of layer 1 is no call
+    assert res.iteration_time_s == pytest.approx(sum(t * rate + over for t in calls))
+
+
+def test_machine_path_as_a_cluster_field_equals_the_object(tmp_path):
+    path = tmp_path / "m.yaml"
+    machine().save(path)
+    a = simulator.simulate("resnet50", "kvstore", workers=2, bandwidth_gbps=1,
+                           size_scale=0.01, compute_scale=0.05, machine=str(path))
+    b = simulator.simulate("resnet50", "kvstore", workers=2, bandwidth_gbps=1,
+                           size_scale=0.01, compute_scale=0.05, machine=machine())
+    assert a.iteration_time_s == b.iteration_time_s
+
+
+def test_synthetic_profiles_load_as_workloads(tmp_path):
+    from ddpbench.simulator.workload import Workload
+
+    for name, (count, numel) in SYNTHETIC.items():
+        wl = Workload.from_dict(synthetic_profile(name), source=name)
+        assert len(wl.tensors) == count and {t.numel for t in wl.tensors} == {numel}
+        assert all(x.fwd_s == 0 and x.bwd_s == 0 for x in wl.layers)
+
+
+def test_experiment_machine_path_is_relative_to_the_file_and_must_exist(tmp_path):
+    from ddpbench.experiments.schema import load_experiment
+
+    (tmp_path / "prof").mkdir()
+    machine().save(tmp_path / "prof" / "m.yaml")
+    text = textwrap.dedent("""\
+        name: x
+        workloads: [resnet50]
+        workers: 2
+        machine: prof/m.yaml
+        backends: [mpi]
+        """)
+    (tmp_path / "x.yaml").write_text(text)
+    spec = load_experiment(tmp_path / "x.yaml")
+    assert spec.spec.machine[0].endswith("prof/m.yaml")
+    (tmp_path / "y.yaml").write_text(text.replace("prof/m.yaml", "nope.yaml"))
+    with pytest.raises(ValueError, match=r"y.yaml:4: .*machine profile 'nope.yaml' not found"):
+        load_experiment(tmp_path / "y.yaml")
