@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 HELP = ("measure this machine with each backend's real processes and write a machine "
         "profile for the simulator (--machine, machine: in experiment files)")
@@ -33,6 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="process counts at which ring steps are timed (default 2,3,4,6,8)")
     parser.add_argument("--step-repeats", type=int, default=3,
                         help="runs per count; the median is kept (default 3)")
+    parser.add_argument("--compare", metavar="PROFILE", default=None,
+                        help="an earlier profile: print each fitted value's change against it")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -49,6 +52,14 @@ def main(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--step-processes expects comma-separated counts, got "
                          f"{args.step_processes!r}") from None
+    earlier = None
+    if args.compare is not None:
+        from ddpbench.calibration.machine import load_machine
+
+        try:
+            earlier = load_machine(args.compare)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     steps = 4 + len(backends) * (len(SYNTHETIC) + 2)
     from tqdm import tqdm
 
@@ -87,4 +98,33 @@ def main(args: argparse.Namespace) -> int:
     for name, fit in machine.backends.items():
         print(f"  {name:<10} per message {fit.per_message_us:8.1f} us  bandwidth "
               f"{fit.bandwidth_gbps:7.2f} Gbit/s  compute x{fit.compute_factor:.2f}")
+    if earlier is not None:
+        _compare(earlier, machine)
     return 0
+
+
+def fitted_values(machine: Any) -> dict[str, float]:
+    """Return the profile's fitted values by name (what a second calibration should repeat)."""
+    out = {"latency_us": machine.latency_us, "bandwidth_gbps": machine.bandwidth_gbps,
+           "compute_overhead_us": machine.compute_overhead_us,
+           "compute_rate": machine.compute_rate}
+    for style in machine.ring_step_us:
+        s0, k = (machine.step_us(style, machine.cores),
+                 machine.step_us(style, machine.cores + 1) - machine.step_us(style, machine.cores))
+        out[f"ring_step.{style}.s0_us"], out[f"ring_step.{style}.k_us"] = s0, k
+    for name, fit in machine.backends.items():
+        for field in ("per_message_us", "bandwidth_gbps", "compute_factor"):
+            out[f"{name}.{field}"] = getattr(fit, field)
+    return out
+
+
+def _compare(old: Any, new: Any) -> None:
+    a, b = fitted_values(old), fitted_values(new)
+    print(f"against {old.measured_at}: value, earlier, this run, this/earlier")
+    within = 0
+    shared = [k for k in b if k in a]
+    for key in shared:
+        ratio = b[key] / a[key] if a[key] else float("inf") if b[key] else 1.0
+        within += abs(ratio - 1) <= 0.10
+        print(f"  {key:<32} {a[key]:10.3f} {b[key]:10.3f} {ratio:8.3f}")
+    print(f"{within} of {len(shared)} fitted values within 10% of the earlier profile")

@@ -64,6 +64,10 @@ def _prepare(df: Any) -> Any:
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         return ok
+    # Rows made before a field existed lack its column: they ran at its neutral value.
+    for col, neutral in contract.NEUTRAL_AT_DEFAULT.items():
+        if col in ok.columns and neutral is not None:
+            ok[col] = ok[col].astype(object).where(ok[col].notna(), neutral)
     knobs = [k for k in KNOB_COLUMNS if k in ok.columns and ok[k].notna().any()]
     ok["variant"] = [variant_label(r, knobs) for _, r in ok.iterrows()]
     for col in ("size_scale",):
