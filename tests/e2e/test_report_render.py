@@ -54,3 +54,26 @@ def test_document_markdown_and_html():
     assert "| 1 | a\\|b |" in md and "| 2.5 |  |" in md
     page = doc.html()
     assert "<title>T &amp; &lt;t&gt;</title>" in page and "<code>a&lt;b</code>" in page
+
+
+def test_a_table_cell_is_one_point_never_an_average_of_two_settings(tmp_path):
+    """Points that differ in an axis the tables do not name by default (here ``paced`` for
+    p3 only, and ``device``) get rows of their own; rows written before ``paced`` existed
+    read as unpaced."""
+    base = synthetic_rows()
+    base = base[base["status"] == "ok"]
+    paced = base[base["backend"] == "p3"].assign(
+        paced=True, throughput=base[base["backend"] == "p3"]["throughput"] / 4,
+        point=lambda d: d["point"] + "+paced")
+    old = base.drop(columns=[])  # written before the column existed: NaN after concat
+    rows = pd.concat([old, paced], ignore_index=True)
+    spec = ThroughputSpec(workloads=["resnet50"], backends=["kvstore", "p3"],
+                          bandwidth_gbps=[1, 10, 30], report={"baseline": "kvstore"})
+    throughput_report.render(rows, tmp_path, spec)
+    md = (tmp_path / "report.md").read_text()
+    table = md.split("## Throughput (samples/s, whole job)")[1].split("##")[0]
+    assert "| workload | bandwidth_gbps | paced | kvstore | p3 |" in table
+    assert "| w<1> | 1 | False | 100.0 | 200.0 |" in table  # not (200 + 50) / 2
+    assert "| w<1> | 1 | True |  | 50 |" in table
+    # The speedups compare like with like: kvstore ran unpaced only.
+    assert "p3 on w<1>: 1.50x at 10 Gbps; peak 2.00x at 1 Gbps" in md
