@@ -20,7 +20,7 @@ SIZES = (0, 1024, 16 * 1024, 256 * 1024, 4 << 20, 32 << 20)
 
 
 def _reps(nbytes: int) -> int:
-    return max(5, min(200, int(2e8 // max(nbytes, 1))))
+    return max(20, min(200, int(2e8 // max(nbytes, 1))))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 Steps (each a tick of the progress bar):
 
 1. MPI ping-pong between two processes (:mod:`ddpbench.calibration.pingpong`): latency is
-   the half round trip at 0 bytes, bandwidth the slope between the two largest sizes.
+   the half round trip at 0 bytes, bandwidth the least-squares slope over the three
+   largest sizes (256 KiB to 32 MiB).
 2. Ring steps through an engine thread at 2 to 8 processes (:mod:`.ringstep`): how much a
    message's software cost stretches as processes outnumber cores.
 3. Copy and summation throughput of NumPy on 64 MiB float32 arrays (one core).
@@ -84,7 +85,7 @@ def pingpong(timeout_s: float = 120.0) -> dict[str, Any]:
             raise RuntimeError(f"ping-pong failed (exit {proc.returncode}): {tail}")
         data = json.loads(out.read_text())
     sizes, secs = data["sizes"], data["seconds"]
-    slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2])
+    slope = float(np.polyfit(sizes[-3:], secs[-3:], 1)[0])  # the three largest sizes
     return {"sizes_bytes": sizes, "half_round_trip_us": [round(s * 1e6, 3) for s in secs],
             "latency_us": secs[0] * 1e6, "bandwidth_gbps": 8e-9 / slope}
 
@@ -336,14 +337,14 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         for b in backends:
             s = servers if contract.backend(b).uses_servers else 0
             measured = {}
-            for name in SYNTHETIC:
+            for name in SYNTHETIC:  # short runs: twice the iterations for steadier medians
                 tick(f"{b} {name}")
                 measured[name] = real_iteration(b, paths[name], workers, s if s else workers,
-                                                iterations, timeout_s)
+                                                2 * iterations, timeout_s)
             tick(f"{b} {workload}")
             measured[workload] = real_iteration(b, workload, workers, s if s else workers,
-                                                iterations, timeout_s, compute_scale,
-                                                size_scale)
+                                                iterations + iterations // 2, timeout_s,
+                                                compute_scale, size_scale)
             tick(f"{b} fit")
             fits[b] = fit_backend(
                 b, (paths["small"], measured["small"]["median_s"]),
