@@ -28,6 +28,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default torch's own choice); 1 is the "
                              "steadiest on a shared machine")
+    parser.add_argument("--malloc", choices=("keep", "system"), default="keep",
+                        help="keep: the C allocator keeps freed memory for the next step "
+                             "(glibc mmap and trimming off), so CPU layer times do not carry "
+                             "page faults that vary from step to step (default); system: "
+                             "leave the allocator as it is")
     parser.add_argument("--name", help="workload name in the file (default the model's name)")
     parser.add_argument("--compare", metavar="WORKLOAD",
                         help="after profiling, compare with another workload (shipped name or "
@@ -78,12 +83,16 @@ def main(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {args.threads}")
         profiling.import_torch().set_num_threads(args.threads)
+    malloc = "system"
+    if args.malloc == "keep":
+        malloc = "keep" if profiling.keep_freed_memory() else "system (mallopt unavailable)"
     try:
         data = profiling.profile(args.model, batch_size=args.batch_size, device=args.device,
                                  input_shape=args.input_shape, warmup=args.warmup,
                                  repeats=args.repeats, progress=progress)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    data["measured"]["malloc"] = malloc
     if args.name:
         data["name"] = args.name
     workload = Workload.from_dict(data, source=str(out))  # what simulate will read back
@@ -113,6 +122,8 @@ def _command(args: argparse.Namespace) -> str:
         parts.append("--input-shape " + ",".join(str(d) for d in args.input_shape))
     if args.threads is not None:
         parts.append(f"--threads {args.threads}")
+    if args.malloc != "keep":
+        parts.append(f"--malloc {args.malloc}")
     parts += [f"--warmup {args.warmup}", f"--repeats {args.repeats}", f"-o {args.output}"]
     return " ".join(parts)
 

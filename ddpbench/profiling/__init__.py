@@ -12,10 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpbench.profiling.model import build_model, default_input_shape, import_torch
-from ddpbench.profiling.profiler import Measurement, matmul_like, measure, to_profile
+from ddpbench.profiling.profiler import (
+    Measurement,
+    keep_freed_memory,
+    matmul_like,
+    measure,
+    to_profile,
+)
 
 __all__ = ["Measurement", "build_model", "compare_tensors", "group_times", "import_torch",
-           "measure", "profile", "tensor_list", "to_profile"]
+           "keep_freed_memory", "measure", "profile", "tensor_list", "to_profile"]
 
 
 def profile(spec: str, *, batch_size: int, device: str = "cpu",

@@ -95,14 +95,16 @@ def test_cli_profile_writes_a_workload_that_simulate_accepts(tiny_module, tmp_pa
     pytest.importorskip("torch")
     out = tmp_path / "tiny.yaml"
     rc = cli_main(["profile", f"{tiny_module}:residual", "-B", "2", "--input-shape", "3,6,6",
-                   "--repeats", "2", "--warmup", "1", "-o", str(out), "--compare", "resnet50"])
+                   "--malloc", "system", "--repeats", "2", "--warmup", "1", "-o", str(out),
+                   "--compare", "resnet50"])
     assert rc == 0
     text = capsys.readouterr()
     assert "step 1/2" in text.err and "wrote" in text.out
     assert "tensor list against resnet50: differs, 7 tensors against 161" in text.out
     wl = load_workload(str(out))
     assert wl.total_params == 3 * 4 * 9 + 4 + 4 + 4 + 3 * 4 + 144 * 5 + 5
-    assert yaml.safe_load(out.read_text())["measured"]["tool"] == "ddpbench profile"
+    measured = yaml.safe_load(out.read_text())["measured"]
+    assert measured["tool"] == "ddpbench profile" and measured["malloc"] == "system"
     assert cli_main(["simulate", "--workload", str(out), "-b", "horovod", "-n", "2",
                      "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -110,6 +112,23 @@ def test_cli_profile_writes_a_workload_that_simulate_accepts(tiny_module, tmp_pa
     # Two workers exchange every gradient once: compute plus communication is at least compute.
     compute = sum(x.fwd_s + x.bwd_s for x in wl.layers)
     assert result["iteration_time_s"] >= compute
+
+
+def test_cli_profile_keeps_freed_memory_by_default(tiny_module, tmp_path):
+    """The default --malloc keep reaches glibc and is recorded (in a process of its own)."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+
+    out = tmp_path / "tiny.yaml"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpbench.cli", "profile", f"{tiny_module}:residual", "-B", "2",
+         "--input-shape", "3,6,6", "--repeats", "1", "--warmup", "0", "-o", str(out)],
+        capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    expected = "keep" if sys.platform.startswith("linux") else "system (mallopt unavailable)"
+    assert yaml.safe_load(out.read_text())["measured"]["malloc"] == expected
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -121,7 +140,7 @@ def test_cli_profile_writes_a_workload_that_simulate_accepts(tiny_module, tmp_pa
 ])
 def test_cli_profile_bad_model(spec, message, tiny_module, tmp_path, capsys):
     pytest.importorskip("torch")
-    rc = cli_main(["profile", spec.format(tiny=tiny_module), "-B", "2",
+    rc = cli_main(["profile", spec.format(tiny=tiny_module), "-B", "2", "--malloc", "system",
                    "-o", str(tmp_path / "x.yaml")])
     assert rc == 2
     assert message in capsys.readouterr().err
@@ -131,7 +150,7 @@ def test_cli_profile_bad_model(spec, message, tiny_module, tmp_path, capsys):
 def test_cli_profile_input_shape_that_does_not_fit(tiny_module, tmp_path, capsys):
     pytest.importorskip("torch")
     rc = cli_main(["profile", f"{tiny_module}:residual", "-B", "2", "--input-shape", "3,7,7",
-                   "-o", str(tmp_path / "x.yaml")])
+                   "--malloc", "system", "-o", str(tmp_path / "x.yaml")])
     assert rc == 2
     err = capsys.readouterr().err
     assert "input shape [3, 7, 7] (batch 2) does not fit model 'residual'" in err
