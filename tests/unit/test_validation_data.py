@@ -65,3 +65,17 @@ def test_a_non_mapping_file_is_refused(tmp_path):
     path.write_text("- just\n- a list\n")
     with pytest.raises(ValueError, match="expected a mapping"):
         data.load(path)
+
+
+def test_a_revised_setting_gives_the_point_a_new_key():
+    """The setting travels in a private parameter; the key must still follow it."""
+    from ddpbench.experiments import manifest
+    from ddpbench.experiments.naming import public
+    from ddpbench.experiments.validation.run import key_params
+
+    base = {"id": "x", "mode": "simulate", "_point": '{"servers": "colocated"}',
+            "_bandwidths": "[1, 10]", "_iterations": 3, "_warmup": 1}
+    revised = {**base, "_point": '{"servers": 8}'}
+    key = manifest.point_key("validation", public(key_params(base)))
+    assert key != manifest.point_key("validation", public(key_params(revised)))
+    assert key == manifest.point_key("validation", public(key_params(dict(base))))

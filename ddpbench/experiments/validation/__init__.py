@@ -18,7 +18,7 @@ and plots of published against simulated (the kind interface is documented in
 from __future__ import annotations
 
 from ddpbench.experiments.validation.report import render
-from ddpbench.experiments.validation.run import check, expand, point_name, run_point
+from ddpbench.experiments.validation.run import check, expand, key_params, point_name, run_point
 from ddpbench.experiments.validation.spec import Spec
 
-__all__ = ["Spec", "check", "expand", "point_name", "render", "run_point"]
+__all__ = ["Spec", "check", "expand", "key_params", "point_name", "render", "run_point"]

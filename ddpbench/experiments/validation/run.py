@@ -58,6 +58,17 @@ def expand(spec: Spec) -> list[dict[str, Any]]:
     return points
 
 
+def key_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Return what a point's result depends on: its published setting and the sweep too.
+
+    The runner keys results on public parameters; the setting travels in ``_point``, so a
+    changed setting (an assumption revised in ``published.yaml``) must be named here or
+    the old result would be kept.
+    """
+    return {**params, "setting": params["_point"], "bandwidths": params["_bandwidths"],
+            "iterations": params["_iterations"], "warmup": params["_warmup"]}
+
+
 def point_name(params: dict[str, Any]) -> str:
     """Return the point's id (ids are unique in a points file)."""
     return str(params["id"])
