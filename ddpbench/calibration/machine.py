@@ -213,7 +213,7 @@ def parse_machine(data: Any, source: str = "machine profile") -> Machine:
     return machine
 
 
-_CACHE: dict[tuple[str, float], Machine] = {}
+_CACHE: dict[tuple[str, int, int], Machine] = {}
 
 
 def load_machine(path: str | Path | Machine) -> Machine:
@@ -226,7 +226,8 @@ def load_machine(path: str | Path | Machine) -> Machine:
         return path
     p = Path(path)
     try:
-        key = (str(p.resolve()), p.stat().st_mtime)
+        st = p.stat()
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
     except OSError as err:
         raise ValueError(f"machine: cannot read machine profile {str(p)!r}: "
                          f"{err.strerror}") from None

@@ -182,3 +182,20 @@ def test_experiment_machine_path_is_relative_to_the_file_and_must_exist(tmp_path
     (tmp_path / "y.yaml").write_text(text.replace("prof/m.yaml", "nope.yaml"))
     with pytest.raises(ValueError, match=r"y.yaml:4: .*machine profile 'nope.yaml' not found"):
         load_experiment(tmp_path / "y.yaml")
+
+
+def test_experiment_refuses_a_profile_without_its_backends_or_with_a_bad_field(tmp_path):
+    from ddpbench.experiments.schema import load_experiment
+
+    machine().save(tmp_path / "m.yaml")
+    text = "name: x\nworkloads: [resnet50]\nworkers: 2\nmachine: m.yaml\nbackends: [mpi, p3]\n"
+    (tmp_path / "x.yaml").write_text(text)
+    with pytest.raises(ValueError, match=r"x.yaml:4: .*no calibration for backend\(s\) "
+                                         r"\['p3'\] \(it has: \['kvstore', 'mpi'\]\)"):
+        load_experiment(tmp_path / "x.yaml")
+    data = yaml.safe_load((tmp_path / "m.yaml").read_text())
+    data["cores"] = -2
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "x.yaml").write_text(text.replace("[mpi, p3]", "[mpi]"))
+    with pytest.raises(ValueError, match=r"x.yaml:4: .*field 'cores'"):
+        load_experiment(tmp_path / "x.yaml")

@@ -253,16 +253,30 @@ def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
     if tuple(resolved) != spec.workloads:
         spec = spec.model_copy(update={"workloads": tuple(resolved)})
     machines: list[str | None] = []
+
+    def where_of(i: int) -> list[Any]:
+        return ["machine", i] if isinstance(raw.get("machine"), list) else ["machine"]
+
     for i, m in enumerate(spec.machine):
         if m is None:
             machines.append(m)
             continue
         path = base / m
         if not path.is_file():
-            where: list[Any] = ["machine", i] if isinstance(raw.get("machine"), list) \
-                else ["machine"]
-            raise err_at(file, raw, where, f"machine profile {m!r} not found (relative to the "
+            raise err_at(file, raw, where_of(i), f"machine profile {m!r} not found (relative to the "
                          "experiment file); write one with `ddpbench calibrate -o PATH`")
+        from ddpbench.calibration.machine import load_machine
+
+        try:
+            profile = load_machine(path)
+        except ValueError as bad:
+            raise err_at(file, raw, where_of(i), str(bad)) from None
+        missing = [b for b in spec.backends if b not in profile.backends]
+        if missing:
+            raise err_at(file, raw, where_of(i), f"machine profile {m!r} has no calibration "
+                         f"for backend(s) {missing} (it has: {sorted(profile.backends)}); "
+                         f"calibrate them: ddpbench calibrate --backends "
+                         f"{','.join(spec.backends)} -o {m}")
         machines.append(_from_cwd(path))
     if tuple(machines) != spec.machine:
         spec = spec.model_copy(update={"machine": tuple(machines)})
