@@ -130,8 +130,11 @@ def main(args: argparse.Namespace) -> int:
     else:
         shape = (f"{res.hosts} hosts x {res.gpus_per_host} GPUs" if res.gpus_per_host > 1
                  else f"{res.workers} workers")
-        print(f"{args.backend} on {args.workload}, {shape}, "
-              f"{args.bandwidth_gbps:g} Gbps, {args.latency_us:g} us: "
+        net = f"{args.bandwidth_gbps:g} Gbps, {args.latency_us:g} us"
+        if cluster.get("machine"):
+            net = (f"on machine {cluster['machine']}" + (f", paced at {net}"
+                                                           if cluster.get("paced") else ""))
+        print(f"{args.backend} on {args.workload}, {shape}, {net}: "
               f"iteration {res.iteration_time_s * 1e3:.2f} ms, "
               f"{res.throughput:,.1f} samples/s, "
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
