@@ -50,25 +50,55 @@ def test_make_config_validates():
         make_config(backend="nope")
     with pytest.raises(ValueError, match="unknown model"):
         make_config(model="resnet")
+    with pytest.raises(ValueError, match="update_on_kvstore is for the NumPy trainer"):
+        make_config(model="ddpbench.torch.models:mlp", backend="kvstore",
+                    update_on_kvstore=True, lr_schedule="constant")
     cfg = make_config(backend="collective", local_sgd_period=3)
     assert cfg["knobs"] == {"mode": "local_sgd", "local_sgd_period": 3}
 
 
-def test_render_checks_targets(tmp_path):
+def test_render_gives_mean_spread_and_tells_differences_from_noise(tmp_path):
+    """Three seeds per point: mean, sample std, min..max; a difference beyond two standard
+    errors 'differs', one within them is 'within noise'; the target_acc check."""
     rows = []
-    for point, backend, setting, a in [("mpi[]", "mpi", "fp32", 80.0),
-                                       ("horovod[]", "horovod", "fp32", 80.05),
-                                       ("horovod[compression=fp16]", "horovod", "fp16", 79.0)]:
-        rows.append({"point": point, "backend": backend, "setting": setting, "status": "ok",
-                     "final_test_acc": a, "replica_max_diff": 0.0, "step_time_ms": 1.0,
-                     "curve_step": json.dumps([10, 20]), "curve_test_acc": json.dumps([50, a]),
-                     "error": ""})
-    paths = acc.render(pd.DataFrame(rows), tmp_path, _spec())
+    for point, backend, setting, accs in [
+            ("mpi[]", "mpi", "fp32", [96.0, 96.2, 96.4]),
+            ("horovod[]", "horovod", "fp32", [96.1, 96.3, 96.5]),
+            ("horovod[compression=fp16]", "horovod", "fp16", [96.0, 96.4, 96.2]),
+            ("horovod[predivide=16]", "horovod", "f=16", [90.0, 90.2, 90.4])]:
+        for rep, a in enumerate(accs):
+            rows.append({"point": point, "backend": backend, "setting": setting,
+                         "status": "ok", "repetition": rep, "final_test_acc": a,
+                         "replica_max_diff": 0.0, "step_time_ms": 1.0,
+                         "curve_step": json.dumps([10, 20]),
+                         "curve_test_acc": json.dumps([50, a]),
+                         "curve_test_loss": json.dumps([1.0, 0.1]), "error": ""})
+    spec = _spec(target_acc=95, repetitions=3)
+    paths = acc.render(pd.DataFrame(rows), tmp_path, spec)
     text = (tmp_path / "report.md").read_text()
-    assert "PASS: fp32 backends (mpi, horovod) span 0.05 points" in text
-    assert "FAIL: horovod fp16 compression is -1.05 points" in text
+    assert "| mpi | fp32 | 3 | 96.2 | 0.2 | 96.00..96.40 |" in text
+    # fp16 against horovod fp32: -0.10 +- sqrt(0.04/3 + 0.04/3) = 0.16 -> within noise.
+    assert "horovod fp16: -0.10 +- 0.16 points from horovod fp32 (within noise)" in text
+    assert "horovod f=16: -6.10 +- 0.16 points from horovod fp32 (differs)" in text
+    assert "PASS: fp32 reaches >= 95% on every backend (lowest mean 96.20% on mpi" in text
     assert {p.name for p in paths} >= {"accuracy_fp32_backends.png", "accuracy_settings.png",
                                        "final_accuracy.png", "report.md"}
+
+
+def test_spec_takes_torch_models_and_datasets_and_names_bad_ones(tmp_path):
+    spec = _spec(model="ddpbench.torch.models:lenet", dataset="mnist5k")
+    assert spec.model == "ddpbench.torch.models:lenet"
+    with pytest.raises(ValueError, match="model"):
+        _spec(model="resnet")
+    with pytest.raises(ValueError, match="dataset"):
+        _spec(dataset="cifar")
+    from ddpbench.experiments.schema import load_experiment
+
+    bad = tmp_path / "x.yaml"
+    bad.write_text("name: x\nkind: accuracy\nmodel: ddpbench.torch.models:nope\n"
+                   "variants:\n  - backends: [mpi]\n")
+    with pytest.raises(ValueError, match=r"x.yaml:3: field 'model': .*nope"):
+        load_experiment(bad)
 
 
 def _reference_accuracy(steps: int, batch: int) -> float:
@@ -113,4 +143,20 @@ def test_train_command_update_on_kvstore_dedicated_server(tmp_path):
         pytest.skip("backend 'kvstore' is not written yet")
     res = _train(tmp_path, "--backend", "kvstore", "--servers", "1", "--update-on-kvstore")
     assert res["final_test_acc"] == pytest.approx(_reference_accuracy(30, 32), abs=1e-9)
+    assert res["replica_max_diff"] == 0.0
+
+
+@pytest.mark.mpi
+def test_torch_model_trains_on_mnist5k_through_ddpbench_torch():
+    """A real 2-worker job of the accuracy kind's torch path: it learns (well above the 10%
+    of chance after 60 steps) and the replicas end identical."""
+    from ddpbench.experiments.accuracy.worker import run_training
+
+    cfg = make_config(model="ddpbench.torch.models:lenet", dataset="mnist5k",
+                      backend="horovod", workers=2, steps=60, batch_size=32, lr=0.1,
+                      momentum=0.9, eval_every=30)
+    res = run_training(cfg, timeout=240)
+    assert res["framework"] == "torch" and res["parameters"] == 46_730
+    assert res["curve"]["step"] == [30, 60]
+    assert res["final_test_acc"] > 60.0
     assert res["replica_max_diff"] == 0.0

@@ -4,9 +4,11 @@ An experiment file (``experiments/accuracy.yaml``)::
 
     name: accuracy
     kind: accuracy
-    model: mlp              # the training run shared by every point
+    model: ddpbench.torch.models:lenet   # or torchvision:NAME, or mlp / cnn (ddpbench.nn)
+    dataset: mnist5k        # synthetic, digits, mnist5k, a .npz file or an image folder
     workers: 4
-    steps: 400
+    steps: 300
+    repetitions: 3          # seeds seed, seed+1, seed+2: mean +- spread per variant
     variants:               # each: backends x the grid of its lists
       - backends: [mpi, horovod, collective, kvstore, p3, byteps]
       - backends: [horovod, collective]
@@ -16,17 +18,20 @@ An experiment file (``experiments/accuracy.yaml``)::
       - backends: [collective]
         local_sgd_period: [2, 4, 10]
 
-Every point is a real job (``ddpbench train``'s :func:`run_training`, run one at a time);
-points repeated by several variants run once. The report has the final test accuracy of
-every point against the fp32 reference (the first plain fp32 point), checks of the targets
-(fp32 backends within 0.1 point of each other, fp16 within 0.5 point of fp32) and
-accuracy-vs-step curves.
+Every point is a real job (``ddpbench train``'s :func:`run_training`, run one at a time):
+a PyTorch model trains through :mod:`ddpbench.torch` (``DistributedOptimizer``,
+``broadcast_parameters``), a ``ddpbench.nn`` one through ``DistributedTrainer``; points
+repeated by several variants run once. The report gives each variant's final test accuracy
+as mean +- standard deviation (and min..max) over its seeds, its difference from the fp32
+run of the same backend with the standard error of that difference (beyond two of them it
+is told from noise), the ``target_acc`` check of the fp32 runs, and mean accuracy and loss
+curves with their seed range.
 """
 
 from __future__ import annotations
 
 from ddpbench.experiments.accuracy.report import render
-from ddpbench.experiments.accuracy.run import expand, point_name, run_point
+from ddpbench.experiments.accuracy.run import check, expand, point_name, run_point
 from ddpbench.experiments.accuracy.spec import Spec, Variant
 
-__all__ = ["Spec", "Variant", "expand", "point_name", "render", "run_point"]
+__all__ = ["Spec", "Variant", "check", "expand", "point_name", "render", "run_point"]

@@ -10,6 +10,20 @@ from ddpbench.experiments.accuracy.spec import NAMED_DEFAULTS, RUN_KEYS, Spec
 from ddpbench.experiments.naming import format_value, make_name
 
 
+def check(spec: Spec, raw: Any, file: Any) -> Spec:
+    """Build a PyTorch model once at load, so a bad spec is an error with its line."""
+    from ddpbench.experiments.schema import err_at
+
+    if ":" in spec.model:
+        try:
+            from ddpbench.profiling.model import build_model
+
+            build_model(spec.model)
+        except (ValueError, ImportError) as err:
+            raise err_at(file, raw, ("model",), str(err)) from None
+    return spec
+
+
 def expand(spec: Spec) -> list[dict[str, Any]]:
     """Return one point per distinct (backend, compression, predivide, period, knobs)."""
     import itertools
@@ -90,6 +104,8 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
         "train_wall_s": res["wall_s"],
         "curve_step": res["curve"]["step"],
         "curve_test_acc": res["curve"]["test_acc"],
+        "curve_test_loss": res["curve"]["test_loss"],
+        "seed": cfg["seed"],
     }
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-FP32_SPREAD_TARGET = 0.1  # points of accuracy between fp32 backends
-FP16_TARGET = 0.5  # points of accuracy between fp16 and fp32 of the same backend
+NOISE_SIGMAS = 2.0  # a difference beyond this many standard errors is told from noise
 
 
 class Variant(BaseModel):
@@ -25,8 +25,13 @@ class Spec(BaseModel):
     """The keys of an ``accuracy`` experiment."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    model: Literal["mlp", "cnn"] = "mlp"
-    dataset: Literal["synthetic", "digits"] = "synthetic"
+    model: str = Field("mlp", description="mlp | cnn (ddpbench.nn, NumPy), or a PyTorch "
+                       "model as `ddpbench profile` takes it: torchvision:NAME, "
+                       "package.module:factory")
+    dataset: str = Field("synthetic", description="synthetic | digits | mnist5k, a .npz "
+                         "file or an image folder")
+    target_acc: float | None = Field(None, ge=0, le=100, description="fp32 test accuracy "
+                                     "(%) every backend must reach; none: no check")
     workers: int = Field(4, ge=1, le=64)
     servers: int | Literal["colocated"] = "colocated"
     steps: int = Field(400, ge=1)
@@ -36,9 +41,29 @@ class Spec(BaseModel):
     momentum: float = Field(0.9, ge=0)
     seed: int = 0
     eval_every: int = Field(20, ge=1)
-    repetitions: int = Field(1, ge=1, description="runs per point, seeds seed, seed+1, ...")
+    repetitions: int = Field(1, ge=1, description="runs per point, seeds seed, seed+1, ... "
+                             "(3 or more: the report gives mean +- spread)")
     timeout_s: float = Field(600.0, gt=0)
     variants: list[Variant] = Field(min_length=1)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if value in ("mlp", "cnn"):
+            return value
+        if ":" not in value or value.startswith(":") or value.endswith(":"):
+            raise ValueError(f"expected mlp, cnn, torchvision:NAME or package.module:factory, "
+                             f"got {value!r}")
+        return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str) -> str:
+        if value in ("synthetic", "digits", "mnist5k") or value.endswith(".npz") \
+                or Path(value).is_dir():
+            return value
+        raise ValueError(f"expected synthetic, digits, mnist5k, a .npz file or an image "
+                         f"folder, got {value!r}")
 
 
 RUN_KEYS = ("model", "dataset", "workers", "servers", "steps", "batch_size", "lr", "lr_schedule",

@@ -45,10 +45,20 @@ def make_config(**kw: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown training setting {unknown[0]!r}; valid: {sorted(DEFAULTS)}")
     cfg = {**DEFAULTS, **kw}
-    if cfg["model"] not in MODELS:
-        raise ValueError(f"unknown model {cfg['model']!r}; valid models: {sorted(MODELS)}")
-    if cfg["dataset"] not in DATASETS:
-        raise ValueError(f"unknown dataset {cfg['dataset']!r}; valid: {sorted(DATASETS)}")
+    if is_torch_model(cfg["model"]):
+        from ddpbench.profiling.model import build_model
+
+        build_model(cfg["model"])  # a bad spec or a factory that fails: its message
+        if cfg["update_on_kvstore"]:
+            raise ValueError("update_on_kvstore is for the NumPy trainer; torch models "
+                             "update locally")
+    elif cfg["model"] not in MODELS:
+        raise ValueError(f"unknown model {cfg['model']!r}; valid models: {sorted(MODELS)}, "
+                         "or a torch model: torchvision:NAME or package.module:factory")
+    if cfg["dataset"] not in DATASETS and not (
+            str(cfg["dataset"]).endswith(".npz") or Path(str(cfg["dataset"])).is_dir()):
+        raise ValueError(f"unknown dataset {cfg['dataset']!r}; valid: {sorted(DATASETS)}, a "
+                         ".npz file or an image folder")
     ddpbench.api.backend_class(cfg["backend"])  # unknown backend: lists the available ones
     for key in ("workers", "steps", "batch_size", "eval_every"):
         if int(cfg[key]) < 1:
@@ -111,9 +121,17 @@ def _tail(text: str, lines: int = 4) -> str:
     return " | ".join((errs or kept)[-lines:]) or "no output"
 
 
+def is_torch_model(model: str) -> bool:
+    """Return whether ``model`` names a PyTorch model (``torchvision:NAME``, ``pkg.mod:fn``)."""
+    return ":" in str(model)
+
+
 # -- worker side ------------------------------------------------------------------------------
 def worker(cfg: dict[str, Any], out: str) -> None:
     """Train on this rank; worker 0 writes the result JSON to ``out``."""
+    if is_torch_model(cfg["model"]):
+        _torch_worker(cfg, out)
+        return
     import numpy as np
 
     import ddpbench
@@ -198,6 +216,92 @@ def worker(cfg: dict[str, Any], out: str) -> None:
             "replica_max_diff": diff, "wall_s": wall,
             "step_time_ms": 1e3 * float(np.median(step_times)),
             "parameters": int(flat.size),
+        }
+        Path(out).write_text(json.dumps(result))
+
+
+def _torch_worker(cfg: dict[str, Any], out: str) -> None:
+    """Train a PyTorch model through :mod:`ddpbench.torch` on this rank (as :func:`worker`)."""
+    import numpy as np
+    import torch
+
+    import ddpbench
+    import ddpbench.torch as dt
+    from ddpbench.data import ShardedLoader, load_dataset
+    from ddpbench.profiling.model import build_model
+
+    knobs = dict(cfg["knobs"])
+    if cfg["backend"] in PS_BACKENDS:
+        knobs["servers"] = cfg["servers"]
+    kv = ddpbench.create(cfg["backend"], **knobs)  # a server rank serves and exits here
+    rank, size = kv.rank, kv.num_workers
+    torch.set_num_threads(1)  # several ranks share the cores
+    ds = load_dataset(cfg["dataset"], seed=cfg["seed"]).as_images()
+    torch.manual_seed(cfg["seed"] + 1000 * rank)  # replicas differ until the broadcast
+    model, _ = build_model(cfg["model"])
+    dt.broadcast_parameters(model, root_rank=0, kv=kv)
+    base = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+    opt = dt.DistributedOptimizer(
+        base, model.named_parameters(), kv=kv,
+        compression="none" if cfg["compression"] == "none" else cfg["compression"],
+        gradient_predivide_factor=float(cfg["predivide"]))
+    loader = ShardedLoader(ds.x_train, ds.y_train, cfg["batch_size"], rank=rank,
+                           num_workers=size, seed=cfg["seed"])
+    x_test = torch.from_numpy(np.ascontiguousarray(ds.x_test, np.float32))
+    y_test = torch.from_numpy(np.asarray(ds.y_test, np.int64))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    curve: dict[str, list] = {"step": [], "test_acc": [], "test_loss": [], "train_loss": []}
+    step_times = []
+    window = np.zeros(2, np.float64)
+    running = float("nan")
+
+    def evaluate(step: int) -> None:
+        model.eval()
+        with torch.no_grad():
+            logits = model(x_test)
+            curve["test_loss"].append(float(loss_fn(logits, y_test)))
+            curve["test_acc"].append(100.0 * float((logits.argmax(1) == y_test).float().mean()))
+        model.train()
+        curve["step"].append(step)
+        curve["train_loss"].append(running)
+
+    t_start = time.perf_counter()
+    for step in range(cfg["steps"]):
+        xb, yb = loader.batch(step)
+        x = torch.from_numpy(np.ascontiguousarray(xb, np.float32))
+        y = torch.from_numpy(np.asarray(yb, np.int64))
+        if cfg["lr_schedule"] == "cosine":
+            lr = cfg["lr"] * 0.5 * (1 + math.cos(math.pi * step / cfg["steps"])) or 1e-12
+            for group in opt.param_groups:
+                group["lr"] = lr
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        step_times.append(time.perf_counter() - t0)
+        window += (float(loss) * len(y), len(y))
+        if (step + 1) % cfg["eval_every"] == 0 or step + 1 == cfg["steps"]:
+            total = kv.push_pull("train.loss_window", window.copy(), op="sum")
+            running, window[:] = float(total[0] / total[1]), 0.0
+            if rank == 0:
+                evaluate(step + 1)
+    wall = time.perf_counter() - t_start
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    flat = np.ascontiguousarray(flat, np.float64)
+    root = kv.broadcast("train.replica_check", flat.copy(), root_rank=0)
+    diffs = np.zeros(size, np.float64)
+    diffs[rank] = float(np.max(np.abs(root - flat), initial=0.0))
+    diffs = kv.push_pull("train.replica_diffs", diffs, op="sum")
+    kv.close()
+    if rank == 0:
+        result = {
+            "config": cfg, "curve": curve, "final_test_acc": curve["test_acc"][-1],
+            "final_test_loss": curve["test_loss"][-1], "final_train_loss": running,
+            "replica_max_diff": float(diffs.max()), "wall_s": wall,
+            "step_time_ms": 1e3 * float(np.median(step_times)),
+            "parameters": int(flat.size), "framework": "torch",
         }
         Path(out).write_text(json.dumps(result))
 
