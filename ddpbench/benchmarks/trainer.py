@@ -127,6 +127,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--framework", choices=["numpy", "torch"], default="numpy",
+                        help="numpy: DistributedTrainer against a bare push_pull loop "
+                             "(default); torch: ddpbench.torch on each backend against "
+                             "torch DDP on gloo, on a torchvision model")
+    parser.add_argument("--torch-model", default="torchvision:resnet18",
+                        help="--framework torch: the model (default torchvision:resnet18)")
+    parser.add_argument("--input-shape", default="3,64,64",
+                        help="--framework torch: one sample's shape (default 3,64,64)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="--framework torch: torch threads per rank (default 1)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -142,6 +152,8 @@ def main(args: argparse.Namespace) -> int:
             ddpbench.api.backend_class(spec.partition(":")[0])
         except ValueError as err:
             raise UsageError(str(err)) from None
+    if args.framework == "torch":
+        return _main_torch(args, backends)
     with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
         out = Path(tmp) / "rows.json"
         cfg = {"backends": backends, "model": args.model, "width": args.width,
@@ -171,6 +183,43 @@ def main(args: argparse.Namespace) -> int:
               "step, same run, interleaved); min_ratio = the same on the fastest step; "
               "max|dw| = final parameter difference")
     return 1 if any(r["max_param_diff"] != 0 for r in rows) else 0
+
+
+def _main_torch(args: argparse.Namespace, backends: list[str]) -> int:
+    from ddpbench.benchmarks.trainer_torch import print_table
+    from ddpbench.cli import UsageError
+    from ddpbench.launch import launch
+
+    try:
+        shape = [int(d) for d in args.input_shape.split(",")]
+    except ValueError:
+        raise UsageError(f"--input-shape expects C,H,W, got {args.input_shape!r}") from None
+    try:
+        from ddpbench.profiling.model import build_model
+
+        build_model(args.torch_model)
+    except (ValueError, ImportError) as err:
+        raise UsageError(str(err)) from None
+    with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cfg = {"backends": backends, "model": args.torch_model, "input_shape": shape,
+               "batch": args.batch, "lr": args.lr, "threads": args.threads,
+               "warmup": args.warmup, "iters": args.iters, "out": str(out)}
+        print(f"# ddpbench bench trainer --framework torch: {args.ranks} ranks, "
+              f"{args.torch_model} batch {args.batch} x {args.input_shape}, DDP (gloo) and "
+              f"{', '.join(backends)}", file=sys.stderr, flush=True)
+        rc = launch([sys.executable, "-m", "ddpbench.benchmarks.trainer_torch",
+                     json.dumps(cfg)], args.ranks, timeout=args.timeout)
+        rows = json.loads(out.read_text()) if out.exists() else []
+    if rc != 0 or not rows:
+        print(f"ddpbench bench trainer: the benchmark job failed (exit {rc})", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+    else:
+        print_table(rows)
+    # Same start, same batches: a variant far from DDP's parameters computed something else.
+    return 1 if any(r["max_param_diff"] > 1e-3 for r in rows) else 0
 
 
 if __name__ == "__main__":

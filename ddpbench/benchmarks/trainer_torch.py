@@ -1,0 +1,148 @@
+"""``ddpbench bench trainer --framework torch``: ddpbench.torch on each backend beside torch DDP.
+
+Every rank builds the same torchvision model (no weights downloaded) and the same batch;
+then, in one job, the training step (forward, backward, optimizer step) is timed with:
+
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over ``torch.distributed`` on gloo
+  (its default 25 MB gradient buckets), the library users know;
+- each backend: ``ddpbench.torch.DistributedOptimizer`` over ``ddpbench.create(name)``.
+
+One store is open at a time (as in a user's job): each backend's block alternates its steps
+with DDP's, step by step, so a change in the machine's load hits both alike, and the ratio
+is taken within the block. Each backend's model starts from the template, replays DDP's
+earlier batches untimed, then steps beside it on the same batches, so at the end its
+parameters must equal DDP's up to the summation order (``max|dw|``). Timing: barrier,
+``MPI.Wtime`` around one step, the slowest rank's time kept; medians.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker(cfg: dict[str, Any]) -> None:
+    """Run the comparison on this rank; rank 0 writes the rows to ``cfg["out"]``."""
+    import numpy as np
+    import torch
+    import torch.distributed as tdist
+    from mpi4py import MPI
+
+    import ddpbench
+    import ddpbench.torch as dt
+    from ddpbench.comm import world
+    from ddpbench.profiling.model import build_model
+
+    comm = world().role_comm
+    rank, size = comm.rank, comm.size
+    torch.set_num_threads(cfg["threads"])
+    port = comm.bcast(_free_port() if rank == 0 else None, root=0)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                             world_size=size)
+    torch.manual_seed(0)
+    template, _ = build_model(cfg["model"])
+    gen = torch.Generator().manual_seed(1000 + rank)
+    shape = (cfg["batch"], *cfg["input_shape"])
+    batches = [(torch.randn(shape, generator=gen), torch.randint(0, 10, (cfg["batch"],),
+                                                                   generator=gen))
+               for _ in range(4)]
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def fresh() -> Any:
+        import copy
+
+        model = copy.deepcopy(template)
+        model.train()
+        return model
+
+    ddp_model = torch.nn.parallel.DistributedDataParallel(fresh())
+    ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=cfg["lr"])
+
+    def ddp_step(x: Any, y: Any) -> None:
+        ddp_opt.zero_grad()
+        loss_fn(ddp_model(x), y).backward()
+        ddp_opt.step()
+
+    def timed(steppers: dict[str, Any], steps: int, first: int) -> dict[str, list[float]]:
+        samples: dict[str, list[float]] = {k: [] for k in steppers}
+        order = list(steppers)
+        for it in range(steps):
+            x, y = batches[(first + it) % len(batches)]
+            turn = order[it % len(order):] + order[:it % len(order)]  # rotate who goes first
+            for label in turn:
+                comm.Barrier()
+                t0 = MPI.Wtime()
+                steppers[label](x, y)
+                samples[label].append(comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX))
+        return samples
+
+    def flat(model: Any) -> Any:
+        with torch.no_grad():
+            return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    rows = []
+    done = 0  # DDP's steps so far: each backend's model replays them before its block
+    history: list[tuple[Any, Any]] = []
+    for spec in cfg["backends"]:
+        # One store at a time, as a user's job has: each block pairs a backend with DDP.
+        name, _, rest = spec.partition(":")
+        opts = {k: json.loads(v) for k, _, v in (o.partition("=") for o in rest.split(",") if o)}
+        kv = ddpbench.create(name, **opts)
+        model = fresh()
+        dt.broadcast_parameters(model, root_rank=0, kv=kv)
+        opt = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=cfg["lr"]),
+                                      model.named_parameters(), kv=kv)
+
+        def step(x: Any, y: Any, model: Any = model, opt: Any = opt) -> None:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+
+        for x, y in history:  # catch up with DDP's parameters, untimed
+            step(x, y)
+        steps = cfg["warmup"] + cfg["iters"]
+        samples = timed({"ddp": ddp_step, spec: step}, steps, done)
+        history += [batches[(done + i) % len(batches)] for i in range(steps)]
+        done += steps
+        diff = float((flat(model) - flat(ddp_model.module)).abs().max())
+        kv.close()
+        warm = cfg["warmup"]
+        rows.append({"variant": spec, "ranks": size,
+                     "step_ms": 1e3 * float(np.median(samples[spec][warm:])),
+                     "ddp_ms": 1e3 * float(np.median(samples["ddp"][warm:])),
+                     "min_ms": 1e3 * min(samples[spec][warm:]),
+                     "ddp_min_ms": 1e3 * min(samples["ddp"][warm:]),
+                     "max_param_diff": diff})
+    tdist.destroy_process_group()
+    if rank == 0:
+        ref = flat(ddp_model.module)
+        for r in rows:
+            r.update(params=int(ref.numel()), tensors=len(list(ddp_model.parameters())))
+        Path(cfg["out"]).write_text(json.dumps(rows))
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Print each backend's step beside DDP's from the same block, and their ratio."""
+    print(f"{'variant':<22} {'n':>2} {'tensors':>7} {'params':>10} {'step_ms':>9} "
+          f"{'ddp_ms':>8} {'vs_ddp':>7} {'min_ratio':>9} {'max|dw|':>8}")
+    for r in rows:
+        print(f"{r['variant']:<22} {r['ranks']:>2} {r['tensors']:>7} {r['params']:>10} "
+              f"{r['step_ms']:>9.2f} {r['ddp_ms']:>8.2f} {r['step_ms'] / r['ddp_ms']:>7.3f} "
+              f"{r['min_ms'] / r['ddp_min_ms']:>9.3f} {r['max_param_diff']:>8.2g}")
+    print("\n# step = forward + backward + optimizer step, median of the slowest rank per step; "
+          "ddp = torch DistributedDataParallel on gloo, timed in the same block, steps "
+          "alternating; vs_ddp = step / ddp (< 1: faster); min_ratio = the same on the "
+          "fastest steps; max|dw| = parameters against DDP's after the same steps")
+
+
+if __name__ == "__main__":
+    worker(json.loads(sys.argv[1]))
