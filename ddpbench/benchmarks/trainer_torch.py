@@ -9,8 +9,8 @@ then, in one job, the training step (forward, backward, optimizer step) is timed
 
 One store is open at a time (as in a user's job): each backend's block alternates its steps
 with DDP's, step by step, so a change in the machine's load hits both alike, and the ratio
-is taken within the block. Each backend's model starts from the template, replays DDP's
-earlier batches untimed, then steps beside it on the same batches, so at the end its
+is taken within the block. Each backend's model starts from DDP's current parameters (plain
+SGD keeps no state) and steps beside it on the same batches, so at the end of the block its
 parameters must equal DDP's up to the summation order (``max|dw|``). Timing: barrier,
 ``MPI.Wtime`` around one step, the slowest rank's time kept; medians.
 """
@@ -90,14 +90,14 @@ def worker(cfg: dict[str, Any]) -> None:
             return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
     rows = []
-    done = 0  # DDP's steps so far: each backend's model replays them before its block
-    history: list[tuple[Any, Any]] = []
+    done = 0  # DDP's steps so far (which batch comes next)
     for spec in cfg["backends"]:
         # One store at a time, as a user's job has: each block pairs a backend with DDP.
         name, _, rest = spec.partition(":")
         opts = {k: json.loads(v) for k, _, v in (o.partition("=") for o in rest.split(",") if o)}
         kv = ddpbench.create(name, **opts)
         model = fresh()
+        model.load_state_dict(ddp_model.module.state_dict())  # where DDP is now
         dt.broadcast_parameters(model, root_rank=0, kv=kv)
         opt = dt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=cfg["lr"]),
                                       model.named_parameters(), kv=kv)
@@ -107,11 +107,8 @@ def worker(cfg: dict[str, Any]) -> None:
             loss_fn(model(x), y).backward()
             opt.step()
 
-        for x, y in history:  # catch up with DDP's parameters, untimed
-            step(x, y)
         steps = cfg["warmup"] + cfg["iters"]
         samples = timed({"ddp": ddp_step, spec: step}, steps, done)
-        history += [batches[(done + i) % len(batches)] for i in range(steps)]
         done += steps
         diff = float((flat(model) - flat(ddp_model.module)).abs().max())
         kv.close()
