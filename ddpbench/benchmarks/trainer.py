@@ -142,7 +142,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import ddpbench
     from ddpbench.cli import UsageError
-    from ddpbench.launch import launch
 
     if args.ranks < 1 or args.iters < 1 or args.warmup < 0 or args.width < 1 or args.depth < 1:
         raise UsageError("need --ranks, --iters, --width, --depth >= 1 and --warmup >= 0")
@@ -161,11 +160,8 @@ def main(args: argparse.Namespace) -> int:
                "warmup": args.warmup, "iters": args.iters, "out": str(out)}
         print(f"# ddpbench bench trainer: {args.ranks} ranks, {args.model}, "
               f"{', '.join(backends)}", file=sys.stderr, flush=True)
-        rc = launch([sys.executable, "-m", "ddpbench.benchmarks.trainer", json.dumps(cfg)],
-                    args.ranks, timeout=args.timeout)
-        rows = json.loads(out.read_text()) if out.exists() else []
-    if rc != 0 or not rows:
-        print(f"ddpbench bench trainer: the benchmark job failed (exit {rc})", file=sys.stderr)
+        rows = _run_job("ddpbench.benchmarks.trainer", cfg, args, out)
+    if rows is None:
         return 1
     if args.format == "json":
         print(json.dumps(rows, indent=1))
@@ -185,10 +181,23 @@ def main(args: argparse.Namespace) -> int:
     return 1 if any(r["max_param_diff"] != 0 for r in rows) else 0
 
 
+def _run_job(module: str, cfg: dict[str, Any], args: argparse.Namespace,
+             out: Path) -> list[dict[str, Any]] | None:
+    """Launch ``module``'s worker on ``args.ranks`` ranks; return rank 0's rows (None: failed)."""
+    from ddpbench.launch import launch
+
+    rc = launch([sys.executable, "-m", module, json.dumps(cfg)], args.ranks,
+                timeout=args.timeout)
+    rows = json.loads(out.read_text()) if out.exists() else []
+    if rc != 0 or not rows:
+        print(f"ddpbench bench trainer: the benchmark job failed (exit {rc})", file=sys.stderr)
+        return None
+    return list(rows)
+
+
 def _main_torch(args: argparse.Namespace, backends: list[str]) -> int:
     from ddpbench.benchmarks.trainer_torch import print_table
     from ddpbench.cli import UsageError
-    from ddpbench.launch import launch
 
     try:
         shape = [int(d) for d in args.input_shape.split(",")]
@@ -208,11 +217,8 @@ def _main_torch(args: argparse.Namespace, backends: list[str]) -> int:
         print(f"# ddpbench bench trainer --framework torch: {args.ranks} ranks, "
               f"{args.torch_model} batch {args.batch} x {args.input_shape}, DDP (gloo) and "
               f"{', '.join(backends)}", file=sys.stderr, flush=True)
-        rc = launch([sys.executable, "-m", "ddpbench.benchmarks.trainer_torch",
-                     json.dumps(cfg)], args.ranks, timeout=args.timeout)
-        rows = json.loads(out.read_text()) if out.exists() else []
-    if rc != 0 or not rows:
-        print(f"ddpbench bench trainer: the benchmark job failed (exit {rc})", file=sys.stderr)
+        rows = _run_job("ddpbench.benchmarks.trainer_torch", cfg, args, out)
+    if rows is None:
         return 1
     if args.format == "json":
         print(json.dumps(rows, indent=1))

@@ -197,27 +197,40 @@ def worker(cfg: dict[str, Any], out: str) -> None:
             if rank == 0:
                 evaluate(step + 1)
     wall = time.perf_counter() - t_start
-    # Do the replicas agree? Root's values through the store, then every rank's largest
-    # difference as a SUM of one-hot slots (an op every backend has). All of it through
-    # the store: after close() this process makes no MPI call of its own.
     flat = np.concatenate([p.data.reshape(-1) for p in model.parameters() if not p.distributed])
     if trainer.update_on_kvstore:
         kv.set_optimizer(None)  # plain reductions again (collective)
+    _finish(kv, cfg, out, flat, curve=curve, running=running, wall=wall,
+            step_times=step_times)
+
+
+def _finish(kv: Any, cfg: dict[str, Any], out: str, flat: Any, **figures: Any) -> None:
+    """Check that the replicas agree, close the store, and write worker 0's result.
+
+    Root's parameters go out through the store, then every rank's largest difference comes
+    back as a SUM of one-hot slots (an op every backend has). All of it through the store:
+    after close() this process makes no MPI call of its own.
+    """
+    import numpy as np
+
+    rank, size = kv.rank, kv.num_workers
+    flat = np.ascontiguousarray(flat, np.float64)
     root = kv.broadcast("train.replica_check", flat.copy(), root_rank=0)
     diffs = np.zeros(size, np.float64)
     diffs[rank] = float(np.max(np.abs(root - flat), initial=0.0))
     diffs = kv.push_pull("train.replica_diffs", diffs, op="sum")
     kv.close()
-    if rank == 0:
-        diff = float(diffs.max())
-        result = {
-            "config": cfg, "curve": curve, "final_test_acc": curve["test_acc"][-1],
-            "final_test_loss": curve["test_loss"][-1], "final_train_loss": running,
-            "replica_max_diff": diff, "wall_s": wall,
-            "step_time_ms": 1e3 * float(np.median(step_times)),
-            "parameters": int(flat.size),
-        }
-        Path(out).write_text(json.dumps(result))
+    if rank != 0:
+        return
+    curve = figures["curve"]
+    result = {
+        "config": cfg, "curve": curve, "final_test_acc": curve["test_acc"][-1],
+        "final_test_loss": curve["test_loss"][-1], "final_train_loss": figures["running"],
+        "replica_max_diff": float(diffs.max()), "wall_s": figures["wall"],
+        "step_time_ms": 1e3 * float(np.median(figures["step_times"])),
+        "parameters": int(flat.size), "framework": figures.get("framework", "numpy"),
+    }
+    Path(out).write_text(json.dumps(result))
 
 
 def _torch_worker(cfg: dict[str, Any], out: str) -> None:
@@ -289,21 +302,8 @@ def _torch_worker(cfg: dict[str, Any], out: str) -> None:
     wall = time.perf_counter() - t_start
     with torch.no_grad():
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
-    flat = np.ascontiguousarray(flat, np.float64)
-    root = kv.broadcast("train.replica_check", flat.copy(), root_rank=0)
-    diffs = np.zeros(size, np.float64)
-    diffs[rank] = float(np.max(np.abs(root - flat), initial=0.0))
-    diffs = kv.push_pull("train.replica_diffs", diffs, op="sum")
-    kv.close()
-    if rank == 0:
-        result = {
-            "config": cfg, "curve": curve, "final_test_acc": curve["test_acc"][-1],
-            "final_test_loss": curve["test_loss"][-1], "final_train_loss": running,
-            "replica_max_diff": float(diffs.max()), "wall_s": wall,
-            "step_time_ms": 1e3 * float(np.median(step_times)),
-            "parameters": int(flat.size), "framework": "torch",
-        }
-        Path(out).write_text(json.dumps(result))
+    _finish(kv, cfg, out, flat, curve=curve, running=running, wall=wall,
+            step_times=step_times, framework="torch")
 
 
 if __name__ == "__main__":
