@@ -38,7 +38,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-__all__ = ["BackendFit", "Machine", "adjust", "load_machine"]
+__all__ = ["BackendFit", "Machine", "adjust", "load_machine", "parse_machine"]
 
 KIND = "ddpbench-machine"
 
