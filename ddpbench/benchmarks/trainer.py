@@ -153,14 +153,11 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(str(err)) from None
     if args.framework == "torch":
         return _main_torch(args, backends)
-    with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cfg = {"backends": backends, "model": args.model, "width": args.width,
-               "depth": args.depth, "batch": args.batch, "lr": args.lr,
-               "warmup": args.warmup, "iters": args.iters, "out": str(out)}
-        print(f"# ddpbench bench trainer: {args.ranks} ranks, {args.model}, "
-              f"{', '.join(backends)}", file=sys.stderr, flush=True)
-        rows = _run_job("ddpbench.benchmarks.trainer", cfg, args, out)
+    cfg = {"backends": backends, "model": args.model, "width": args.width,
+           "depth": args.depth, "batch": args.batch, "lr": args.lr,
+           "warmup": args.warmup, "iters": args.iters}
+    rows = _run_job("ddpbench.benchmarks.trainer", cfg, args,
+                    f": {args.ranks} ranks, {args.model}, {', '.join(backends)}")
     if rows is None:
         return 1
     if args.format == "json":
@@ -182,13 +179,19 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run_job(module: str, cfg: dict[str, Any], args: argparse.Namespace,
-             out: Path) -> list[dict[str, Any]] | None:
-    """Launch ``module``'s worker on ``args.ranks`` ranks; return rank 0's rows (None: failed)."""
+             what: str) -> list[dict[str, Any]] | None:
+    """Launch ``module``'s worker with ``cfg`` on ``args.ranks`` ranks; return rank 0's rows.
+
+    Prints ``what`` as the run's header first; None (after saying so) when the job failed.
+    """
     from ddpbench.launch import launch
 
-    rc = launch([sys.executable, "-m", module, json.dumps(cfg)], args.ranks,
-                timeout=args.timeout)
-    rows = json.loads(out.read_text()) if out.exists() else []
+    print(f"# ddpbench bench trainer {what}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        rc = launch([sys.executable, "-m", module, json.dumps({**cfg, "out": str(out)})],
+                    args.ranks, timeout=args.timeout)
+        rows = json.loads(out.read_text()) if out.exists() else []
     if rc != 0 or not rows:
         print(f"ddpbench bench trainer: the benchmark job failed (exit {rc})", file=sys.stderr)
         return None
@@ -209,15 +212,12 @@ def _main_torch(args: argparse.Namespace, backends: list[str]) -> int:
         build_model(args.torch_model)
     except (ValueError, ImportError) as err:
         raise UsageError(str(err)) from None
-    with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cfg = {"backends": backends, "model": args.torch_model, "input_shape": shape,
-               "batch": args.batch, "lr": args.lr, "threads": args.threads,
-               "warmup": args.warmup, "iters": args.iters, "out": str(out)}
-        print(f"# ddpbench bench trainer --framework torch: {args.ranks} ranks, "
-              f"{args.torch_model} batch {args.batch} x {args.input_shape}, DDP (gloo) and "
-              f"{', '.join(backends)}", file=sys.stderr, flush=True)
-        rows = _run_job("ddpbench.benchmarks.trainer_torch", cfg, args, out)
+    cfg = {"backends": backends, "model": args.torch_model, "input_shape": shape,
+           "batch": args.batch, "lr": args.lr, "threads": args.threads,
+           "warmup": args.warmup, "iters": args.iters}
+    rows = _run_job("ddpbench.benchmarks.trainer_torch", cfg, args,
+                    f"--framework torch: {args.ranks} ranks, {args.torch_model} batch "
+                    f"{args.batch} x {args.input_shape}, DDP (gloo) and {', '.join(backends)}")
     if rows is None:
         return 1
     if args.format == "json":
