@@ -17,18 +17,36 @@ from ddpbench.tensor_ops import BFLOAT16, HALF_DTYPES, byte_view, reduce_ufunc
 SUPPORTED_KINDS = "fiu"
 
 
+_DTYPE_NAMES: dict[Any, str] = {}
+_GOOD_DTYPES: set[Any] = set()
+
+
+def dtype_name(dtype: Any) -> str:
+    """``dtype.name``, remembered: NumPy builds the name anew on every read (microseconds)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
 def check_dtype(name: Any, dtype: Any) -> None:
     """Raise TypeError for a dtype no backend can reduce (bool, complex, object, ...)."""
+    if dtype in _GOOD_DTYPES:
+        return
     dt = np.dtype(dtype)
-    if dt.kind not in SUPPORTED_KINDS and dt != BFLOAT16:
-        raise TypeError(
-            f"tensor {name!r} has dtype {dt}; supported: float16, bfloat16, float32, float64 "
-            f"and integers"
-        )
+    if dt.kind in SUPPORTED_KINDS or dt == BFLOAT16:
+        _GOOD_DTYPES.add(dtype)
+        return
+    raise TypeError(
+        f"tensor {name!r} has dtype {dt}; supported: float16, bfloat16, float32, float64 "
+        f"and integers"
+    )
 
 
 def device_of(tensor: Any) -> str:
     """Return "gpu" for a CuPy array, "cpu" otherwise."""
+    if type(tensor) is np.ndarray:
+        return "cpu"
     return "gpu" if type(tensor).__module__.startswith("cupy") else "cpu"
 
 
@@ -53,10 +71,33 @@ def _half_op(op: ReduceOp, dtype_name: str) -> tuple[Any, Any]:
     return mpitype, MPI.Op.Create(combine, commute=True)
 
 
+_MPI_MODULE: list[Any] = []
+
+
+def mpi_module() -> Any:
+    """``mpi4py.MPI``, imported once (an import statement in a hot path costs a lookup)."""
+    if not _MPI_MODULE:
+        from mpi4py import MPI
+
+        _MPI_MODULE.append(MPI)
+    return _MPI_MODULE[0]
+
+
 _MPI_OPS = {
     ReduceOp.SUM: "SUM", ReduceOp.AVERAGE: "SUM", ReduceOp.MIN: "MIN",
     ReduceOp.MAX: "MAX", ReduceOp.PRODUCT: "PROD",
 }
+
+
+_MPI_OP_OBJECTS: dict[Any, Any] = {}
+
+
+def _mpi_op(op: ReduceOp | str) -> Any:
+    """The predefined MPI op of a reduce op (or of its value string)."""
+    found = _MPI_OP_OBJECTS.get(op)
+    if found is None:
+        found = _MPI_OP_OBJECTS[op] = getattr(mpi_module(), _MPI_OPS[ReduceOp(op)])
+    return found
 
 
 def mpi_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None
@@ -66,15 +107,14 @@ def mpi_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp, source: np.ndarray |
     In place when ``source`` is None, else ``buf`` receives the reduction of ``source``
     (out of place, which saves the copy of the input into the output).
     """
-    from mpi4py import MPI
-
+    MPI = mpi_module()
     if buf.dtype in HALF_DTYPES:
         mpitype, mpiop = _half_op(op, buf.dtype.name)
         half: Any = MPI.IN_PLACE if source is None else [byte_view(source), source.size, mpitype]
         comm.Allreduce(half, [byte_view(buf), buf.size, mpitype], op=mpiop)
     else:
         full: Any = MPI.IN_PLACE if source is None else source.reshape(-1)
-        comm.Allreduce(full, buf.reshape(-1), op=getattr(MPI, _MPI_OPS[op]))
+        comm.Allreduce(full, buf.reshape(-1) if buf.ndim != 1 else buf, op=_mpi_op(op))
 
 
 @dataclass(frozen=True)
@@ -93,13 +133,19 @@ class Meta:
 
     def signature(self) -> int:
         """A stable 63-bit fingerprint (the same on every rank, unlike ``hash``)."""
-        text = repr((self.kind, self.name, self.dtype, self.shape, self.op,
-                     self.prescale, self.postscale, self.root))
-        return zlib.crc32(text.encode()) | (zlib.adler32(text.encode()) << 31)
+        return _signature(self)
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(meta: Meta) -> int:
+    """:meth:`Meta.signature`, remembered: a training loop submits the same metas again."""
+    text = repr((meta.kind, meta.name, meta.dtype, meta.shape, meta.op,
+                 meta.prescale, meta.postscale, meta.root))
+    return zlib.crc32(text.encode()) | (zlib.adler32(text.encode()) << 31)
 
 
 _FIELDS = [
@@ -193,7 +239,8 @@ class EngineStore(KVStore):
         """Remember ``handle`` for ``synchronize``; refuse new work once closed."""
         if self._closed:
             raise RuntimeError(f"backend {self.type!r} is closed")
-        self._pending = [h for h in self._pending if not h.done()]
+        if len(self._pending) >= 64:  # forget finished work now and then, not every call
+            self._pending = [h for h in self._pending if not h.done()]
         self._pending.append(handle)
         return handle
 
@@ -225,6 +272,11 @@ class RequestStore(EngineStore):
     ranks."""
 
     _proto: Protocol
+    _metas: dict[tuple, Meta]
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._metas = {}
 
     def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
         check_dtype(meta.name, meta.dtype)
@@ -242,10 +294,27 @@ class RequestStore(EngineStore):
             h.wait()
 
     def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+        return self._submit(self._allreduce_meta(name, tensor, op, prescale, postscale),
+                            tensor, output, priority)
+
+    def _allreduce_meta(self, name: Any, tensor: Any, op: ReduceOp, prescale: float,
+                        postscale: float) -> Meta:
+        """The Meta of one push_pull; a training loop's repeated calls reuse the same one
+        (building a frozen dataclass costs more than the rest of a small call's checks)."""
+        key = (name, tensor.dtype, tensor.shape, op, prescale, postscale, type(tensor))
+        meta = self._metas.get(key)
+        if meta is None:
+            if len(self._metas) >= 4096:
+                self._metas.clear()
+            meta = self._metas[key] = self._new_allreduce_meta(name, tensor, op, prescale,
+                                                               postscale)
+        return meta
+
+    def _new_allreduce_meta(self, name: Any, tensor: Any, op: ReduceOp, prescale: float,
+                            postscale: float) -> Meta:
         if op is ReduceOp.AVERAGE:
             # Horovod folds the division into the postscale, with the size read now.
             postscale = postscale / self.num_workers
             op = ReduceOp.SUM
-        meta = Meta("allreduce", name, tensor.dtype.name, tuple(tensor.shape), op.value,
+        return Meta("allreduce", name, dtype_name(tensor.dtype), tuple(tensor.shape), op.value,
                     prescale, postscale, device=device_of(tensor))
-        return self._submit(meta, tensor, output, priority)

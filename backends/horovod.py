@@ -493,7 +493,7 @@ class _HorovodProtocol(Protocol):
             # scaled out of place otherwise (as MPIAllreduce::Execute does).
             req = reqs[0]
             src, out = req.tensor.reshape(-1), req.output.reshape(-1)
-            if meta.prescale == 1.0 and not np.shares_memory(src, out):
+            if meta.prescale == 1.0 and not np.may_share_memory(src, out):
                 self._reduce(out, op, source=src)
             else:
                 scale_into(src, meta.prescale, out)

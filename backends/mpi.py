@@ -28,18 +28,19 @@ from ddpbench.backends._common import (
     check_dtype,
     mismatch_message,
     mpi_allreduce,
+    mpi_module,
 )
 from ddpbench.comm import Protocol
 from ddpbench.contract import MpiKnobs
 from ddpbench.tensor_ops import byte_view, scale_, scale_into
 
 _Options = MpiKnobs  # knobs and bounds: ddpbench.contract
+_OPS = {op.value: op for op in ReduceOp}
 
 
 def check_consistent(comm: Any, meta: Meta) -> None:
     """Raise MismatchError on every rank unless all ranks of ``comm`` submitted ``meta``."""
-    from mpi4py import MPI
-
+    MPI = mpi_module()
     sig = meta.signature()
     pair = np.array([sig, -sig], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, pair, op=MPI.MAX)
@@ -135,9 +136,9 @@ class _MPIProtocol(Protocol):
         gpu.scale_(req.output, meta.postscale)
 
     def _reduce_host(self, src: np.ndarray, out: np.ndarray, meta: Meta) -> None:
-        op = ReduceOp(meta.op)
+        op = _OPS[meta.op]
         src, out = src.reshape(-1), out.reshape(-1)
-        if meta.prescale == 1.0 and not np.shares_memory(src, out):
+        if meta.prescale == 1.0 and not np.may_share_memory(src, out):
             mpi_allreduce(self.comm, out, op, source=src)  # out of place: no copy
         else:
             scale_into(src, meta.prescale, out)
@@ -165,25 +166,22 @@ class MPIStore(RequestStore):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self._inline = threading.local()
         self._comm = self._engine.call(self._world.role_comm.Dup).wait()
         self._proto = _MPIProtocol(self._comm, self.options.check_consistency,
                                    self.options.gpu_transport)
         self._engine.register(self._proto)
 
-    def push_pull(self, *args: Any, **kwargs: Any) -> Any:
-        """Reduce now (see :meth:`KVStore.push_pull`); runs on this thread when it can."""
-        self._inline.on = True
-        try:
-            return super().push_pull(*args, **kwargs)
-        finally:
-            self._inline.on = False
+    def _push_pull_now(self, name, tensor, output, *, priority, op, prescale, postscale):
+        """Reduce on this thread when nothing of this store is queued (see _MPIProtocol)."""
+        meta = self._allreduce_meta(name, tensor, op, prescale, postscale)
+        return self._submit(meta, tensor, output, priority, inline=True)
 
-    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
+    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0,
+                inline: bool = False) -> Handle:
         check_dtype(meta.name, meta.dtype)
         handle = self._track(Handle(meta.name))
         req = Request(meta, tensor, output, handle, priority)
-        if getattr(self._inline, "on", False) and self._proto.run_inline(req):
+        if inline and self._proto.run_inline(req):
             return handle
         with self._proto.lock:
             self._proto.submitted += 1

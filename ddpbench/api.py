@@ -31,10 +31,12 @@ import enum
 import importlib
 import importlib.util
 import threading
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 from pydantic import ValidationError
 
 from ddpbench.contract import Knobs
@@ -92,22 +94,34 @@ class Handle:
     """The result of an asynchronous call; ``wait()`` blocks until it completes.
 
     The engine thread completes a handle with ``set_result`` or ``set_error``; the error is
-    raised from ``wait()`` in the caller's thread.
+    raised from ``wait()`` in the caller's thread. A handle is a bare lock held until it
+    completes (a ``threading.Event`` costs a condition and two locks per call, which a
+    4 KiB push_pull notices).
     """
 
-    __slots__ = ("_event", "_result", "_error", "name", "_callbacks", "_seen")
+    __slots__ = ("_lock", "_done", "_result", "_error", "name", "_callbacks", "_seen")
 
     def __init__(self, name: Any = None) -> None:
-        self._event = threading.Event()
+        self._lock = _allocate_lock()
+        self._lock.acquire()
+        self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[Handle], None]] = []
+        self._callbacks: list[Callable[[Handle], None]] | None = None
         self._seen = False
         self.name = name
 
     def done(self) -> bool:
         """Return True when the operation has finished (successfully or not)."""
-        return self._event.is_set()
+        return self._done
+
+    def _block(self, timeout: float | None) -> bool:
+        if self._done:
+            return True
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return False
+        self._lock.release()  # let every other waiter through as well
+        return True
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the operation finishes and return its result.
@@ -116,7 +130,7 @@ class Handle:
             TimeoutError: ``timeout`` seconds passed first.
             Exception: whatever the operation failed with, re-raised in this thread.
         """
-        if not self._event.wait(timeout):
+        if not self._block(timeout):
             raise TimeoutError(f"operation on {self.name!r} did not finish in {timeout} s")
         self._seen = True
         if self._error is not None:
@@ -125,7 +139,7 @@ class Handle:
 
     def join(self) -> BaseException | None:
         """Wait for completion; return an error nobody has seen through ``wait()`` yet."""
-        self._event.wait()
+        self._block(None)
         if self._error is not None and not self._seen:
             self._seen = True
             return self._error
@@ -133,9 +147,11 @@ class Handle:
 
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         """Call ``fn(handle)`` on completion (at once when already done)."""
-        if self._event.is_set():
+        if self._done:
             fn(self)
         else:
+            if self._callbacks is None:
+                self._callbacks = []
             self._callbacks.append(fn)
 
     def set_result(self, result: Any) -> None:
@@ -147,9 +163,13 @@ class Handle:
         self._finish()
 
     def _finish(self) -> None:
-        self._event.set()
-        for fn in self._callbacks:
-            fn(self)
+        if self._done:
+            return
+        self._done = True
+        self._lock.release()
+        if self._callbacks:
+            for fn in self._callbacks:
+                fn(self)
 
 
 class _ListHandle(Handle):
@@ -160,7 +180,7 @@ class _ListHandle(Handle):
     def __init__(self, parts: list[Handle]) -> None:
         super().__init__([p.name for p in parts])
         self._parts = parts
-        self._event.set()
+        self._finish()
 
     def done(self) -> bool:
         return all(p.done() for p in self._parts)
@@ -277,15 +297,8 @@ class KVStore(abc.ABC):
             ValueError: a bad op, factor or output shape, or a cross-rank mismatch.
             TypeError: a name of the wrong type, or a tensor that is not an array.
         """
-        return self.push_pull_async(
-            name,
-            tensor,
-            output,
-            priority=priority,
-            op=op,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
-        ).wait()
+        return self._start_push_pull(name, tensor, output, priority, op, prescale_factor,
+                                     postscale_factor, now=True).wait()
 
     def push_pull_async(
         self,
@@ -299,6 +312,15 @@ class KVStore(abc.ABC):
         postscale_factor: float = 1.0,
     ) -> Handle:
         """Start ``push_pull`` and return a handle whose ``wait()`` gives the result."""
+        return self._start_push_pull(name, tensor, output, priority, op, prescale_factor,
+                                     postscale_factor, now=False)
+
+    def _start_push_pull(self, name: Any, tensor: Any, output: Any, priority: int,
+                         op: ReduceOp | str, prescale_factor: float, postscale_factor: float,
+                         now: bool) -> Handle:
+        """Check the arguments of a push_pull and start it (``now``: the caller waits on it
+        at once, so a backend may run it on the caller's thread)."""
+        start = self._push_pull_now if now else self._push_pull_async
         names, tensors, single = self._as_lists(name, tensor)
         if output is None:
             outputs = list(tensors)
@@ -310,7 +332,8 @@ class KVStore(abc.ABC):
                 )
         op = ReduceOp.parse(op)
         for factor, label in ((prescale_factor, "prescale"), (postscale_factor, "postscale")):
-            if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+            if type(factor) is not float and (not isinstance(factor, (int, float))
+                                              or isinstance(factor, bool)):
                 raise TypeError(f"{label}_factor must be a number, got {factor!r}")
         handles = []
         for n, t, o in zip(names, tensors, outputs):
@@ -323,7 +346,7 @@ class KVStore(abc.ABC):
                         f"{t.dtype}{list(t.shape)} like the input"
                     )
             handles.append(
-                self._push_pull_async(
+                start(
                     n, t, o, priority=int(priority), op=op,
                     prescale=float(prescale_factor), postscale=float(postscale_factor),
                 )
@@ -374,6 +397,13 @@ class KVStore(abc.ABC):
     ) -> Handle:
         """Start one reduction; the handle's result is ``output``."""
 
+    def _push_pull_now(self, name: Name, tensor: Any, output: Any, *, priority: int,
+                       op: ReduceOp, prescale: float, postscale: float) -> Handle:
+        """Start one reduction that the caller waits on at once. Backends that can run it on
+        the caller's thread (no hand-off to the engine) override this."""
+        return self._push_pull_async(name, tensor, output, priority=priority, op=op,
+                                     prescale=prescale, postscale=postscale)
+
     def _as_lists(self, name: Any, tensor: Any) -> tuple[list[Name], list[Any], bool]:
         if isinstance(name, (list, tuple)):
             names = list(name)
@@ -389,6 +419,9 @@ class KVStore(abc.ABC):
         return names, tensors, single
 
     def _check_name(self, name: Any) -> None:
+        kind = type(name)
+        if kind is self._key_type:  # the common case: the same kind as every name before
+            return
         if isinstance(name, bool) or not isinstance(name, (int, str)):
             raise TypeError(f"a name must be an int or a str, got {type(name).__name__}")
         kind = int if isinstance(name, int) else str
@@ -402,6 +435,10 @@ class KVStore(abc.ABC):
 
     @staticmethod
     def _check_tensor(name: Name, tensor: Any) -> None:
+        if type(tensor) is np.ndarray:
+            flags = tensor.flags
+            if flags.c_contiguous and flags.writeable:
+                return
         if not hasattr(tensor, "dtype") or not hasattr(tensor, "shape"):
             raise TypeError(
                 f"tensor for {name!r} must be a NumPy or CuPy array, got {type(tensor).__name__}"
