@@ -436,8 +436,8 @@ class KVStore(abc.ABC):
     @staticmethod
     def _check_tensor(name: Name, tensor: Any) -> None:
         if type(tensor) is np.ndarray:
-            flags = tensor.flags
-            if flags.c_contiguous and flags.writeable:
+            fast = tensor.flags
+            if fast.c_contiguous and fast.writeable:
                 return
         if not hasattr(tensor, "dtype") or not hasattr(tensor, "shape"):
             raise TypeError(
