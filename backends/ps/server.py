@@ -45,6 +45,7 @@ from ddpbench.backends.ps.wire import (
     REPLY,
     Msg,
     json_of,
+    np_dtype,
 )
 from ddpbench.comm import engine, world
 from ddpbench.optim import SGD
@@ -56,10 +57,15 @@ __all__ = ["Server", "dedicated_host_name", "serve", "wait_idle", "write_trace"]
 class _Slot:
     """A server's state for one part: this round's pushes, stored weights, pulls waiting."""
 
-    __slots__ = ("pushes", "store", "mom", "waiting", "bcast", "error")
+    __slots__ = ("pushes", "store", "mom", "waiting", "bcast", "error", "inbox", "acc")
 
     def __init__(self) -> None:
         self.pushes: dict[int, Msg] = {}
+        # Per worker, the buffer its pushes of this part are received into, and the sum's
+        # buffer: both reused every round. A worker pushes the part again only once it has
+        # this round's answer, so no round overwrites what an earlier one still sends.
+        self.inbox: dict[int, np.ndarray] = {}
+        self.acc: np.ndarray | None = None
         self.store: np.ndarray | None = None
         self.mom: np.ndarray | None = None
         self.waiting: list[Msg] = []
@@ -90,6 +96,16 @@ class Server:
                          (PULL, self._on_pull), (BCAST, self._on_bcast),
                          (CONFIG, self._on_config), (OPT, self._on_opt), (BYE, self._on_bye)):
             transport.handlers[kind] = fn
+        transport.sinks[PUSH] = transport.sinks[PUSHPULL] = self._push_sink
+
+    def _push_sink(self, msg: Msg) -> np.ndarray:
+        """The buffer a worker's push of a part is received into (reused every round)."""
+        slot = self._slot(msg)
+        buf = slot.inbox.get(msg.src)
+        dtype = np_dtype(msg.dtype)
+        if buf is None or buf.size != msg.count or buf.dtype != dtype:
+            buf = slot.inbox[msg.src] = np.empty(msg.count, dtype)
+        return buf
 
     def _slot(self, msg: Msg) -> _Slot:
         slot = self.slots.get((msg.key, msg.part))
@@ -145,7 +161,7 @@ class Server:
         error = self._mismatch(pushes)
         if error is None:
             try:
-                merged = self._combine(pushes)
+                merged = self._combine(slot, pushes)
                 if msg.kind == PUSH or self.optimizer is not None:
                     self._store(slot, msg, merged)
                     if msg.kind == PUSHPULL and slot.store is not None:
@@ -168,12 +184,23 @@ class Server:
         for pull in waiting:
             self._answer_pull(slot, pull, error)
 
-    def _combine(self, pushes: dict[int, Msg]) -> np.ndarray:
+    def _combine(self, slot: _Slot, pushes: dict[int, Msg]) -> np.ndarray:
+        """Sum the round's pushes in worker-rank order into the part's reused buffer."""
         ref = pushes[min(pushes)]
-        ufunc = reduce_ufunc(ReduceOp(ref.op))
-        acc = np.array(pushes[0].payload, copy=True)
-        for w in range(1, self.w):
-            ufunc(acc, pushes[w].payload, out=acc)
+        first = pushes[0].payload
+        if self.w == 1 and pushes[0].sunk:
+            acc = first  # this server's inbox, rewritten only by the worker it answers
+        else:
+            acc = slot.acc
+            if acc is None or acc.shape != first.shape or acc.dtype != first.dtype:
+                acc = slot.acc = np.empty_like(first)
+            if self.w == 1:
+                np.copyto(acc, first)
+            else:
+                ufunc = reduce_ufunc(ReduceOp(ref.op))
+                ufunc(first, pushes[1].payload, out=acc)
+                for w in range(2, self.w):
+                    ufunc(acc, pushes[w].payload, out=acc)
         scale_(acc, ref.postscale)
         return acc
 

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from ddpbench import trace
+from ddpbench.backends._common import mpi_module
 from ddpbench.backends.ps.sockets import Sockets
-from ddpbench.backends.ps.wire import ACK, FLAG_DATA, TAG, Msg
+from ddpbench.backends.ps.wire import ACK, FLAG_DATA, TAG, TAG_DATA, Msg, np_dtype
 from ddpbench.comm import Protocol
 
 __all__ = ["Gate", "SendRecord", "Transport"]
@@ -98,12 +99,17 @@ class Transport(Protocol):
         self.comm, self.me = comm, comm.rank
         self.host_of = host_of
         self.handlers: dict[int, Callable[[Msg], None]] = {}
+        # kind -> where a data message of that kind is received (an array of its dtype
+        # and count, or None for a new buffer): a worker's output, a server's inbox.
+        self.sinks: dict[int, Callable[[Msg], np.ndarray | None]] = {}
         self.ready: list[tuple[int, int, Msg]] = []
         # Data messages not yet offered to the uplink, by the time they were queued: when
         # pacing, the link chooses only among those queued by the time it came free.
         self.queued: list[tuple[float, int, tuple[int, int, Msg]]] = []
         self.sends: list[tuple[Any, np.ndarray]] = []
+        # Per source, in order: (element receive or None, its message).
         self.recvs: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._status: Any = None
         self.arrived: list[tuple[float, int, Msg]] = []
         self.local: collections.deque[Msg] = collections.deque()
         self.last_delivery: dict[int, float] = {}
@@ -119,6 +125,8 @@ class Transport(Protocol):
         self.records: list[SendRecord] = []
         self.bytes_sent = 0
         self.keep_polling = True
+        # True while this process waits for a reply (the worker side sets it).
+        self.expecting: Callable[[], bool] = lambda: False
         # Called with the error when the engine fails this protocol (the worker side
         # fails its pending handles).
         self.on_fail: list[Callable[[BaseException], None]] = []
@@ -266,30 +274,58 @@ class Transport(Protocol):
         return did
 
     def _isend(self, msg: Msg) -> None:
-        buf = msg.encode()
-        self.sends.append((self.comm.Isend(buf, msg.dst, TAG), buf))
+        head = msg.encode()
+        self.sends.append((self.comm.Isend(head, msg.dst, TAG), head))
+        data = msg.data()
+        if data is not None:  # straight from the array: the sender keeps it until sent
+            self.sends.append((self.comm.Isend(data, msg.dst, TAG_DATA), data))
 
     # -- receiving ----------------------------------------------------------------------
     def _receive(self, now: float) -> bool:
-        from mpi4py import MPI
-
+        MPI = mpi_module()
         did = False
-        status = MPI.Status()
+        status = self._status
+        if status is None:
+            status = self._status = MPI.Status()
         while True:
             m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
             if m is None:
                 break
-            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-            self.recvs[status.Get_source()].append((m.Irecv(buf), buf))
+            src = status.Get_source()
+            head = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            m.Recv(head)  # matched and small: already here
+            msg = Msg.decode(head, src, self.me)
+            req = None
+            if msg.flags & FLAG_DATA:
+                req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
+                if self.bytes_per_s is None:
+                    # The elements were sent right behind the header, so this wait ends:
+                    # MPI moves them at its own speed instead of one chunk per poll (and
+                    # its progress inside the wait moves this process's sends too).
+                    req.Wait()
+                    req = None
+            self.recvs[src].append((req, msg))
             did = True
-        for src, queue in self.recvs.items():
-            # Complete in posting order per source: MPI's non-overtaking order is what keeps
-            # a kvstore pull behind its push.
-            while queue and queue[0][0].Test():
-                _, buf = queue.popleft()
-                self._arrive(Msg.decode(buf, src, self.me), now)
+        for queue in self.recvs.values():
+            # Complete in order per source: MPI's non-overtaking order is what keeps a
+            # kvstore pull behind its push.
+            while queue and (queue[0][0] is None or queue[0][0].Test()):
+                self._arrive(queue.popleft()[1], now)
                 did = True
         return did
+
+    def _sink(self, msg: Msg) -> np.ndarray:
+        """Set ``msg.payload`` to where its elements go; return that memory as bytes."""
+        dtype = np_dtype(msg.dtype)
+        sink = self.sinks.get(msg.kind)
+        out = sink(msg) if sink is not None else None
+        if (out is not None and out.size == msg.count and out.dtype == dtype
+                and out.flags.c_contiguous and out.flags.writeable):
+            msg.sunk = True
+        else:
+            out = np.empty(msg.count, dtype)
+        msg.payload = out
+        return out.reshape(-1).view(np.uint8)
 
     def _arrive(self, msg: Msg, now: float) -> None:
         if msg.kind == ACK:  # no order to keep: the ack handler looks the part up by key
@@ -344,6 +380,11 @@ class Transport(Protocol):
     # -- Protocol -----------------------------------------------------------------------
     def accept(self, item: Callable[[], None]) -> None:
         item()
+
+    def hot(self) -> bool:
+        # A reply is awaited, or a transfer is under way (MPI moves a large message only
+        # while both sides call into it).
+        return bool(self.sends) or self.expecting() or any(self.recvs.values())
 
     def busy(self) -> bool:
         return bool(self.keep_polling or self.ready or self.queued or self.sends

@@ -1,10 +1,14 @@
-"""The parameter-server wire format: one MPI message per request.
+"""The parameter-server wire format: a header message, and the elements as a second one.
 
-A message is a 48-byte header (:data:`HEADER`) followed by its payload: the part's elements
-(data messages), or UTF-8 JSON (configuration, optimizer) or text (errors). The header
-keeps the payload 8-byte aligned, so a received buffer is viewed as the elements without a
-copy. Every message travels on the store's own duplicate of ``COMM_WORLD`` (dedicated
-servers) or of the workers' communicator (colocated servers) with tag :data:`TAG`.
+A message is a 48-byte header (:data:`HEADER`) sent with tag :data:`TAG`, followed in the
+same MPI message by a small payload where it has one: UTF-8 JSON (configuration,
+optimizer) or text (errors). A data message's elements travel as a second MPI message,
+tag :data:`TAG_DATA`, sent straight from the array and received straight into the array
+the receiver names (a worker's output, a server's per-worker buffer): no copy into or out
+of a staging buffer, as ps-lite sends a ``SArray`` without copying it. MPI keeps the order
+of messages from one sender on one tag, so the receiver pairs each data header with the
+next element message from that sender. Every message travels on the store's own duplicate
+of ``COMM_WORLD`` (dedicated servers) or of the workers' communicator (colocated servers).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from ddpbench.tensor_ops import BFLOAT16
 __all__ = [
     "ACK", "BCAST", "BYE", "CONFIG", "DONE", "ERROR", "FLAG_DATA", "FLAG_GATED",
     "FLAG_ACK_ARRIVAL", "FLAG_ACK_ROUND", "FLAG_PRIO_REPLY", "HEADER",
-    "KIND_NAMES", "OPT", "OPT_DONE", "PULL", "PUSH", "PUSHPULL", "REPLY", "TAG", "Msg",
+    "KIND_NAMES", "OPT", "OPT_DONE", "PULL", "PUSH", "PUSHPULL", "REPLY", "TAG", "TAG_DATA", "Msg",
     "json_of", "json_payload", "np_dtype",
 ]
 
 TAG = 7305
+TAG_DATA = 7306  # a data message's elements, right behind its header
 # kind, dtype code, op code, flags, priority, key, part, root, count, postscale, t_start
 HEADER = struct.Struct("<BBBBiqiiqdd")
 if HEADER.size != 48:  # pragma: no cover - the layout above is fixed
@@ -66,7 +71,7 @@ class Msg:
 
     __slots__ = ("kind", "src", "dst", "key", "part", "priority", "root", "count", "dtype",
                  "op", "postscale", "flags", "payload", "t_start", "t_enq", "gate", "cost",
-                 "after_send", "seq", "label", "direct")
+                 "after_send", "seq", "label", "direct", "sunk")
 
     def __init__(self, kind: int, dst: int, key: int = 0, part: int = 0, *, priority: int = 0,
                  payload: Any = None, dtype: str = "uint8", op: str = "sum",
@@ -83,6 +88,7 @@ class Msg:
         self.seq = 0
         self.label = KIND_NAMES[kind]
         self.direct = False  # a server's reply that bypasses the sending thread's queue
+        self.sunk = False  # received straight into the buffer its receiver named
 
     @property
     def nbytes(self) -> int:
@@ -92,8 +98,11 @@ class Msg:
         return int(self.payload.nbytes)
 
     def encode(self) -> np.ndarray:
-        """Return the header and payload as one contiguous byte buffer."""
-        payload = self.payload
+        """Return the header message: the header, and a control message's payload behind it.
+
+        A data message's elements are not in it: send :meth:`data` as the next message.
+        """
+        payload = None if self.flags & FLAG_DATA else self.payload
         raw = None if payload is None else payload.reshape(-1).view(np.uint8)
         buf = np.empty(HEADER.size + (0 if raw is None else raw.size), np.uint8)
         HEADER.pack_into(buf.data, 0, self.kind, _DTYPES.index(self.dtype),
@@ -103,18 +112,30 @@ class Msg:
             buf[HEADER.size:] = raw
         return buf
 
+    def data(self) -> np.ndarray | None:
+        """Return a data message's elements as bytes (a view, no copy), else None."""
+        if not self.flags & FLAG_DATA or self.payload is None:
+            return None
+        return self.payload.reshape(-1).view(np.uint8)
+
+    def data_nbytes(self) -> int:
+        """Bytes of the element message that follows a received data header."""
+        return self.count * np_dtype(self.dtype).itemsize if self.flags & FLAG_DATA else 0
+
     @classmethod
     def decode(cls, buf: np.ndarray, src: int, dst: int) -> Msg:
-        """Return the message in ``buf``, received from ``src`` (the payload is a view)."""
+        """Return the message whose header message is ``buf``, received from ``src``.
+
+        A data message's payload is set by the receiver once its element message is in
+        (:meth:`data_nbytes` says how many bytes); a control payload is a view of ``buf``.
+        """
         (kind, dt, op, flags, prio, key, part, root, count, post,
          t_start) = HEADER.unpack_from(buf.data)
         msg = cls(kind, dst, key, part, priority=prio, dtype=_DTYPES[dt], op=_OPS[op],
                   postscale=post, root=root, flags=flags)
         body = buf[HEADER.size:]
         msg.count = count
-        if flags & FLAG_DATA:
-            msg.payload = body.view(np_dtype(msg.dtype))
-        elif len(body):
+        if not flags & FLAG_DATA and len(body):
             msg.payload = body
         msg.src, msg.t_start = src, t_start
         return msg

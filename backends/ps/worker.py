@@ -137,6 +137,8 @@ class PSStore(EngineStore):
         t = self._transport
         t.handlers.update({REPLY: self._on_reply, DONE: self._on_reply, ERROR: self._on_reply,
                            ACK: self._on_ack})
+        t.sinks[REPLY] = self._reply_sink
+        t.expecting = lambda: bool(self._inflight)
         self._keys: dict[Any, int] = {}
         self._plans: dict[int, _Plan] = {}
         self._inflight: dict[tuple[int, int], _Op] = {}
@@ -263,9 +265,13 @@ class PSStore(EngineStore):
         plan = self._plan(name, tensor)
         if op is ReduceOp.AVERAGE:
             postscale, op = postscale / self.num_workers, ReduceOp.SUM
-        if output is not tensor:
-            output[...] = tensor
         flat = output.reshape(-1)
+        source = flat
+        if output is not tensor:
+            if prescale == 1.0 and not np.may_share_memory(tensor, output):
+                source = tensor.reshape(-1)  # push the input itself; replies land in output
+            else:
+                output[...] = tensor
         if prescale != 1.0:
             scale_(flat, prescale)
 
@@ -273,7 +279,7 @@ class PSStore(EngineStore):
             merged = self.merged()
             for i, p in enumerate(o.plan.parts):
                 dst = self._server_rank(p.server)
-                chunk = flat[p.offset:p.offset + p.count]
+                chunk = source[p.offset:p.offset + p.count]
                 qprio, gate, cost = self.schedule(priority, p, chunk.nbytes)
                 flags = (FLAG_DATA | (FLAG_GATED if gate is not None else 0)
                          | (FLAG_PRIO_REPLY if self.prioritised_replies() else 0)
@@ -301,12 +307,24 @@ class PSStore(EngineStore):
         """The server has acknowledged this worker's push of ``part`` (engine thread)."""
 
     # -- engine-thread handlers ---------------------------------------------------------------
+    def _reply_sink(self, msg: Msg) -> np.ndarray | None:
+        """Receive a reply's elements straight into the caller's output (engine thread).
+
+        Safe while the part is in flight: the server answers only once it has received this
+        worker's push of the part, so nothing still reads that memory.
+        """
+        op = self._inflight.get((msg.key, msg.part))
+        if op is None or not isinstance(op.flat, np.ndarray):
+            return None
+        p = op.plan.parts[msg.part]
+        return op.flat[p.offset:p.offset + p.count]
+
     def _on_reply(self, msg: Msg) -> None:
         op = self._inflight.pop((msg.key, msg.part), None)
         if op is None:
             raise RuntimeError(f"worker {self.rank} got a reply for key {msg.key} part "
                                f"{msg.part} that it did not ask for")
-        if msg.kind == REPLY:
+        if msg.kind == REPLY and not msg.sunk:
             p = op.plan.parts[msg.part]
             op.flat[p.offset:p.offset + p.count] = msg.payload
         elif msg.kind == ERROR:

@@ -14,6 +14,7 @@ BENCHES = {
     "scale-kernel": "ddpbench.benchmarks.scale_kernel",
     "trainer": "ddpbench.benchmarks.trainer",
     "ps": "ddpbench.benchmarks.ps",
+    "pushpull": "ddpbench.benchmarks.pushpull",
 }
 
 

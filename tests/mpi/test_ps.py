@@ -7,10 +7,12 @@ closed forms (see its docstring); a failing rank aborts the job and fails the te
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 
 import pytest
-from mpiutil import SCRIPTS, assert_no_processes, one, run_mpi
+from mpiutil import REPO, SCRIPTS, assert_no_processes, one, run_mpi
 
 from ddpbench.trace import merge_chrome_traces
 
@@ -84,3 +86,19 @@ def test_dead_worker_ends_the_job(how):
     else:
         assert "[ddpbench rank 1] uncaught exception" in out and "fails on purpose" in out, out
     assert_no_processes(marker)
+
+
+@pytest.mark.parametrize("workers,servers", [(1, 1), (2, 1), (2, 2)])
+def test_bench_pushpull_checks_every_sum_against_the_closed_form(workers, servers):
+    # 2, 3 and 4 ranks; a 1 MiB key is cut by every backend (p3's slices, byteps'
+    # partitions, kvstore's split over servers): each timed result is compared with the
+    # sum of the workers' inputs, and the command fails on any wrong element.
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpbench", "bench", "pushpull", "--size", "1M", "--workers",
+         str(workers), "--servers", str(servers), "--iters", "2", "--warmup", "1",
+         "--rounds", "1", "--backends", "kvstore,p3,byteps:partition_bytes=300000"],
+        capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[1:] if not line.startswith("#")]
+    assert [r[0] for r in rows] == ["kvstore", "p3", "byteps:partition_bytes=300000"]
+    assert all(r[-1] == "0" for r in rows)  # #wrong

@@ -122,7 +122,11 @@ def test_message_round_trip_keeps_header_and_payload():
     msg = wire.Msg(wire.PUSHPULL, 2, key=7, part=3, priority=-4, payload=x, dtype="float64",
                  op="max", postscale=0.25, root=1, flags=wire.FLAG_DATA | wire.FLAG_GATED)
     msg.t_start = 12.5
-    back = wire.Msg.decode(msg.encode(), src=1, dst=2)
+    head = msg.encode()
+    assert head.nbytes == wire.HEADER.size  # the elements travel as their own message
+    back = wire.Msg.decode(head, src=1, dst=2)
+    assert back.payload is None and back.data_nbytes() == 40
+    back.payload = np.frombuffer(msg.data().tobytes(), np.uint8).view(back.dtype)
     got = (back.kind, back.key, back.part, back.priority, back.op, back.postscale, back.root,
            back.flags, back.t_start, back.count, back.src)
     assert got == (wire.PUSHPULL, 7, 3, -4, "max", 0.25, 1, msg.flags, 12.5, 5, 1)
