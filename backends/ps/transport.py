@@ -287,6 +287,7 @@ class Transport(Protocol):
         status = self._status
         if status is None:
             status = self._status = MPI.Status()
+        posted: list[Any] = []
         while True:
             m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
             if m is None:
@@ -298,14 +299,15 @@ class Transport(Protocol):
             req = None
             if msg.flags & FLAG_DATA:
                 req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
-                if self.bytes_per_s is None:
-                    # The elements were sent right behind the header, so this wait ends:
-                    # MPI moves them at its own speed instead of one chunk per poll (and
-                    # its progress inside the wait moves this process's sends too).
-                    req.Wait()
-                    req = None
+                posted.append(req)
             self.recvs[src].append((req, msg))
             did = True
+        if posted and self.bytes_per_s is None:
+            # Every header's elements were sent right behind it, so this wait ends: MPI
+            # moves them at its own speed, all at once, instead of one chunk per poll (its
+            # progress inside the wait moves this process's sends too). Paced, the engine
+            # must keep its clock, so the receives complete by polling.
+            mpi_module().Request.Waitall(posted)
         for queue in self.recvs.values():
             # Complete in order per source: MPI's non-overtaking order is what keeps a
             # kvstore pull behind its push.
