@@ -113,21 +113,22 @@ class Msg:
         return buf
 
     def data(self) -> np.ndarray | None:
-        """Return a data message's elements as bytes (a view, no copy), else None."""
-        if not self.flags & FLAG_DATA or self.payload is None:
-            return None
-        return self.payload.reshape(-1).view(np.uint8)
+        """Return a data message's elements as bytes (a view, no copy), else None.
 
-    def data_nbytes(self) -> int:
-        """Bytes of the element message that follows a received data header."""
-        return self.count * np_dtype(self.dtype).itemsize if self.flags & FLAG_DATA else 0
+        A data message always has its element message, empty without a payload, so the
+        receiver's posted receive always finds one."""
+        if not self.flags & FLAG_DATA:
+            return None
+        if self.payload is None:
+            return np.empty(0, np.uint8)
+        return self.payload.reshape(-1).view(np.uint8)
 
     @classmethod
     def decode(cls, buf: np.ndarray, src: int, dst: int) -> Msg:
         """Return the message whose header message is ``buf``, received from ``src``.
 
-        A data message's payload is set by the receiver once its element message is in
-        (:meth:`data_nbytes` says how many bytes); a control payload is a view of ``buf``.
+        A data message's payload is set by the receiver, which receives its ``count``
+        elements as the next message; a control payload is a view of ``buf``.
         """
         (kind, dt, op, flags, prio, key, part, root, count, post,
          t_start) = HEADER.unpack_from(buf.data)
