@@ -582,6 +582,7 @@ class HorovodStore(RequestStore):
     options: _Options
     _proto: _HorovodProtocol
     capabilities = frozenset({"broadcast", "push_pull", "fusion"})
+    takes_cupy = True  # NCCL, or pinned host staging (gpu_transport)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -163,6 +163,7 @@ class MPIStore(RequestStore):
     options: _Options
     _proto: _MPIProtocol
     capabilities = frozenset({"broadcast", "push_pull"})
+    takes_cupy = True  # NCCL, or pinned host staging (gpu_transport)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -212,6 +212,10 @@ class KVStore(abc.ABC):
     # builtins.type: inside this class body ``type`` is the backend's name attribute.
     Options: ClassVar[builtins.type[BackendOptions]] = BackendOptions
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    # True: the backend takes CuPy arrays itself (NCCL, or its own pinned staging). Else
+    # CuPy arrays are staged through host memory here: copied to NumPy, reduced on the CPU
+    # path, copied back into the caller's array before the handle completes.
+    takes_cupy: ClassVar[bool] = False
 
     OPTIMIZER: ClassVar[str] = "optimizer"
 
@@ -272,7 +276,11 @@ class KVStore(abc.ABC):
             )
         for n, t in zip(names, tensors):
             self._check_tensor(n, t)
-        self._broadcast(names, tensors, root_rank)
+        staged = [t.get() if _is_cupy(t) and not self.takes_cupy else t for t in tensors]
+        self._broadcast(names, staged, root_rank)
+        for t, h in zip(tensors, staged):
+            if h is not t:
+                _copy_back(h, t)
         return tensors[0] if single else tensors
 
     def push_pull(
@@ -345,12 +353,13 @@ class KVStore(abc.ABC):
                         f"output for {n!r} is {o.dtype}{list(o.shape)}, expected "
                         f"{t.dtype}{list(t.shape)} like the input"
                     )
-            handles.append(
-                start(
-                    n, t, o, priority=int(priority), op=op,
-                    prescale=float(prescale_factor), postscale=float(postscale_factor),
-                )
-            )
+            kwargs: dict[str, Any] = {"priority": int(priority), "op": op,
+                                      "prescale": float(prescale_factor),
+                                      "postscale": float(postscale_factor)}
+            if _is_cupy(t) and not self.takes_cupy:
+                handles.append(_staged(start, n, t, o, kwargs))
+            else:
+                handles.append(start(n, t, o, **kwargs))
         return handles[0] if single else _ListHandle(handles)
 
     def set_optimizer(self, optimizer: Any) -> None:
@@ -451,6 +460,41 @@ class KVStore(abc.ABC):
                 f"tensor for {name!r} is read-only ({type(tensor).__name__}); results are "
                 f"written in place: pass a writable array (np.array(x) for a scalar)"
             )
+
+
+def _is_cupy(array: Any) -> bool:
+    return type(array).__module__.startswith("cupy")
+
+
+def _copy_back(host: np.ndarray, device_array: Any) -> None:
+    """Copy a staged result into the caller's CuPy array (on that array's device)."""
+    with device_array.device:
+        device_array.set(host)
+
+
+def _staged(start: Callable[..., Handle], name: Any, tensor: Any, output: Any,
+            kwargs: dict[str, Any]) -> Handle:
+    """Run ``start`` on host copies of CuPy ``tensor``/``output``; the returned handle
+    completes once the result is back in ``output``."""
+    host = tensor.get()
+    host_out = host if output is tensor else np.empty_like(host)
+    inner = start(name, host, host_out, **kwargs)
+    outer = Handle(inner.name)
+
+    def back(done: Handle) -> None:
+        error = done._error
+        if error is None:
+            try:
+                _copy_back(host_out, output)
+            except Exception as err:  # a CUDA error must reach the caller, not the engine
+                error = err
+        if error is not None:
+            outer.set_error(error)
+        else:
+            outer.set_result(output)
+
+    inner.add_done_callback(back)
+    return outer
 
 
 def _flag(flags: Any, key: str) -> bool | None:

@@ -1,4 +1,7 @@
-"""Run on N ranks with a GPU: mpi and horovod on CuPy arrays against float64 references.
+"""Run on N ranks with a GPU: every backend on CuPy arrays against float64 references.
+
+mpi and horovod take CuPy arrays themselves (NCCL or pinned staging, TRANSPORT); the others
+are staged through host memory by the API (``KVStore.takes_cupy``).
 
 Usage: check_gpu.py TRANSPORT   (nccl: one rank per GPU; host: pinned-host staging, any N)
 """
@@ -62,5 +65,22 @@ for backend in ("mpi", "horovod"):
         t = cupy.full((4, 3), rank, dtype=cupy.float32)
         kv.broadcast(f"b{root}", t, root_rank=root)
         expect("broadcast", t, np.full((4, 3), float(root)))
+    kv.close()
+for backend in ("collective", "kvstore", "p3", "byteps"):
+    kv = ddpbench.create(backend)
+    rank, size = kv.rank, kv.num_workers
+    for n in (1, 1000, 65537):
+        allx = np.stack([inputs(n, np.float32, q).astype(np.float64) for q in range(size)])
+        x = cupy.asarray(inputs(n, np.float32, rank))
+        assert kv.push_pull(f"{backend}s{n}", x) is x
+        expect(f"{backend} sum", x, allx.sum(0), exact=False)
+        x = cupy.asarray(inputs(n, np.float32, rank))
+        y = cupy.empty_like(x)
+        kv.push_pull_async(f"{backend}a{n}", x, output=y, op="average").wait()
+        expect(f"{backend} average", y, allx.mean(0), exact=False)
+        expect(f"{backend} input kept", x, inputs(n, np.float32, rank).astype(np.float64))
+    t = cupy.full((4, 3), rank, dtype=cupy.float32)
+    kv.broadcast(f"{backend}b", t, root_rank=size - 1)
+    expect(f"{backend} broadcast", t, np.full((4, 3), float(size - 1)))
     kv.close()
 result("done", transport=TRANSPORT, rank=world().rank, size=world().size, checks=checks)

@@ -1,5 +1,7 @@
 """Registry, options and argument checks of the unified API (single process, no MPI)."""
 
+import contextlib
+
 import numpy as np
 import pydantic
 import pytest
@@ -96,3 +98,51 @@ def test_set_optimizer_not_supported_names_backend():
     assert not kv.is_capable("optimizer")
     with pytest.raises(ddpbench.NotSupportedError, match="not supported by backend 'test-echo'"):
         kv.set_optimizer(object())
+
+
+class _FakeCupy:
+    """Looks like a cupy.ndarray where the API looks: its module, get/set, device, flags."""
+
+    def __init__(self, values):
+        self.a = np.array(values, dtype=np.float32)
+        self.device = contextlib.nullcontext()
+
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: self.a.dtype)
+    flags = property(lambda self: self.a.flags)
+
+    def get(self):
+        return self.a.copy()
+
+    def set(self, host):
+        self.a[...] = host
+
+
+_FakeCupy.__module__ = "cupy._fake"
+
+
+def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory():
+    seen = []
+
+    class Recording(_Echo):
+        type = "test-echo-recording"
+
+        def _push_pull_async(self, name, tensor, output, **kw):
+            seen.append((type(tensor), type(output), output is tensor))
+            return super()._push_pull_async(name, tensor, output, **kw)
+
+        def _broadcast(self, names, tensors, root_rank):
+            seen.append(tuple(type(t) for t in tensors))
+            for t in tensors:
+                t[...] = 7
+
+    kv = Recording()
+    x = _FakeCupy([1, 2, 3])
+    assert kv.push_pull("a", x, prescale_factor=2.0) is x  # in place: the caller's array
+    assert x.a.tolist() == [2, 4, 6] and seen[-1] == (np.ndarray, np.ndarray, True)
+    y = _FakeCupy([0, 0, 0])
+    h = kv.push_pull_async("b", x, output=y, postscale_factor=0.5)
+    assert h.wait() is y and y.a.tolist() == [1, 2, 3] and x.a.tolist() == [2, 4, 6]
+    assert seen[-1] == (np.ndarray, np.ndarray, False)
+    kv.broadcast(["c"], [y])
+    assert y.a.tolist() == [7, 7, 7] and seen[-1] == (np.ndarray,)
