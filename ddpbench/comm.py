@@ -176,7 +176,10 @@ class Protocol:
     it waits on the network (the engine then keeps polling instead of sleeping).
     ``deadline`` gives a ``time.monotonic()`` moment by which ``progress`` must run again
     even if nothing arrives (a backend that works on a clock, such as Horovod's cycle), or
-    None. ``fail`` completes every outstanding handle with ``error``.
+    None. ``hot`` says that a reply is due soon (a request of this process is out): the
+    engine then spins a little longer before it sleeps between polls, since on a virtual
+    machine a timed wait costs tens of microseconds more than it asks for. ``fail``
+    completes every outstanding handle with ``error``.
     """
 
     def accept(self, item: Any) -> None:
@@ -190,6 +193,9 @@ class Protocol:
 
     def deadline(self) -> float | None:
         return None
+
+    def hot(self) -> bool:
+        return False
 
     def fail(self, error: BaseException) -> None:
         """Complete every outstanding handle with ``error`` (default: nothing outstanding)."""
@@ -208,12 +214,16 @@ class Engine:
     Callers use :meth:`submit` (an item for a protocol) and :meth:`call` (a function to run
     on the engine thread, for blocking collectives such as a communicator ``Dup``). While a
     protocol is busy the engine polls: it spins (yielding the GIL) for ``spin_s`` after
-    its last progress, then sleeps ``max_poll_s`` between polls, and 1 ms after 10 ms of
-    quiet; when nothing is in flight it sleeps until work is queued or until the earliest
-    protocol :meth:`~Protocol.deadline`.
+    its last progress (``hot_spin_s`` while a protocol is :meth:`~Protocol.hot`; :func:`engine`
+    sets it to ``spin_s`` where this host has more ranks than cores, since a spinning rank
+    would take the core of one that has work), then
+    sleeps ``max_poll_s`` between polls, and 1 ms after 10 ms of quiet; when nothing is in
+    flight it sleeps until work is queued or until the earliest protocol
+    :meth:`~Protocol.deadline`.
     """
 
-    def __init__(self, max_poll_s: float = 5e-5, spin_s: float = 1e-4) -> None:
+    def __init__(self, max_poll_s: float = 5e-5, spin_s: float = 1e-4,
+                 hot_spin_s: float = 2e-3) -> None:
         self._cond = threading.Condition()
         self._queue: list[tuple[Protocol | None, Any]] = []
         self._protocols: list[Protocol] = []
@@ -221,6 +231,7 @@ class Engine:
         self._error: BaseException | None = None
         self._max_poll_s = max_poll_s
         self._spin_s = spin_s
+        self._hot_spin_s = hot_spin_s
         self._thread = threading.Thread(target=self._run, name="ddpbench-engine", daemon=True)
         self._thread.start()
 
@@ -273,6 +284,9 @@ class Engine:
                 busy = any(p.busy() for p in self._protocols)
                 now = time.monotonic()
                 idle_s = now - last_active
+                spin_s = self._spin_s
+                if busy and idle_s > spin_s and any(p.hot() for p in self._protocols):
+                    spin_s = self._hot_spin_s
                 if not self._queue:
                     if self._stopping and not busy:
                         return
@@ -281,7 +295,7 @@ class Engine:
                     if not busy:
                         if due > now:
                             self._cond.wait(timeout=due - now)
-                    elif idle_s > self._spin_s:
+                    elif idle_s > spin_s:
                         # Right after activity a reply is likely soon: spin (below). Later,
                         # poll every max_poll_s, and after 10 ms every 1 ms, so that an
                         # idle coordinator does not burn a core.
@@ -308,8 +322,17 @@ class Engine:
                 raise
             if did:
                 last_active = time.monotonic()
-            elif busy and idle_s <= self._spin_s:
+            elif busy and idle_s <= spin_s:
                 time.sleep(0)  # yield the GIL (and the core) between polls
+
+
+def _core_per_rank(local_size: int) -> bool:
+    """True when this host has at least as many usable cores as it has ranks of the job."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return local_size <= cores
 
 
 def _precise_timers() -> None:
@@ -330,10 +353,11 @@ _ENGINE: Engine | None = None
 def engine() -> Engine:
     """Return this process's engine, starting it (and MPI) on first use."""
     global _ENGINE
-    world()
+    w = world()
     with _WORLD_LOCK:
         if _ENGINE is None:
-            _ENGINE = Engine()
+            # Spin longer while a reply is due only where every rank has a core.
+            _ENGINE = Engine(hot_spin_s=2e-3 if _core_per_rank(w.local_size) else 1e-4)
             atexit.register(_shutdown)
         return _ENGINE
 

@@ -125,6 +125,8 @@ class Transport(Protocol):
         self.records: list[SendRecord] = []
         self.bytes_sent = 0
         self.keep_polling = True
+        # True while this process waits for a reply (the worker side sets it).
+        self.expecting: Callable[[], bool] = lambda: False
         # Called with the error when the engine fails this protocol (the worker side
         # fails its pending handles).
         self.on_fail: list[Callable[[BaseException], None]] = []
@@ -380,6 +382,11 @@ class Transport(Protocol):
     # -- Protocol -----------------------------------------------------------------------
     def accept(self, item: Callable[[], None]) -> None:
         item()
+
+    def hot(self) -> bool:
+        # A reply is awaited, or a transfer is under way (MPI moves a large message only
+        # while both sides call into it).
+        return bool(self.sends) or self.expecting() or any(self.recvs.values())
 
     def busy(self) -> bool:
         return bool(self.keep_polling or self.ready or self.queued or self.sends

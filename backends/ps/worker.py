@@ -138,6 +138,7 @@ class PSStore(EngineStore):
         t.handlers.update({REPLY: self._on_reply, DONE: self._on_reply, ERROR: self._on_reply,
                            ACK: self._on_ack})
         t.sinks[REPLY] = self._reply_sink
+        t.expecting = lambda: bool(self._inflight)
         self._keys: dict[Any, int] = {}
         self._plans: dict[int, _Plan] = {}
         self._inflight: dict[tuple[int, int], _Op] = {}
