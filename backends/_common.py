@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ddpbench.api import Handle, KVStore, ReduceOp
+from ddpbench.api import Handle, KVStore, ReduceOp, is_cupy
 from ddpbench.comm import Protocol, engine, world
 from ddpbench.tensor_ops import BFLOAT16, HALF_DTYPES, byte_view, reduce_ufunc
 
@@ -45,9 +45,7 @@ def check_dtype(name: Any, dtype: Any) -> None:
 
 def device_of(tensor: Any) -> str:
     """Return "gpu" for a CuPy array, "cpu" otherwise."""
-    if type(tensor) is np.ndarray:
-        return "cpu"
-    return "gpu" if type(tensor).__module__.startswith("cupy") else "cpu"
+    return "gpu" if is_cupy(tensor) else "cpu"
 
 
 @functools.cache

@@ -90,6 +90,9 @@ class ReduceOp(str, enum.Enum):
 BackendOptions = Knobs  # every backend's options model derives from the contract's base
 
 
+_CALLBACKS = _allocate_lock()  # guards every handle's done flag against its callback list
+
+
 class Handle:
     """The result of an asynchronous call; ``wait()`` blocks until it completes.
 
@@ -147,12 +150,13 @@ class Handle:
 
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         """Call ``fn(handle)`` on completion (at once when already done)."""
-        if self._done:
-            fn(self)
-        else:
-            if self._callbacks is None:
-                self._callbacks = []
-            self._callbacks.append(fn)
+        with _CALLBACKS:  # not lost to a completion on another thread in between
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def set_result(self, result: Any) -> None:
         self._result = result
@@ -163,12 +167,14 @@ class Handle:
         self._finish()
 
     def _finish(self) -> None:
-        if self._done:
-            return
-        self._done = True
+        with _CALLBACKS:
+            if self._done:
+                return
+            self._done = True
+            callbacks, self._callbacks = self._callbacks, None
         self._lock.release()
-        if self._callbacks:
-            for fn in self._callbacks:
+        if callbacks:
+            for fn in callbacks:
                 fn(self)
 
 
@@ -276,7 +282,7 @@ class KVStore(abc.ABC):
             )
         for n, t in zip(names, tensors):
             self._check_tensor(n, t)
-        staged = [t.get() if _is_cupy(t) and not self.takes_cupy else t for t in tensors]
+        staged = [t.get() if is_cupy(t) and not self.takes_cupy else t for t in tensors]
         self._broadcast(names, staged, root_rank)
         for t, h in zip(tensors, staged):
             if h is not t:
@@ -356,7 +362,7 @@ class KVStore(abc.ABC):
             kwargs: dict[str, Any] = {"priority": int(priority), "op": op,
                                       "prescale": float(prescale_factor),
                                       "postscale": float(postscale_factor)}
-            if _is_cupy(t) and not self.takes_cupy:
+            if is_cupy(t) and not self.takes_cupy:
                 handles.append(_staged(start, n, t, o, kwargs))
             else:
                 handles.append(start(n, t, o, **kwargs))
@@ -462,8 +468,9 @@ class KVStore(abc.ABC):
             )
 
 
-def _is_cupy(array: Any) -> bool:
-    return type(array).__module__.startswith("cupy")
+def is_cupy(array: Any) -> bool:
+    """Return True for a CuPy array (without importing CuPy)."""
+    return type(array) is not np.ndarray and type(array).__module__.startswith("cupy")
 
 
 def _copy_back(host: np.ndarray, device_array: Any) -> None:

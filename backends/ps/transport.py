@@ -307,7 +307,7 @@ class Transport(Protocol):
             # moves them at its own speed, all at once, instead of one chunk per poll (its
             # progress inside the wait moves this process's sends too). Paced, the engine
             # must keep its clock, so the receives complete by polling.
-            mpi_module().Request.Waitall(posted)
+            MPI.Request.Waitall(posted)
         for queue in self.recvs.values():
             # Complete in order per source: MPI's non-overtaking order is what keeps a
             # kvstore pull behind its push.

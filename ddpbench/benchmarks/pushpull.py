@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,6 @@ def worker(cfg: dict[str, Any]) -> None:
     want = float(sum(range(1, w.num_workers + 1)))
     y = np.empty_like(x)
     samples, wrong = [], 0
-    import time
-
     for i in range(cfg["warmup"] + cfg["iters"]):
         kv.push_pull(0, np.zeros(1, np.float32))  # a barrier through the store
         t0 = time.perf_counter()
