@@ -54,6 +54,9 @@ class BackendFit(_Strict):
         per_message_us: CPU time per simulated message (a ring step, a push, a pull, a
             slice), microseconds, at the calibration's process count.
         bandwidth_gbps: the rate its bytes move at between two processes, Gbit/s.
+        bandwidth_fitted: False when the large workload's time is all message costs (a
+            backend that slices large arrays into many messages, as ``p3`` does): the fit
+            cannot tell its bandwidth from infinite, so it is the ping-pong's bandwidth.
         compute_factor: how much slower the trainer's compute emulation runs beside this
             backend's communication threads than alone (fitted on the workload's own run).
         workload_ms: measured iteration time of the calibration workload (with compute).
@@ -66,6 +69,7 @@ class BackendFit(_Strict):
 
     per_message_us: float = Field(ge=0, allow_inf_nan=False)
     bandwidth_gbps: float = Field(gt=0, allow_inf_nan=False)
+    bandwidth_fitted: bool = True
     compute_factor: float = Field(1.0, gt=0, allow_inf_nan=False)
     workload_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     workload_sim_ms: float | None = Field(None, gt=0, allow_inf_nan=False)

@@ -4,7 +4,8 @@ Every rank's engine thread (:class:`ddpbench.comm.Engine`, the thread every back
 calls run on) exchanges 1 KiB with its ring neighbours while the main thread waits for each
 step's handle, as a trainer waits for its gradients; ``--style`` says how the step is made
 (:data:`STYLES`). Run by ``ddpbench calibrate`` under ``ddpbench launch -n P`` for several
-P; rank 0 writes the median over ranks of each rank's mean step time (the slowest 5% of
+P: one job measures both styles in alternating blocks; rank 0 writes, per style, the median
+over blocks of the median over ranks of each rank's mean step time (the slowest 5% of
 steps left out) to ``--out``. On a machine with fewer cores than processes the step time
 grows with P: the calibration's software costs are stretched by its ratio
 (:meth:`ddpbench.calibration.machine.Machine.contention`).
@@ -56,12 +57,20 @@ class _PolledStep(Protocol):
         return self.handle is not None
 
 
+def _trimmed_mean(times: list[float]) -> float:
+    # The mean cost of a step (what throughput pays), without the slowest 5% of steps that
+    # a descheduled process adds; a median would flip between the engine's spin and sleep
+    # regimes from run to run.
+    kept = sorted(times)[:max(1, int(len(times) * 0.95))]
+    return statistics.fmean(kept)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ring steps on this rank; return the exit code."""
     p = argparse.ArgumentParser(prog="python -m ddpbench.calibration.ringstep")
     p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--style", choices=STYLES, default="blocking")
+    p.add_argument("--steps", type=int, default=150, help="steps per block")
+    p.add_argument("--blocks", type=int, default=5, help="blocks per style, interleaved")
     args = p.parse_args(argv)
     from mpi4py import MPI
 
@@ -77,29 +86,39 @@ def main(argv: list[str] | None = None) -> int:
         comm.Sendrecv(send, right, 0, recv, left, 0)
 
     polled = _PolledStep(comm, right, left)
-    if args.style == "polled":
-        eng.register(polled)
-    comm.Barrier()
-    times = []
-    for i in range(args.steps + 30):
-        t0 = time.perf_counter()
-        if args.style == "polled":
-            handle = Handle("step")
-            eng.submit(polled, handle)
-            handle.wait()
-        else:
-            eng.call(step).wait()
-        if i >= 30:  # warm-up steps
+    eng.register(polled)  # idle (not busy) while the blocking style runs
+
+    def run(style: str, steps: int) -> list[float]:
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            if style == "polled":
+                handle = Handle("step")
+                eng.submit(polled, handle)
+                handle.wait()
+            else:
+                eng.call(step).wait()
             times.append(time.perf_counter() - t0)
-    # The mean cost of a step (what throughput pays), without the slowest 5% of steps that
-    # a descheduled process adds; a median would flip between the engine's spin and sleep
-    # regimes from run to run.
-    times.sort()
-    kept = times[:max(1, int(len(times) * 0.95))]
-    means = comm.gather(statistics.fmean(kept), root=0)
-    if rank == 0 and means is not None:
-        Path(args.out).write_text(json.dumps({"processes": size,
-                                              "step_us": statistics.median(means) * 1e6}))
+        return times
+
+    comm.Barrier()
+    for style in STYLES:
+        run(style, 30)  # warm-up steps
+    # Blocks of the two styles alternate, so that drift of a shared machine during the job
+    # falls on both alike; each block gives the median over ranks of the ranks' trimmed
+    # means, and the job the median over its blocks.
+    blocks: dict[str, list[float]] = {s: [] for s in STYLES}
+    for _ in range(max(1, args.blocks)):
+        for style in STYLES:
+            comm.Barrier()
+            means = comm.gather(_trimmed_mean(run(style, args.steps)), root=0)
+            if means is not None:
+                blocks[style].append(statistics.median(means))
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({
+            "processes": size,
+            "step_us": {s: statistics.median(v) * 1e6 for s, v in blocks.items()},
+            "blocks_us": {s: [round(x * 1e6, 2) for x in v] for s, v in blocks.items()}}))
     return 0
 
 

@@ -50,6 +50,9 @@ __all__ = ["SYNTHETIC", "calibrate", "fit_backend", "synthetic_profile"]
 STEP_PROCESSES = (2, 3, 4, 6, 8)
 """Process counts at which the ring step is timed (beyond 8: extended along 6 to 8)."""
 
+_BW_MAX = 1e4
+"""The bandwidth solve's upper end, Gbit/s (far above any two processes' memory copy)."""
+
 SYNTHETIC = {"small": (64, 256), "large": (4, 1 << 20)}
 """Calibration workloads: name -> (tensors, float32 elements each), no compute."""
 
@@ -90,35 +93,33 @@ def pingpong(timeout_s: float = 120.0) -> dict[str, Any]:
             "latency_us": secs[0] * 1e6, "bandwidth_gbps": 8e-9 / slope}
 
 
-def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 3
+def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5
                ) -> dict[str, dict[int, float]]:
     """Return style -> process count -> ring step time, microseconds (:mod:`.ringstep`).
 
-    Each count runs ``repeats`` times and keeps the median: with more processes than cores
-    the time depends on how the scheduler happens to interleave them.
+    One job per count measures both styles in ``repeats`` alternating blocks and keeps each
+    style's median block: with more processes than cores the time depends on how the
+    scheduler happens to interleave them, and one job per count (rather than one per
+    repeat) also spares the launches.
     """
     from ddpbench.calibration.ringstep import STYLES
 
-    out: dict[str, dict[int, float]] = {}
+    out: dict[str, dict[int, float]] = {s: {} for s in STYLES}
     with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
-        for style in STYLES:
-            out[style] = {}
-            for n in counts:
-                values = []
-                for r in range(repeats):
-                    path = Path(tmp) / f"ringstep-{style}-{n}-{r}.json"
-                    cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(n),
-                           "--timeout", str(timeout_s), "--", sys.executable, "-m",
-                           "ddpbench.calibration.ringstep", "--style", style, "--out",
-                           str(path)]
-                    proc = subprocess.run(cmd, capture_output=True, text=True,
-                                          timeout=timeout_s + 30)
-                    if proc.returncode != 0 or not path.exists():
-                        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-                        raise RuntimeError(f"ring steps ({style}) at {n} processes failed "
-                                           f"(exit {proc.returncode}): {tail}")
-                    values.append(float(json.loads(path.read_text())["step_us"]))
-                out[style][n] = round(statistics.median(values), 2)
+        for n in counts:
+            path = Path(tmp) / f"ringstep-{n}.json"
+            cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(n),
+                   "--timeout", str(timeout_s), "--", sys.executable, "-m",
+                   "ddpbench.calibration.ringstep", "--blocks", str(repeats), "--out",
+                   str(path)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 30)
+            if proc.returncode != 0 or not path.exists():
+                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+                raise RuntimeError(f"ring steps at {n} processes failed "
+                                   f"(exit {proc.returncode}): {tail}")
+            step = json.loads(path.read_text())["step_us"]
+            for style in STYLES:
+                out[style][n] = round(float(step[style]), 2)
     return out
 
 
@@ -238,7 +239,8 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
         workers: worker processes of the runs.
         servers: server processes of the runs (0 for allreduce backends).
         latency_us: the machine's point-to-point latency.
-        bandwidth_gbps: the starting bandwidth (the ping-pong's).
+        bandwidth_gbps: the starting bandwidth (the ping-pong's), and the bandwidth kept
+            when the large run cannot pin one down (``BackendFit.bandwidth_fitted``).
         cores: the machine's cores.
         rounds: alternations of the two solves.
         workload: (profile, measured median seconds, (compute rate, overhead us), schedule
@@ -249,11 +251,21 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
     def sim(path: Path, p: float, b: float) -> float:
         return _sim_time(backend, path, workers, servers, latency_us, p, b, cores)
 
+    def solve_per_msg(b: float) -> float:
+        return _solve(functools.partial(lambda b, p: sim(small[0], p, b), b), small[1],
+                      0.0, 1e5, increasing=True)
+
     for _ in range(rounds):
-        per_msg = _solve(functools.partial(lambda b, p: sim(small[0], p, b), bw), small[1],
-                         0.0, 1e5, increasing=True)
+        per_msg = solve_per_msg(bw)
         bw = _solve(functools.partial(lambda p, b: sim(large[0], p, b), per_msg), large[1],
-                    0.01, 1e4, increasing=False)
+                    0.01, _BW_MAX, increasing=False)
+    fitted = bw < _BW_MAX * 0.999
+    if not fitted:
+        # The large run is all message costs (p3 cuts each array into many slices): any
+        # bandwidth up to infinity fits it, and the bound the solve stops at would change
+        # from run to run. Bytes move at the wire's rate then, as far as anything can tell.
+        bw = bandwidth_gbps
+        per_msg = solve_per_msg(bw)
     factor, wl_sim = 1.0, None
     if workload is not None:
         name, measured, compute, schedule = workload
@@ -265,7 +277,7 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
         factor = _solve(wsim, measured, 0.5, 10.0, increasing=True)
         wl_sim = wsim(factor) * 1e3
     return BackendFit(per_message_us=round(per_msg, 3), bandwidth_gbps=round(bw, 3),
-                      compute_factor=round(factor, 4),
+                      bandwidth_fitted=fitted, compute_factor=round(factor, 4),
                       workload_ms=workload[1] * 1e3 if workload else None,
                       workload_sim_ms=wl_sim,
                       small_ms=small[1] * 1e3, large_ms=large[1] * 1e3,
@@ -276,7 +288,7 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
 def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None = None,
               workload: str = "resnet50", compute_scale: float = 0.05,
               size_scale: float = 0.01, iterations: int = 20, timeout_s: float = 120.0,
-              step_processes: Sequence[int] = STEP_PROCESSES, step_repeats: int = 3,
+              step_processes: Sequence[int] = STEP_PROCESSES, step_repeats: int = 5,
               progress: Callable[[str], None] | None = None) -> Machine:
     """Measure this machine and return its fitted :class:`Machine` (steps: module doc).
 
@@ -290,7 +302,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         iterations: timed iterations of each real run.
         timeout_s: per real run.
         step_processes: process counts of the ring-step measurement (at least one).
-        step_repeats: runs per count (the median is kept).
+        step_repeats: blocks per style and count (the median is kept).
         progress: called with each step's name before it runs.
 
     Raises:

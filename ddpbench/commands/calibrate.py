@@ -32,8 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds each real run may take (default 120)")
     parser.add_argument("--step-processes", default="2,3,4,6,8",
                         help="process counts at which ring steps are timed (default 2,3,4,6,8)")
-    parser.add_argument("--step-repeats", type=int, default=3,
-                        help="runs per count; the median is kept (default 3)")
+    parser.add_argument("--step-repeats", type=int, default=5,
+                        help="ring-step blocks per style and process count, alternating "
+                             "in one job; the median is kept (default 5)")
     parser.add_argument("--compare", metavar="PROFILE", default=None,
                         help="an earlier profile: print each fitted value's change against it")
 

@@ -199,3 +199,42 @@ def test_experiment_refuses_a_profile_without_its_backends_or_with_a_bad_field(t
     (tmp_path / "x.yaml").write_text(text.replace("[mpi, p3]", "[mpi]"))
     with pytest.raises(ValueError, match=r"x.yaml:4: .*field 'cores'"):
         load_experiment(tmp_path / "x.yaml")
+
+
+def _synthetic_paths(tmp_path):
+    paths = {}
+    for name in SYNTHETIC:
+        paths[name] = tmp_path / f"calibration_{name}.yaml"
+        paths[name].write_text(yaml.safe_dump(synthetic_profile(name)))
+    return paths
+
+
+def test_fit_recovers_the_costs_that_made_the_times(tmp_path):
+    """Times made by the simulator at known costs are fitted back to those costs."""
+    from ddpbench.calibration.run import _sim_time, fit_backend
+
+    paths = _synthetic_paths(tmp_path)
+    args = dict(workers=2, servers=0, latency_us=2.0, cores=2)
+    small = _sim_time("mpi", paths["small"], 2, 0, 2.0, 10.0, 20.0, 2)
+    large = _sim_time("mpi", paths["large"], 2, 0, 2.0, 10.0, 20.0, 2)
+    fit = fit_backend("mpi", (paths["small"], small), (paths["large"], large),
+                      bandwidth_gbps=90.0, **args)
+    assert fit.bandwidth_fitted
+    assert fit.per_message_us == pytest.approx(10.0, rel=0.02)
+    assert fit.bandwidth_gbps == pytest.approx(20.0, rel=0.02)
+
+
+def test_fit_keeps_the_ping_pong_bandwidth_when_the_large_run_is_all_messages(tmp_path):
+    """p3 cuts each 4 MiB array into 27 slices: its large run can be explained by message
+    costs alone; the bandwidth is then the ping-pong's, flagged, not the solve's bound."""
+    from ddpbench.calibration.run import _sim_time, fit_backend
+
+    paths = _synthetic_paths(tmp_path)
+    small = _sim_time("p3", paths["small"], 2, 2, 2.0, 200.0, 1e6, 2)
+    large = _sim_time("p3", paths["large"], 2, 2, 2.0, 200.0, 1e6, 2) * 0.97
+    fit = fit_backend("p3", (paths["small"], small), (paths["large"], large), workers=2,
+                      servers=2, latency_us=2.0, bandwidth_gbps=90.0, cores=2)
+    assert not fit.bandwidth_fitted
+    assert fit.bandwidth_gbps == 90.0
+    assert fit.per_message_us == pytest.approx(200.0, rel=0.05)
+    assert M.BackendFit.model_validate(fit.model_dump()) == fit  # it round-trips

@@ -632,7 +632,9 @@ def _calibration_section(doc: Document, pairs: Any) -> None:
                      f"{style}: " + ", ".join(f"{v:.0f} us at {k}" for k, v in t.items())
                      for style, t in m.ring_step_us.items()) + " processes.")
         rows = [{"backend": b, "per_message_us": f.per_message_us,
-                 "bandwidth_gbps": f.bandwidth_gbps, "compute_factor": f.compute_factor,
+                 "bandwidth_gbps": f.bandwidth_gbps if f.bandwidth_fitted
+                 else f"{f.bandwidth_gbps:,.1f} (ping-pong's)",
+                 "compute_factor": f.compute_factor,
                  "small_ms (real/sim)": f"{f.small_ms:.2f} / {f.small_sim_ms:.2f}"
                  if f.small_ms and f.small_sim_ms else "",
                  "large_ms (real/sim)": f"{f.large_ms:.2f} / {f.large_sim_ms:.2f}"
@@ -646,6 +648,7 @@ def _calibration_section(doc: Document, pairs: Any) -> None:
             "Each backend's constants, fitted once through the simulator on its runs at the "
             "calibration's worker count (many small tensors: per-message cost; few large "
             "ones: bandwidth; the workload itself: how much slower compute runs beside the "
-            "backend's threads) and used unchanged at every point; other process counts "
-            "stretch the software costs by the ratio of the measured ring steps "
+            "backend's threads) and used unchanged at every point (a bandwidth marked "
+            "ping-pong's: the large run was all message costs, so the wire's is kept); "
+            "other process counts stretch the software costs by the ratio of the measured ring steps "
             "(ddpbench/calibration/machine.py)."))
