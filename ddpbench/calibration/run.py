@@ -19,7 +19,10 @@ Steps (each a tick of the progress bar):
    then fitted through the simulator itself, so they count messages the way the simulator
    counts them: alternating one-dimensional solves (bisection; the simulated time grows
    with the per-message cost and falls with bandwidth) until both workloads' simulated
-   iteration times equal the measured medians. Then the workload itself (with compute, as
+   iteration times equal the measured medians (each run is launched ``rounds`` times, every
+   backend once per round, and the median is over the pooled iteration times). When the
+   large run is all message costs (``p3``'s slices) no bandwidth can be told from infinite:
+   the ping-pong's is kept (``bandwidth_fitted: false``). Then the workload itself (with compute, as
    the experiment runs it) gives the backend's ``compute_factor``: how much slower the
    sleeps run beside that backend's threads, solved the same way with the two costs fixed.
 """
@@ -289,7 +292,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
               workload: str = "resnet50", compute_scale: float = 0.05,
               size_scale: float = 0.01, iterations: int = 20, timeout_s: float = 120.0,
               step_processes: Sequence[int] = STEP_PROCESSES, step_repeats: int = 5,
-              progress: Callable[[str], None] | None = None) -> Machine:
+              rounds: int = 2, progress: Callable[[str], None] | None = None) -> Machine:
     """Measure this machine and return its fitted :class:`Machine` (steps: module doc).
 
     Args:
@@ -303,6 +306,9 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         timeout_s: per real run.
         step_processes: process counts of the ring-step measurement (at least one).
         step_repeats: blocks per style and count (the median is kept).
+        rounds: launches of each backend's runs, every backend once per round; the
+            iteration times of a run's launches are pooled and their median kept, so that a
+            launch that lands in a slow minute of a shared machine moves the fit by half.
         progress: called with each step's name before it runs.
 
     Raises:
@@ -329,6 +335,8 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         raise ValueError(f"step_processes: expected counts >= 2, got {list(step_processes)}")
     if step_repeats < 1:
         raise ValueError(f"step_repeats: expected >= 1, got {step_repeats}")
+    if rounds < 1:
+        raise ValueError(f"rounds: expected >= 1, got {rounds}")
     tick = progress or (lambda _step: None)
     cores = _cores()
     tick("ping-pong")
@@ -346,28 +354,32 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         for name in SYNTHETIC:
             paths[name] = Path(tmp) / f"calibration_{name}.yaml"
             paths[name].write_text(yaml.safe_dump(synthetic_profile(name)))
+        samples: dict[str, dict[str, list[float]]] = {
+            b: {name: [] for name in (*SYNTHETIC, workload)} for b in backends}
+        for r in range(rounds):
+            for b in backends:
+                s = servers if contract.backend(b).uses_servers else 0
+                for name in SYNTHETIC:  # short runs: twice the iterations for steadier medians
+                    tick(f"{b} {name}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
+                    samples[b][name] += real_iteration(
+                        b, paths[name], workers, s if s else workers, 2 * iterations,
+                        timeout_s)["samples_s"]
+                tick(f"{b} {workload}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
+                samples[b][workload] += real_iteration(
+                    b, workload, workers, s if s else workers, iterations + iterations // 2,
+                    timeout_s, compute_scale, size_scale)["samples_s"]
         for b in backends:
             s = servers if contract.backend(b).uses_servers else 0
-            measured = {}
-            for name in SYNTHETIC:  # short runs: twice the iterations for steadier medians
-                tick(f"{b} {name}")
-                measured[name] = real_iteration(b, paths[name], workers, s if s else workers,
-                                                2 * iterations, timeout_s)
-            tick(f"{b} {workload}")
-            measured[workload] = real_iteration(b, workload, workers, s if s else workers,
-                                                iterations + iterations // 2, timeout_s,
-                                                compute_scale, size_scale)
+            measured = {name: statistics.median(v) for name, v in samples[b].items()}
             tick(f"{b} fit")
             fits[b] = fit_backend(
-                b, (paths["small"], measured["small"]["median_s"]),
-                (paths["large"], measured["large"]["median_s"]),
+                b, (paths["small"], measured["small"]), (paths["large"], measured["large"]),
                 workers=workers, servers=s, latency_us=pp["latency_us"],
                 bandwidth_gbps=pp["bandwidth_gbps"], cores=cores,
-                workload=(workload, measured[workload]["median_s"],
+                workload=(workload, measured[workload],
                           (comp["rate"], comp["overhead_us"]),
                           {"compute_scale": compute_scale, "size_scale": size_scale}))
-            runs[b] = {name: [round(x * 1e3, 4) for x in m["samples_s"]]
-                       for name, m in measured.items()}
+            runs[b] = {name: [round(x * 1e3, 4) for x in v] for name, v in samples[b].items()}
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Machine(
         kind=KIND, host=platform.node() or "unknown", measured_at=now, cores=cores,

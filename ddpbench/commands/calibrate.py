@@ -35,6 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-repeats", type=int, default=5,
                         help="ring-step blocks per style and process count, alternating "
                              "in one job; the median is kept (default 5)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="launches of each backend's runs, interleaved across backends; "
+                             "their iteration times are pooled (default 2)")
     parser.add_argument("--compare", metavar="PROFILE", default=None,
                         help="an earlier profile: print each fitted value's change against it")
 
@@ -61,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
             earlier = load_machine(args.compare)
         except ValueError as err:
             raise UsageError(str(err)) from None
-    steps = 4 + len(backends) * (len(SYNTHETIC) + 2)
+    steps = 4 + len(backends) * (args.rounds * (len(SYNTHETIC) + 1) + 1)
     from tqdm import tqdm
 
     bar = tqdm(total=steps, desc="calibrate", unit="step", file=sys.stderr)
@@ -79,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
                             workload=args.workload, compute_scale=args.compute_scale,
                             size_scale=args.size_scale, iterations=args.iterations,
                             timeout_s=args.timeout, step_processes=counts,
-                            step_repeats=args.step_repeats, progress=tick)
+                            step_repeats=args.step_repeats, rounds=args.rounds,
+                            progress=tick)
     except ValueError as err:
         bar.close()
         raise UsageError(str(err)) from None
