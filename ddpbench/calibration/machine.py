@@ -54,9 +54,10 @@ class BackendFit(_Strict):
         per_message_us: CPU time per simulated message (a ring step, a push, a pull, a
             slice), microseconds, at the calibration's process count.
         bandwidth_gbps: the rate its bytes move at between two processes, Gbit/s.
-        bandwidth_fitted: False when the large workload's time is all message costs (a
-            backend that slices large arrays into many messages, as ``p3`` does): the fit
-            cannot tell its bandwidth from infinite, so it is the ping-pong's bandwidth.
+        bandwidth_fitted: False when message costs alone take over 90% of the large
+            workload's time (a backend that slices large arrays into many messages, as
+            ``p3`` does): the fit cannot tell its bandwidth from infinite, so it is the
+            ping-pong's bandwidth.
         compute_factor: how much slower the trainer's compute emulation runs beside this
             backend's communication threads than alone (fitted on the workload's own run).
         workload_ms: measured iteration time of the calibration workload (with compute).

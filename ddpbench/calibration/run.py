@@ -56,6 +56,10 @@ STEP_PROCESSES = (2, 3, 4, 6, 8)
 _BW_MAX = 1e4
 """The bandwidth solve's upper end, Gbit/s (far above any two processes' memory copy)."""
 
+_BYTES_SHARE = 0.1
+"""The least share of the large run that its bytes (not its messages) must take for the
+fit to keep the bandwidth it solves; below, the ping-pong's is kept."""
+
 SYNTHETIC = {"small": (64, 256), "large": (4, 1 << 20)}
 """Calibration workloads: name -> (tensors, float32 elements each), no compute."""
 
@@ -262,11 +266,13 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
         per_msg = solve_per_msg(bw)
         bw = _solve(functools.partial(lambda p, b: sim(large[0], p, b), per_msg), large[1],
                     0.01, _BW_MAX, increasing=False)
-    fitted = bw < _BW_MAX * 0.999
+    # Bytes must explain a share of the large run for its time to pin a bandwidth down.
+    fitted = large[1] - sim(large[0], per_msg, _BW_MAX) >= _BYTES_SHARE * large[1]
     if not fitted:
-        # The large run is all message costs (p3 cuts each array into many slices): any
-        # bandwidth up to infinity fits it, and the bound the solve stops at would change
-        # from run to run. Bytes move at the wire's rate then, as far as anything can tell.
+        # The large run is (nearly) all message costs (p3 cuts each array into many
+        # slices): any bandwidth from some hundreds of Gbit/s to infinity fits it, and the
+        # one the solve stops at would change from run to run. Bytes move at the wire's
+        # rate then, as far as anything can tell.
         bw = bandwidth_gbps
         per_msg = solve_per_msg(bw)
     factor, wl_sim = 1.0, None
