@@ -20,9 +20,10 @@ Steps (each a tick of the progress bar):
    counts them: alternating one-dimensional solves (bisection; the simulated time grows
    with the per-message cost and falls with bandwidth) until both workloads' simulated
    iteration times equal the measured medians (each run is launched ``rounds`` times, every
-   backend once per round, and the median is over the pooled iteration times). When the
-   large run is all message costs (``p3``'s slices) no bandwidth can be told from infinite:
-   the ping-pong's is kept (``bandwidth_fitted: false``). Then the workload itself (with compute, as
+   backend once per round, and the median is over the pooled iteration times). When bytes
+   take under a tenth of the large run (``p3``'s slices: it is all message costs) no
+   bandwidth can be told from infinite: the ping-pong's is kept (``bandwidth_fitted:
+   false``). Then the workload itself (with compute, as
    the experiment runs it) gives the backend's ``compute_factor``: how much slower the
    sleeps run beside that backend's threads, solved the same way with the two costs fixed.
 """
@@ -186,8 +187,8 @@ def compute_rule(workload: str, compute_scale: float, size_scale: float,
 
 def real_iteration(backend: str, profile: Path | str, workers: int, servers: int,
                    iterations: int, timeout_s: float, compute_scale: float = 1.0,
-                   size_scale: float = 1.0) -> dict[str, Any]:
-    """Return a real run's iteration times of ``profile`` with ``backend``."""
+                   size_scale: float = 1.0) -> list[float]:
+    """Return a real run's timed iteration times (seconds) of ``profile`` with ``backend``."""
     from ddpbench.experiments.throughput.points import run_point
 
     row = run_point({"mode": "real", "backend": backend, "workload": str(profile),
@@ -195,7 +196,7 @@ def real_iteration(backend: str, profile: Path | str, workers: int, servers: int
                      "servers": servers if servers != workers else "colocated",
                      "iterations": iterations, "warmup": 3, "compute_scale": compute_scale,
                      "size_scale": size_scale, "compute": "sleep", "timeout_s": timeout_s})
-    return {"median_s": float(row["iteration_time_s"]), "samples_s": row["samples_s"]}
+    return [float(x) for x in row["samples_s"]]
 
 
 def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, *,
@@ -375,11 +376,11 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
                     tick(f"{b} {name}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
                     samples[b][name] += real_iteration(
                         b, paths[name], workers, s if s else workers, 2 * iterations,
-                        timeout_s)["samples_s"]
+                        timeout_s)
                 tick(f"{b} {workload}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
                 samples[b][workload] += real_iteration(
                     b, workload, workers, s if s else workers, iterations + iterations // 2,
-                    timeout_s, compute_scale, size_scale)["samples_s"]
+                    timeout_s, compute_scale, size_scale)
         for b in backends:
             s = servers if contract.backend(b).uses_servers else 0
             measured = {name: statistics.median(v) for name, v in samples[b].items()}
