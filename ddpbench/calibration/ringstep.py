@@ -2,7 +2,7 @@
 
 Every rank's engine thread (:class:`ddpbench.comm.Engine`, the thread every backend's MPI
 calls run on) exchanges 1 KiB with its ring neighbours while the main thread waits for each
-step's handle, as a trainer waits for its gradients; ``--style`` says how the step is made
+step's handle, as a trainer waits for its gradients, in each way a backend makes a step
 (:data:`STYLES`). Run by ``ddpbench calibrate`` under ``ddpbench launch -n P`` for several
 P: one job measures both styles in alternating blocks; rank 0 writes, per style, the median
 over blocks of the median over ranks of each rank's mean step time (the slowest 5% of

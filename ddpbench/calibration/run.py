@@ -369,25 +369,26 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
             paths[name].write_text(yaml.safe_dump(synthetic_profile(name)))
         samples: dict[str, dict[str, list[float]]] = {
             b: {name: [] for name in (*SYNTHETIC, workload)} for b in backends}
+        # Server processes of each backend's runs (0: an allreduce backend); a run launches
+        # ``workers`` of them colocated when the count equals the workers.
+        srv = {b: servers if contract.backend(b).uses_servers else 0 for b in backends}
         for r in range(rounds):
             for b in backends:
-                s = servers if contract.backend(b).uses_servers else 0
+                s = srv[b] or workers
                 for name in SYNTHETIC:  # short runs: twice the iterations for steadier medians
                     tick(f"{b} {name}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
                     samples[b][name] += real_iteration(
-                        b, paths[name], workers, s if s else workers, 2 * iterations,
-                        timeout_s)
+                        b, paths[name], workers, s, 2 * iterations, timeout_s)
                 tick(f"{b} {workload}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
                 samples[b][workload] += real_iteration(
-                    b, workload, workers, s if s else workers, iterations + iterations // 2,
-                    timeout_s, compute_scale, size_scale)
+                    b, workload, workers, s, iterations + iterations // 2, timeout_s,
+                    compute_scale, size_scale)
         for b in backends:
-            s = servers if contract.backend(b).uses_servers else 0
             measured = {name: statistics.median(v) for name, v in samples[b].items()}
             tick(f"{b} fit")
             fits[b] = fit_backend(
                 b, (paths["small"], measured["small"]), (paths["large"], measured["large"]),
-                workers=workers, servers=s, latency_us=pp["latency_us"],
+                workers=workers, servers=srv[b], latency_us=pp["latency_us"],
                 bandwidth_gbps=pp["bandwidth_gbps"], cores=cores,
                 workload=(workload, measured[workload],
                           (comp["rate"], comp["overhead_us"]),
