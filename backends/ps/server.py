@@ -49,7 +49,7 @@ from ddpbench.backends.ps.wire import (
 )
 from ddpbench.comm import engine, world
 from ddpbench.optim import SGD
-from ddpbench.tensor_ops import reduce_ufunc, scale_
+from ddpbench.tensor_ops import Arena, reduce_ufunc, scale_
 
 __all__ = ["Server", "dedicated_host_name", "serve", "wait_idle", "write_trace"]
 
@@ -92,6 +92,7 @@ class Server:
         self.optimizer_from: dict[int, dict] = {}
         self.byes: set[int] = set()
         self.done = Handle(f"{name} shutdown")
+        self.arena = Arena()  # the parts' inboxes and sums
         for kind, fn in ((PUSH, self._on_push), (PUSHPULL, self._on_push),
                          (PULL, self._on_pull), (BCAST, self._on_bcast),
                          (CONFIG, self._on_config), (OPT, self._on_opt), (BYE, self._on_bye)):
@@ -104,7 +105,7 @@ class Server:
         buf = slot.inbox.get(msg.src)
         dtype = np_dtype(msg.dtype)
         if buf is None or buf.size != msg.count or buf.dtype != dtype:
-            buf = slot.inbox[msg.src] = np.empty(msg.count, dtype)
+            buf = slot.inbox[msg.src] = self.arena.empty(msg.count, dtype)
         return buf
 
     def _slot(self, msg: Msg) -> _Slot:
@@ -193,7 +194,7 @@ class Server:
         else:
             acc = slot.acc
             if acc is None or acc.shape != first.shape or acc.dtype != first.dtype:
-                acc = slot.acc = np.empty_like(first)
+                acc = slot.acc = self.arena.empty(first.size, first.dtype)
             if self.w == 1:
                 np.copyto(acc, first)
             else:

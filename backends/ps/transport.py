@@ -34,6 +34,9 @@ from ddpbench.comm import Protocol
 
 __all__ = ["Gate", "SendRecord", "Transport"]
 
+# How long one poll keeps receiving a burst of data messages (unpaced).
+BATCH_S = 5e-4
+
 
 class Gate:
     """A limit on what one sender has in flight (P3's water mark, BytePS's credit).
@@ -287,27 +290,35 @@ class Transport(Protocol):
         status = self._status
         if status is None:
             status = self._status = MPI.Status()
-        posted: list[Any] = []
+        unpaced = self.bytes_per_s is None
+        until = now + BATCH_S
         while True:
-            m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
-            if m is None:
+            posted: list[Any] = []
+            while True:
+                m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
+                if m is None:
+                    break
+                src = status.Get_source()
+                head = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                m.Recv(head)  # matched and small: already here
+                msg = Msg.decode(head, src, self.me)
+                req = None
+                if msg.flags & FLAG_DATA:
+                    req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
+                    posted.append(req)
+                self.recvs[src].append((req, msg))
+                did = True
+            if not (posted and unpaced):
                 break
-            src = status.Get_source()
-            head = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-            m.Recv(head)  # matched and small: already here
-            msg = Msg.decode(head, src, self.me)
-            req = None
-            if msg.flags & FLAG_DATA:
-                req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
-                posted.append(req)
-            self.recvs[src].append((req, msg))
-            did = True
-        if posted and self.bytes_per_s is None:
             # Every header's elements were sent right behind it, so this wait ends: MPI
             # moves them at its own speed, all at once, instead of one chunk per poll (its
-            # progress inside the wait moves this process's sends too). Paced, the engine
-            # must keep its clock, so the receives complete by polling.
+            # progress inside the wait moves this process's sends too). MPI shows a
+            # sender's next header only once the elements before it are in, so look again
+            # (a burst of slices is received in one go) for up to BATCH_S. Paced, the
+            # engine must keep its clock, so the receives complete by polling.
             MPI.Request.Waitall(posted)
+            if time.monotonic() > until:
+                break
         for queue in self.recvs.values():
             # Complete in order per source: MPI's non-overtaking order is what keeps a
             # kvstore pull behind its push.
