@@ -293,32 +293,30 @@ class Transport(Protocol):
         unpaced = self.bytes_per_s is None
         until = now + BATCH_S
         while True:
-            posted: list[Any] = []
-            while True:
-                m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
-                if m is None:
-                    break
-                src = status.Get_source()
-                head = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-                m.Recv(head)  # matched and small: already here
-                msg = Msg.decode(head, src, self.me)
-                req = None
-                if msg.flags & FLAG_DATA:
-                    req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
-                    posted.append(req)
-                self.recvs[src].append((req, msg))
-                did = True
-            if not (posted and unpaced):
+            m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
+            if m is None:
                 break
-            # Every header's elements were sent right behind it, so this wait ends: MPI
-            # moves them at its own speed, all at once, instead of one chunk per poll (its
-            # progress inside the wait moves this process's sends too). MPI shows a
-            # sender's next header only once the elements before it are in, so look again
-            # (a burst of slices is received in one go) for up to BATCH_S. Paced, the
-            # engine must keep its clock, so the receives complete by polling.
-            MPI.Request.Waitall(posted)
-            if time.monotonic() > until:
-                break
+            src = status.Get_source()
+            head = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            m.Recv(head)  # matched and small: already here
+            msg = Msg.decode(head, src, self.me)
+            req = None
+            did = True
+            if msg.flags & FLAG_DATA:
+                req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
+                if unpaced:
+                    # The elements were sent right behind the header, so this wait ends:
+                    # MPI moves them at its own speed (on one host the receive itself
+                    # copies them) instead of one chunk per poll, and it shows the
+                    # sender's next header only once they are in. A burst of slices is
+                    # received in one go, for up to BATCH_S. Paced, the engine must keep
+                    # its clock, so the receives complete by polling.
+                    req.Wait()
+                    self.recvs[src].append((None, msg))
+                    if time.monotonic() > until:
+                        break
+                    continue
+            self.recvs[src].append((req, msg))
         for queue in self.recvs.values():
             # Complete in order per source: MPI's non-overtaking order is what keeps a
             # kvstore pull behind its push.
@@ -419,10 +417,16 @@ class Transport(Protocol):
             self.handlers[msg.kind](msg)
             did = True
         did |= self._drain_ready(time.monotonic())
-        if self.sends:
-            n = len(self.sends)
-            self.sends = [s for s in self.sends if not s[0].Test()]
-            did |= len(self.sends) != n
+        sends = self.sends
+        if sends:
+            # Sends complete about in the order they were started: test from the oldest
+            # and stop at the first still in flight (a burst has hundreds).
+            n = 0
+            while n < len(sends) and sends[n][0].Test():
+                n += 1
+            if n:
+                del sends[:n]
+                did = True
         return did
 
     def idle(self) -> bool:
