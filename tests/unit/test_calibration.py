@@ -238,3 +238,23 @@ def test_fit_keeps_the_ping_pong_bandwidth_when_the_large_run_is_all_messages(tm
     assert fit.bandwidth_gbps == 90.0
     assert fit.per_message_us == pytest.approx(200.0, rel=0.05)
     assert M.BackendFit.model_validate(fit.model_dump()) == fit  # it round-trips
+
+
+def test_horovod_small_run_is_unfused_so_its_per_message_cost_is_identifiable(tmp_path):
+    """Fused, horovod's small run is one buffer inside one 1 ms cycle: the simulated time
+    is flat in the per-message cost over a wide range, so no cost could be fitted to it.
+    Unfused (SYNTHETIC_KNOBS, in the real and the simulated run alike) it grows with the
+    cost, and times made at a known cost are fitted back to it."""
+    from ddpbench.calibration.run import SYNTHETIC_KNOBS, _sim_time, fit_backend
+
+    paths = _synthetic_paths(tmp_path)
+    fused = [_sim_time("horovod", paths["small"], 2, 0, 2.0, pm, 20.0, 2) for pm in (2.0, 8.0)]
+    assert fused[0] == pytest.approx(fused[1], rel=1e-9)  # the cycle hides the cost
+    knobs = SYNTHETIC_KNOBS["horovod"]["small"]
+    assert knobs == {"fusion_threshold": 0}
+    small = _sim_time("horovod", paths["small"], 2, 0, 2.0, 12.0, 20.0, 2, knobs=knobs)
+    large = _sim_time("horovod", paths["large"], 2, 0, 2.0, 12.0, 20.0, 2)
+    fit = fit_backend("horovod", (paths["small"], small), (paths["large"], large), workers=2,
+                      servers=0, latency_us=2.0, bandwidth_gbps=90.0, cores=2)
+    assert fit.per_message_us == pytest.approx(12.0, rel=0.02)
+    assert fit.bandwidth_gbps == pytest.approx(20.0, rel=0.02)
