@@ -36,6 +36,7 @@ __all__ = ["Gate", "SendRecord", "Transport"]
 
 # How long one poll keeps receiving a burst of data messages (unpaced).
 BATCH_S = 5e-4
+MISSES = 3
 
 
 class Gate:
@@ -115,6 +116,8 @@ class Transport(Protocol):
         self._status: Any = None
         self.arrived: list[tuple[float, int, Msg]] = []
         self.local: collections.deque[Msg] = collections.deque()
+        # Unpaced, every message is delivered as it is received, in receive order.
+        self.delivered: collections.deque[Msg] = collections.deque()
         self.last_delivery: dict[int, float] = {}
         # The downlink (switch output port): paced data received but not yet carried, by
         # arrival time, and those waiting at the port at its next choice, by priority.
@@ -170,6 +173,11 @@ class Transport(Protocol):
                 msg.after_send()
         elif msg.flags & FLAG_DATA:
             msg.t_enq = time.monotonic()
+            if (msg.direct and self.bytes_per_s is None and not self.queued
+                    and self._sockets_idle()):
+                # Unpaced, a reply for an empty wire goes out at once, as the queue would.
+                self._transmit(msg, msg.t_enq, wire_priority=0)
+                return
             heapq.heappush(self.queued, (msg.t_enq, msg.seq, (-msg.priority, msg.seq, msg)))
         else:
             msg.t_start = time.monotonic()
@@ -292,10 +300,16 @@ class Transport(Protocol):
             status = self._status = MPI.Status()
         unpaced = self.bytes_per_s is None
         until = now + BATCH_S
+        misses = MISSES  # only right after a data message is another poll worth it
         while True:
             m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
             if m is None:
-                break
+                # Right after a data message, MPI may need another poll or two to show
+                # the header that followed it.
+                misses += 1
+                if misses > MISSES:
+                    break
+                continue
             src = status.Get_source()
             head = np.empty(status.Get_count(MPI.BYTE), np.uint8)
             m.Recv(head)  # matched and small: already here
@@ -312,6 +326,7 @@ class Transport(Protocol):
                     # received in one go, for up to BATCH_S. Paced, the engine must keep
                     # its clock, so the receives complete by polling.
                     req.Wait()
+                    misses = 0
                     self.recvs[src].append((None, msg))
                     if time.monotonic() > until:
                         break
@@ -339,6 +354,9 @@ class Transport(Protocol):
         return out.reshape(-1).view(np.uint8)
 
     def _arrive(self, msg: Msg, now: float) -> None:
+        if self.bytes_per_s is None:  # no latency, no port: the order it was received in
+            self.delivered.append(msg)
+            return
         if msg.kind == ACK:  # no order to keep: the ack handler looks the part up by key
             heapq.heappush(self.arrived, (now + self.latency_s, next(self.seq), msg))
             return
@@ -400,13 +418,18 @@ class Transport(Protocol):
     def busy(self) -> bool:
         return bool(self.keep_polling or self.ready or self.queued or self.sends
                     or self.arrived or not self._sockets_idle()
-                    or self.local or self.port_new or self.port_queue
+                    or self.local or self.delivered or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
     def progress(self) -> bool:
         now = time.monotonic()
         did = self._receive(now)
         did |= self._serve_port(now)
+        delivered = self.delivered
+        while delivered:
+            msg = delivered.popleft()
+            self.handlers[msg.kind](msg)
+            did = True
         while self.arrived and self.arrived[0][0] <= now:
             msg = heapq.heappop(self.arrived)[2]
             self.handlers[msg.kind](msg)
@@ -432,7 +455,7 @@ class Transport(Protocol):
     def idle(self) -> bool:
         """True when nothing is queued, in flight or waiting for delivery."""
         return not (self.ready or self.queued or self.sends or self.arrived
-                    or not self._sockets_idle() or self.local
+                    or not self._sockets_idle() or self.local or self.delivered
                     or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
