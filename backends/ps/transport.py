@@ -183,6 +183,12 @@ class Transport(Protocol):
             msg.t_start = time.monotonic()
             self._isend(msg)
 
+    def kick(self) -> None:
+        """Unpaced, hand what is queued to the wire now (engine thread), as the sending
+        thread would while the caller is still queueing the rest of a sliced array."""
+        if self.bytes_per_s is None:
+            self._drain_ready(time.monotonic())
+
     def release(self, gate: Gate, cost: float) -> None:
         """Return ``cost`` to ``gate`` (an arrival was acknowledged); requeue what now fits."""
         gate.used -= cost
@@ -317,20 +323,20 @@ class Transport(Protocol):
             req = None
             did = True
             if msg.flags & FLAG_DATA:
-                req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
                 if unpaced:
-                    # The elements were sent right behind the header, so this wait ends:
-                    # MPI moves them at its own speed (on one host the receive itself
+                    # The elements were sent right behind the header, so this receive
+                    # ends: MPI moves them at its own speed (on one host the receive itself
                     # copies them) instead of one chunk per poll, and it shows the
                     # sender's next header only once they are in. A burst of slices is
                     # received in one go, for up to BATCH_S. Paced, the engine must keep
                     # its clock, so the receives complete by polling.
-                    req.Wait()
+                    self.comm.Recv(self._sink(msg), src, TAG_DATA)
                     misses = 0
                     self.recvs[src].append((None, msg))
                     if time.monotonic() > until:
                         break
                     continue
+                req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
             self.recvs[src].append((req, msg))
         for queue in self.recvs.values():
             # Complete in order per source: MPI's non-overtaking order is what keeps a

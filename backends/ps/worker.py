@@ -56,6 +56,9 @@ from ddpbench.contract import PSKnobs
 from ddpbench.optim import SGD
 from ddpbench.tensor_ops import scale_
 
+KICK_EVERY = 8
+"""Unpaced, the queued parts of one push go to the wire every this many parts."""
+
 __all__ = ["PSStore"]
 
 
@@ -292,6 +295,8 @@ class PSStore(EngineStore):
                           postscale=postscale, flags=flags)
                 msg.gate, msg.cost = gate, cost
                 self.dispatch(msg, p)
+                if i % KICK_EVERY == KICK_EVERY - 1:
+                    self._transport.kick()  # the wire starts while the rest are queued
 
         return self._start(plan, flat, output, send)
 
