@@ -36,6 +36,8 @@ __all__ = ["Gate", "SendRecord", "Transport"]
 
 # How long one poll keeps receiving a burst of data messages (unpaced).
 BATCH_S = 5e-4
+# Empty probes allowed right after a data message before the poll gives up: MPI shows the
+# header that followed it a probe or two later.
 MISSES = 3
 
 
@@ -310,8 +312,6 @@ class Transport(Protocol):
         while True:
             m = self.comm.Improbe(MPI.ANY_SOURCE, TAG, status)
             if m is None:
-                # Right after a data message, MPI may need another poll or two to show
-                # the header that followed it.
                 misses += 1
                 if misses > MISSES:
                     break
