@@ -111,6 +111,16 @@ def _time_one(comm: Any, fn: Any, warmup: int, iters: int) -> list[float]:
     return worst.tolist()
 
 
+def _total(comm: Any, count: int) -> int:
+    """Return ``count`` summed over the ranks: a buffer collective, which releases the GIL
+    while it waits (a store is still open; see ``bench trainer``)."""
+    from mpi4py import MPI
+
+    buf = np.array([count], np.int64)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    return int(buf[0])
+
+
 def _backend_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
     """``'horovod'`` or ``'horovod:fusion_threshold=0'`` -> (label, name, options)."""
     name, _, rest = spec.partition(":")
@@ -305,7 +315,7 @@ def _one_size(kv, comm, nbytes, cfg, dtype, iters) -> tuple[list[float], dict[st
     samples = _time_one(comm, lambda: kv.push_pull(name, x, output=y, op=cfg["op"]),
                         cfg["warmup"], iters)
     wrong = int(np.count_nonzero(_to_host(y).astype(np.float64) != ref))
-    wrong = comm.allreduce(wrong)
+    wrong = _total(comm, wrong)
     return samples, {"nbytes": count * dtype.itemsize, "count": count, "wrong": wrong}
 
 
@@ -334,7 +344,7 @@ def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[s
         ref_all = np.concatenate(refs)
         wrong = int(np.count_nonzero(_to_host(y_all).astype(np.float64) != ref_all))
         return samples, {"nbytes": total * dtype.itemsize, "count": total, "tensors": 1,
-                         "wrong": comm.allreduce(wrong)}
+                         "wrong": _total(comm, wrong)}
     if isinstance(kv, _Gloo):
         one_set = kv.set_runner(xs, ys, order, cfg["op"])
     else:
@@ -348,7 +358,7 @@ def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[s
     wrong = sum(int(np.count_nonzero(_to_host(y).astype(np.float64) != r))
                 for y, r in zip(ys, refs))
     return samples, {"nbytes": total * dtype.itemsize, "count": total, "tensors": len(counts),
-                     "wrong": comm.allreduce(wrong)}
+                     "wrong": _total(comm, wrong)}
 
 
 def _row(label, nbytes, count, cfg, samples, wrong, n) -> dict[str, Any]:
