@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ddpbench.benchmarks import allreduce_scalar
+
 HELP = "time allreduce of the real backends (nccl-tests columns, ratios against mpi)"
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -109,16 +111,6 @@ def _time_one(comm: Any, fn: Any, warmup: int, iters: int) -> list[float]:
     worst = np.array(samples)
     comm.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
     return worst.tolist()
-
-
-def _total(comm: Any, count: int) -> int:
-    """Return ``count`` summed over the ranks: a buffer collective, which releases the GIL
-    while it waits (a store is still open; see ``bench trainer``)."""
-    from mpi4py import MPI
-
-    buf = np.array([count], np.int64)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    return int(buf[0])
 
 
 def _backend_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
@@ -315,7 +307,7 @@ def _one_size(kv, comm, nbytes, cfg, dtype, iters) -> tuple[list[float], dict[st
     samples = _time_one(comm, lambda: kv.push_pull(name, x, output=y, op=cfg["op"]),
                         cfg["warmup"], iters)
     wrong = int(np.count_nonzero(_to_host(y).astype(np.float64) != ref))
-    wrong = _total(comm, wrong)
+    wrong = int(allreduce_scalar(comm, wrong, "sum"))
     return samples, {"nbytes": count * dtype.itemsize, "count": count, "wrong": wrong}
 
 
@@ -344,7 +336,7 @@ def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[s
         ref_all = np.concatenate(refs)
         wrong = int(np.count_nonzero(_to_host(y_all).astype(np.float64) != ref_all))
         return samples, {"nbytes": total * dtype.itemsize, "count": total, "tensors": 1,
-                         "wrong": _total(comm, wrong)}
+                         "wrong": int(allreduce_scalar(comm, wrong, "sum"))}
     if isinstance(kv, _Gloo):
         one_set = kv.set_runner(xs, ys, order, cfg["op"])
     else:
@@ -358,7 +350,7 @@ def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[s
     wrong = sum(int(np.count_nonzero(_to_host(y).astype(np.float64) != r))
                 for y, r in zip(ys, refs))
     return samples, {"nbytes": total * dtype.itemsize, "count": total, "tensors": len(counts),
-                     "wrong": _total(comm, wrong)}
+                     "wrong": int(allreduce_scalar(comm, wrong, "sum"))}
 
 
 def _row(label, nbytes, count, cfg, samples, wrong, n) -> dict[str, Any]:

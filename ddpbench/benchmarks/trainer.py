@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ddpbench.benchmarks import allreduce_scalar
+
 HELP = "time DistributedTrainer.step against a bare loop of push_pull calls (ratio)"
 
 
@@ -90,20 +92,15 @@ def _bench_one(spec: str, cfg: dict[str, Any], comm: Any, x: Any, y: Any) -> dic
 
     samples: dict[str, list[float]] = {"bare": [], "trainer": []}
     pair = [("bare", bare_step), ("trainer", trainer_step)]
-    dt = np.zeros(1)
     for it in range(cfg["warmup"] + cfg["iters"]):
         # Alternate which goes first, so neither always runs right after the other.
         for label, fn in (pair if it % 2 == 0 else pair[::-1]):
             comm.Barrier()
             t0 = MPI.Wtime()
             fn()
-            # A buffer collective: it releases the GIL while it waits, so this rank's engine
-            # keeps serving the colocated server's parts that the others still wait for
-            # (the pickling ``allreduce`` held it: a hang in about half the byteps runs).
-            dt[0] = MPI.Wtime() - t0
-            comm.Allreduce(MPI.IN_PLACE, dt, op=MPI.MAX)
+            dt = allreduce_scalar(comm, MPI.Wtime() - t0, "max")
             if it >= cfg["warmup"]:
-                samples[label].append(float(dt[0]))
+                samples[label].append(dt)
     diff = max(float(np.max(np.abs(p.data - q.data))) for p, q in zip(bare_ps, tr_ps))
     trainer.close()
     kv.close()

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddpbench.benchmarks import allreduce_scalar
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -75,7 +77,6 @@ def worker(cfg: dict[str, Any]) -> None:
     def timed(steppers: dict[str, Any], steps: int, first: int) -> dict[str, list[float]]:
         samples: dict[str, list[float]] = {k: [] for k in steppers}
         order = list(steppers)
-        dt = np.zeros(1)
         for it in range(steps):
             x, y = batches[(first + it) % len(batches)]
             turn = order[it % len(order):] + order[:it % len(order)]  # rotate who goes first
@@ -83,11 +84,7 @@ def worker(cfg: dict[str, Any]) -> None:
                 comm.Barrier()
                 t0 = MPI.Wtime()
                 steppers[label](x, y)
-                # A buffer collective releases the GIL while it waits (the engine of a
-                # store with colocated servers must keep serving; see bench trainer).
-                dt[0] = MPI.Wtime() - t0
-                comm.Allreduce(MPI.IN_PLACE, dt, op=MPI.MAX)
-                samples[label].append(float(dt[0]))
+                samples[label].append(allreduce_scalar(comm, MPI.Wtime() - t0, "max"))
         return samples
 
     def flat(model: Any) -> Any:
