@@ -9,8 +9,10 @@ Steps (each a tick of the progress bar):
    message's software cost stretches as processes outnumber cores.
 3. Copy and summation throughput of NumPy on 64 MiB float32 arrays (one core).
 4. Compute emulation: one ``time.sleep`` per layer and pass is what the trainer's worker
-   does (:mod:`ddpbench.experiments.throughput.worker`); calls of 0.05 to 5 ms give the
-   rate (slope) and the per-call overhead (intercept) by least squares, and the workload's
+   does (:mod:`ddpbench.experiments.throughput.worker`); the median time of calls of 0.05
+   to 5 ms gives the rate (slope) and the per-call overhead (intercept) by least squares
+   over the four requested times (a median, so one stretched sleep does not tilt it), and
+   the workload's
    own sequence of calls is timed against that rule.
 5. For each backend, two synthetic workloads on ``workers`` real worker processes (and
    ``servers`` server processes for the parameter-server backends), no compute: 64 tensors
@@ -174,14 +176,17 @@ def compute_rule(workload: str, compute_scale: float, size_scale: float,
     from ddpbench.experiments.throughput.worker import load_workload
 
     requested = [5e-5, 2e-4, 1e-3, 5e-3]
-    xs, ys = [], []
+    medians = []
     for t in requested:
+        took = []
         for _ in range(40 if t < 1e-3 else 8):
             t0 = time.perf_counter()
             time.sleep(t)
-            xs.append(t)
-            ys.append(time.perf_counter() - t0)
-    rate, intercept = np.polyfit(np.array(xs), np.array(ys), 1)
+            took.append(time.perf_counter() - t0)
+        # The median per requested time: one sleep that the scheduler stretched (a busy
+        # machine) must not tilt the line that every call of the workload is charged by.
+        medians.append(statistics.median(took))
+    rate, intercept = np.polyfit(np.array(requested), np.array(medians), 1)
     overhead = max(0.0, float(intercept))
     wl = load_workload(workload).resized(size_scale)
     calls = [x * compute_scale for layer in wl.layers for x in (layer.fwd_s, layer.bwd_s)
