@@ -21,7 +21,10 @@ How a ``push_pull`` travels (``horovod/common/operations.cc``, ``controller.cc``
 4. The cycle's responses are fused with Horovod's look-ahead (``ddpbench.fusion``) and
    executed in the same order on every rank: pack into the persistent fusion buffer by
    offset with the prescale folded into the copy, reduce, unpack with the postscale folded
-   into the copy. ``algorithm="mpi"`` (default) reduces with the MPI library's own
+   into the copy. A group whose tensors (and outputs) already lie back to back in one
+   array, in response order (gradients allocated as views of one flat buffer), is reduced
+   where it lies: no copies, the same bits (ddpbench's addition; Horovod always copies).
+   ``algorithm="mpi"`` (default) reduces with the MPI library's own
    ``MPI_Allreduce``, as Horovod's CPU path does (``ops/mpi_operations.cc``);
    ``algorithm="ring"`` runs the point-to-point ring (reduce-scatter, allgather) whose
    chunking :mod:`ddpbench.numerics` and the simulator model.
@@ -63,7 +66,14 @@ from ddpbench.backends._common import (
 from ddpbench.comm import Protocol
 from ddpbench.contract import HorovodKnobs
 from ddpbench.fusion import fuse_responses
-from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_, scale_into
+from ddpbench.tensor_ops import (
+    adjacent_span,
+    byte_view,
+    reduce_ufunc,
+    ring_chunks,
+    scale_,
+    scale_into,
+)
 
 TAG_RING = 13
 
@@ -261,7 +271,7 @@ class _HorovodProtocol(Protocol):
         self.warned: set[Any] = set()
         # statistics, read by benchmarks and tests; the last groups for the planning tests
         self.stats = {"groups": 0, "fused_tensors": 0, "bytes_sent": 0, "cycles": 0,
-                      "cache_hits": 0, "negotiated": 0}
+                      "cache_hits": 0, "negotiated": 0, "zero_copy_groups": 0}
         self.group_log: collections.deque[tuple[int, list[Any]]] = collections.deque(
             maxlen=4096)
 
@@ -494,6 +504,23 @@ class _HorovodProtocol(Protocol):
             req = reqs[0]
             src, out = req.tensor.reshape(-1), req.output.reshape(-1)
             if meta.prescale == 1.0 and not np.may_share_memory(src, out):
+                self._reduce(out, op, source=src)
+            else:
+                scale_into(src, meta.prescale, out)
+                self._reduce(out, op)
+            scale_(out, meta.postscale)
+            return
+        src = adjacent_span([r.tensor for r in reqs])
+        out = adjacent_span([r.output for r in reqs]) if src is not None else None
+        if src is not None and out is not None:
+            # The group already lies back to back, in response order: it is its own fusion
+            # buffer (same elements, same order, same bits as packing it).
+            self.stats["zero_copy_groups"] += 1
+            same = src.__array_interface__["data"][0] == out.__array_interface__["data"][0]
+            if same:
+                scale_(out, meta.prescale)
+                self._reduce(out, op)
+            elif meta.prescale == 1.0 and not np.may_share_memory(src, out):
                 self._reduce(out, op, source=src)
             else:
                 scale_into(src, meta.prescale, out)

@@ -84,6 +84,39 @@ def scale_into(src: Any, factor: float, out: Any) -> None:
         raise TypeError(f"cannot scale a {dt} tensor")
 
 
+def adjacent_span(arrays: list[Any]) -> np.ndarray | None:
+    """Return one flat view over ``arrays`` when they lie back to back in one buffer, in order.
+
+    ``None`` unless every array is a C-contiguous NumPy array of the first one's dtype, each
+    starts where the one before it ends, and all lie inside one contiguous base array (as
+    gradients do that were allocated as views of one flat buffer, like PyTorch DDP's bucket
+    views). A fused reduction over the span is then the fusion buffer itself: no copy in or
+    out, and the same elements in the same order, so the same bits.
+    """
+    if not arrays or not all(isinstance(a, np.ndarray) for a in arrays):
+        return None
+    dtype = arrays[0].dtype
+    if any(a.dtype != dtype for a in arrays):
+        return None
+    full = [a for a in arrays if a.size]  # an empty view's address means nothing
+    if not full:
+        return None
+    root = full[0]
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not root.flags.c_contiguous:
+        return None
+    start = ptr = full[0].__array_interface__["data"][0]
+    for a in full:
+        if not a.flags.c_contiguous or a.__array_interface__["data"][0] != ptr:
+            return None
+        ptr += a.nbytes
+    lo = root.__array_interface__["data"][0]
+    if start < lo or ptr > lo + root.nbytes:
+        return None
+    return root.reshape(-1).view(np.uint8)[start - lo:ptr - lo].view(dtype)
+
+
 def byte_view(a: Any) -> Any:
     """Return a flat uint8 view of a C-contiguous array (the wire format of every backend)."""
     return a.reshape(-1).view(np.uint8)

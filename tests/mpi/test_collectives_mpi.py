@@ -95,3 +95,28 @@ def test_bench_allreduce_runs_and_checks_results():
         assert r["wrong"] == 0 and r["count"] == r["size"] // 2 and r["ranks"] == 3
         assert r["min_us"] <= r["time_us"] <= r["max_us"]
         assert r["busbw"] == pytest.approx(r["algbw"] * 4 / 3)
+
+
+@pytest.mark.parametrize("layout", ["flat", "separate"])
+def test_bench_allreduce_tensor_set_checks_results_and_reduces_flat_gradients_in_place(layout):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpbench", "bench", "allreduce", "-n", "3", "--tensors",
+         "resnet50", "--scale", "0.001", "--layout", layout, "--warmup", "1", "--iters", "2",
+         "--rounds", "1", "--format", "json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["backend"]: r for r in json.loads(proc.stdout)}
+    assert set(rows) == {"native", "native:per_tensor", "mpi", "horovod",
+                         "horovod:fusion_threshold=0"}
+    for r in rows.values():
+        assert r["wrong"] == 0 and r["ranks"] == 3
+        assert r["tensors"] == (1 if r["backend"] == "native" else 161)
+    fused = rows["horovod"]
+    assert fused["groups"] >= 1
+    # Flat gradients are their own fusion buffer; separate arrays are always copied (a group
+    # of one tensor is never copied and is not counted).
+    if layout == "flat":
+        assert fused["zero_copy_groups"] >= 1
+    else:
+        assert fused["zero_copy_groups"] == 0

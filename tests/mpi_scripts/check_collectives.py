@@ -1,7 +1,7 @@
 """Run on N ranks: every op x dtype x shape of a collective backend against a reference.
 
 Usage: check_collectives.py BACKEND [CASE ...]   (cases: values, scaling, broadcast,
-fusion, mismatch, stall; default all but stall). Exits non-zero on the first wrong result;
+fusion, flat, mismatch, stall; default all but stall). Exits non-zero on the first wrong result;
 reports each case and rank as a JSON line (_results.py).
 """
 
@@ -17,7 +17,7 @@ import ddpbench
 from ddpbench.api import ReduceOp
 
 BACKEND = sys.argv[1]
-CASES = sys.argv[2:] or ["values", "scaling", "broadcast", "fusion", "mismatch"]
+CASES = sys.argv[2:] or ["values", "scaling", "broadcast", "fusion", "flat", "mismatch"]
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.int64]
 SHAPES = [(), (1,), (2,), (17,), (2, 3, 5), (0,)]
 # Tolerance per dtype for results that are not exact integers (AVERAGE): about 2 ulp.
@@ -137,6 +137,52 @@ def case_fusion():
         tensors = kv.stats["fused_tensors"] - before["fused_tensors"]
         assert tensors == 24, (tensors, groups)
         assert groups < 24, f"no fusion happened: {groups} groups for 24 tensors"
+    kv.synchronize()
+
+
+def case_flat():
+    """Tensors that are views of one flat buffer (as DDP's bucket views): reduced where they
+    lie by a fusing backend, with the same bits as the same tensors in separate arrays."""
+    shapes = [(i % 5 + 1, 4) for i in range(12)]
+    counts = [int(np.prod(s)) for s in shapes]
+    for dtype in (np.float32, np.float16):
+        for op, pre, post, inplace in ((ReduceOp.SUM, 1.0, 1.0, True),
+                                       (ReduceOp.AVERAGE, 0.5, 3.0, True),
+                                       (ReduceOp.SUM, 1.0, 1.0, False),
+                                       (ReduceOp.AVERAGE, 0.25, 1.0, False)):
+            results = []
+            for layout in ("flat", "separate"):
+                src = np.empty(sum(counts), dtype)
+                dst = np.empty(sum(counts), dtype)
+                xs, ys, off = [], [], 0
+                for s, c in zip(shapes, counts):
+                    if layout == "flat":
+                        x, y = src[off:off + c].reshape(s), dst[off:off + c].reshape(s)
+                    else:
+                        x, y = np.empty(s, dtype), np.empty(s, dtype)
+                    x[...] = inputs(s, dtype, rank, op)
+                    xs.append(x)
+                    ys.append(x if inplace else y)
+                    off += c
+                before = kv.stats.get("zero_copy_groups", 0) if hasattr(kv, "stats") else 0
+                tag = f"{layout}-{np.dtype(dtype).name}-{op.value}-{pre}-{post}-{inplace}"
+                handles = [kv.push_pull_async(f"{tag}-{i}", x, output=y, op=op,
+                                              prescale_factor=pre, postscale_factor=post)
+                           for i, (x, y) in enumerate(zip(xs, ys))]
+                for h in handles:
+                    h.wait()
+                for i, (s, y) in enumerate(zip(shapes, ys)):
+                    check(f"{tag} {i}", y, reference(s, dtype, op, pre, post), dtype,
+                          op is ReduceOp.SUM)
+                if not inplace:
+                    for i, (s, x) in enumerate(zip(shapes, xs)):
+                        check(f"{tag} input {i} untouched", x, inputs(s, dtype, rank, op),
+                              dtype, True)
+                if hasattr(kv, "stats") and kv.is_capable("fusion") and layout == "flat":
+                    assert kv.stats["zero_copy_groups"] > before, f"{tag}: copied"
+                results.append([y.copy() for y in ys])
+            for i, (a, b) in enumerate(zip(*results)):
+                assert a.tobytes() == b.tobytes(), f"rank {rank}: flat and separate differ ({i})"
     kv.synchronize()
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from ddpbench.backends._common import Meta, mismatch_message
 from ddpbench.benchmarks.allreduce import parse_size, parse_sizes, profile_tensor_sizes
-from ddpbench.tensor_ops import ring_chunks, scale_
+from ddpbench.tensor_ops import adjacent_span, ring_chunks, scale_
 
 
 @pytest.mark.parametrize("n,p", [(10, 3), (2, 4), (0, 3), (16, 4), (7, 1)])
@@ -58,3 +58,30 @@ def test_bench_size_parsing():
     assert len(sizes) == 161 and sum(sizes) == 25_557_032
     with pytest.raises(ValueError, match="unknown tensor set 'alexnet'"):
         profile_tensor_sizes("alexnet")
+
+
+def test_adjacent_span_is_one_view_over_back_to_back_tensors():
+    flat = np.arange(20, dtype=np.float32)
+    parts = [flat[0:3].reshape(3, 1), flat[3:3], flat[3:11].reshape(2, 4), flat[11:20]]
+    span = adjacent_span(parts)
+    assert span is not None and span.shape == (20,) and np.shares_memory(span, flat)
+    span[...] = -1  # a view, not a copy
+    assert (flat == -1).all()
+    # Only the covered range: a run in the middle of the buffer.
+    middle = adjacent_span([flat[4:6], flat[6:9]])
+    assert middle is not None and middle.__array_interface__["data"][0] == \
+        flat[4:].__array_interface__["data"][0] and middle.size == 5
+
+
+@pytest.mark.parametrize("case", ["gap", "order", "dtype", "strided", "separate", "cupy-like"])
+def test_adjacent_span_refuses_what_is_not_back_to_back(case):
+    flat = np.zeros(20, np.float32)
+    parts = {
+        "gap": [flat[0:3], flat[4:8]],
+        "order": [flat[3:6], flat[0:3]],
+        "dtype": [flat[0:2], flat[2:4].view(np.int32)],
+        "strided": [flat[0:8:2], flat[8:12]],
+        "separate": [np.zeros(3, np.float32), np.zeros(3, np.float32)],
+        "cupy-like": [[0.0, 1.0]],
+    }[case]
+    assert adjacent_span(parts) is None
