@@ -262,6 +262,10 @@ def worker(cfg: dict[str, Any]) -> None:
             if cfg.get("tensors"):
                 got, info = _tensor_set(kv, comm, label, cfg, dtype, per_round)
                 samples.setdefault((spec, 0), []).extend(got)
+                prev = extra.get((spec, 0), {})
+                for k in ("wrong", "groups", "zero_copy_groups"):  # summed over the rounds
+                    if k in info:
+                        info[k] += prev.get(k, 0)
                 extra[(spec, 0)] = info
             else:
                 for nbytes in cfg["sizes"]:
