@@ -498,17 +498,8 @@ class _HorovodProtocol(Protocol):
         if meta.device == "gpu":
             self._allreduce_gpu(reqs)
             return
-        if len(reqs) == 1:
-            # Unfused: no fusion buffer. Out of place when the input may stay untouched,
-            # scaled out of place otherwise (as MPIAllreduce::Execute does).
-            req = reqs[0]
-            src, out = req.tensor.reshape(-1), req.output.reshape(-1)
-            if meta.prescale == 1.0 and not np.may_share_memory(src, out):
-                self._reduce(out, op, source=src)
-            else:
-                scale_into(src, meta.prescale, out)
-                self._reduce(out, op)
-            scale_(out, meta.postscale)
+        if len(reqs) == 1:  # unfused: no fusion buffer
+            self._reduce_run(reqs[0].tensor.reshape(-1), reqs[0].output.reshape(-1), meta, op)
             return
         src = adjacent_span([r.tensor for r in reqs])
         out = adjacent_span([r.output for r in reqs]) if src is not None else None
@@ -516,16 +507,7 @@ class _HorovodProtocol(Protocol):
             # The group already lies back to back, in response order: it is its own fusion
             # buffer (same elements, same order, same bits as packing it).
             self.stats["zero_copy_groups"] += 1
-            same = src.__array_interface__["data"][0] == out.__array_interface__["data"][0]
-            if same:
-                scale_(out, meta.prescale)
-                self._reduce(out, op)
-            elif meta.prescale == 1.0 and not np.may_share_memory(src, out):
-                self._reduce(out, op, source=src)
-            else:
-                scale_into(src, meta.prescale, out)
-                self._reduce(out, op)
-            scale_(out, meta.postscale)
+            self._reduce_run(src, out, meta, op)
             return
         total = sum(r.tensor.size for r in reqs)
         if self.fusion.nbytes < total * dtype.itemsize:
@@ -540,6 +522,20 @@ class _HorovodProtocol(Protocol):
         for r in reqs:  # copy out, postscale folded into the copy
             scale_into(buf[off:off + r.tensor.size], meta.postscale, r.output.reshape(-1))
             off += r.tensor.size
+
+    def _reduce_run(self, src: np.ndarray, out: np.ndarray, meta: Meta, op: ReduceOp) -> None:
+        """Reduce one flat run (a tensor, or a group lying back to back) into ``out``: in
+        place when ``out`` is ``src``, out of place when the input may stay untouched,
+        scaled out of place otherwise (as MPIAllreduce::Execute does)."""
+        if src.__array_interface__["data"][0] == out.__array_interface__["data"][0]:
+            scale_(out, meta.prescale)
+            self._reduce(out, op)
+        elif meta.prescale == 1.0 and not np.may_share_memory(src, out):
+            self._reduce(out, op, source=src)
+        else:
+            scale_into(src, meta.prescale, out)
+            self._reduce(out, op)
+        scale_(out, meta.postscale)
 
     def _allreduce_gpu(self, reqs: list[Request]) -> None:
         """Fused GPU allreduce: prescale in the copy in, postscale in the copy out."""
