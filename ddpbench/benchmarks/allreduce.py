@@ -259,21 +259,16 @@ def worker(cfg: dict[str, Any]) -> None:
     for _ in range(rounds):
         for spec in cfg["backends"]:
             label, kv = _open(spec, cfg, comm)
-            if cfg.get("tensors"):
-                got, info = _tensor_set(kv, comm, label, cfg, dtype, per_round)
-                samples.setdefault((spec, 0), []).extend(got)
-                prev = extra.get((spec, 0), {})
+            runs = ([(0, _tensor_set(kv, comm, label, cfg, dtype, per_round))]
+                    if cfg.get("tensors") else
+                    [(n, _one_size(kv, comm, n, cfg, dtype, per_round)) for n in cfg["sizes"]])
+            for nbytes, (got, info) in runs:
+                samples.setdefault((spec, nbytes), []).extend(got)
+                prev = extra.get((spec, nbytes), {})
                 for k in ("wrong", "groups", "zero_copy_groups"):  # summed over the rounds
                     if k in info:
                         info[k] += prev.get(k, 0)
-                extra[(spec, 0)] = info
-            else:
-                for nbytes in cfg["sizes"]:
-                    got, info = _one_size(kv, comm, nbytes, cfg, dtype, per_round)
-                    samples.setdefault((spec, nbytes), []).extend(got)
-                    prev = extra.get((spec, nbytes), {"wrong": 0})
-                    info["wrong"] += prev["wrong"]
-                    extra[(spec, nbytes)] = info
+                extra[(spec, nbytes)] = info
             info_cycle = getattr(getattr(kv, "options", None), "cycle_time", None)
             for key in keys:
                 if key[0] == spec and info_cycle is not None:

@@ -12,8 +12,7 @@ Steps (each a tick of the progress bar):
    does (:mod:`ddpbench.experiments.throughput.worker`); the median time of calls of 0.05
    to 5 ms gives the rate (slope) and the per-call overhead (intercept) by least squares
    over the four requested times (a median, so one stretched sleep does not tilt it), and
-   the workload's
-   own sequence of calls is timed against that rule.
+   the workload's own sequence of calls is timed against that rule.
 5. For each backend, two synthetic workloads on ``workers`` real worker processes (and
    ``servers`` server processes for the parameter-server backends), no compute: 64 tensors
    of 256 floats (``small``: per-message costs dominate) and 4 tensors of 1 Mi floats
@@ -26,9 +25,9 @@ Steps (each a tick of the progress bar):
    take under a tenth of the large run (``p3``'s slices: it is all message costs) no
    bandwidth can be told from infinite: the ping-pong's is kept (``bandwidth_fitted:
    false``). ``horovod``'s small run is unfused (:data:`SYNTHETIC_KNOBS`). Then the
-   workload itself (with compute, as
-   the experiment runs it) gives the backend's ``compute_factor``: how much slower the
-   sleeps run beside that backend's threads, solved the same way with the two costs fixed.
+   workload itself (with compute, as the experiment runs it) gives the backend's
+   ``compute_factor``: how much slower the sleeps run beside that backend's threads, solved
+   the same way with the two costs fixed.
 """
 
 from __future__ import annotations
