@@ -133,8 +133,8 @@ class Meta:
         """A stable 63-bit fingerprint (the same on every rank, unlike ``hash``)."""
         return _signature(self)
 
-    @property
-    def nbytes(self) -> int:
+    @functools.cached_property
+    def nbytes(self) -> int:  # remembered: a cycle asks for it on every response
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 

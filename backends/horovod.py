@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import threading
 import time
 from typing import Any
 
@@ -60,8 +61,10 @@ from ddpbench.backends._common import (
     MismatchError,
     Request,
     RequestStore,
+    check_dtype,
     mismatch_message,
     mpi_allreduce,
+    mpi_module,
 )
 from ddpbench.comm import Protocol
 from ddpbench.contract import HorovodKnobs
@@ -160,7 +163,8 @@ class _ResponseCache:
         cached = self.entries.get(meta.name)
         if cached is None:
             return self.MISS, -1
-        return (self.HIT if cached == meta else self.INVALID), self.bit_of[meta.name]
+        same = cached is meta or cached == meta
+        return (self.HIT if same else self.INVALID), self.bit_of[meta.name]
 
     def num_bits(self) -> int:
         return len(self.name_at)
@@ -217,14 +221,29 @@ _ALL_CLOSING, _NO_UNCACHED, _NO_INVALID = 0, 1, 2
 _NUM_STATUS_BITS = 3
 
 
-def _pack_bits(bits: Any, nbits: int) -> np.ndarray:
-    flags = np.zeros(-(-nbits // 64) * 64, np.uint8)
-    flags[np.fromiter(bits, np.int64)] = 1
-    return np.packbits(flags, bitorder="little").view(np.uint64).copy()
+# idle="wait": the longest a rank without work goes without a cycle (Horovod's default
+# cycle time), so the coordinator's stall checks and a rank waiting for this one in its
+# cycle's allreduce are never held up for long.
+_IDLE_WAIT_S = 1e-3
 
 
-def _unpack_bits(words: np.ndarray) -> set[int]:
-    return set(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).tolist())
+def _to_words(value: int, nbits: int) -> np.ndarray:
+    """The bit set ``value`` as a little-endian vector of 64-bit words covering ``nbits``."""
+    return np.frombuffer(value.to_bytes(-(-nbits // 64) * 8, "little"), np.uint64).copy()
+
+
+def _from_words(words: np.ndarray) -> int:
+    return int.from_bytes(words.tobytes(), "little")
+
+
+def _bits(value: int) -> list[int]:
+    """The positions set in ``value``, ascending."""
+    out = []
+    while value:
+        low = value & -value
+        out.append(low.bit_length() - 1)
+        value ^= low
+    return out
 
 
 def _fusion_key(resp: tuple[str, Any]) -> tuple | None:
@@ -248,6 +267,8 @@ class _HorovodProtocol(Protocol):
         self.is_coordinator = self.rank == 0
         self.threshold = options.fusion_threshold
         self.cycle_s = options.cycle_time / 1000.0
+        # idle="wait": a rank without work cycles when work arrives, or after this long
+        self.idle_s = max(self.cycle_s, _IDLE_WAIT_S) if options.idle == "wait" else None
         self.stall_s = options.stall_timeout
         self.algorithm = options.algorithm
         self.gpu_transport = options.gpu_transport
@@ -264,6 +285,11 @@ class _HorovodProtocol(Protocol):
         self.closed_handle: Handle | None = None
         self.finished = False
         self.last_start = time.monotonic()
+        # idle="wait": a synchronous push_pull on an idle rank runs the cycles itself, on the
+        # caller's thread (run_inline); the lock keeps one cycle at a time, and items reach
+        # the protocol through the inbox so that the engine never waits for that lock.
+        self.lock = threading.Lock()
+        self.inbox: collections.deque[Request | Handle] = collections.deque()
         # coordinator state: name -> {rank: meta} of uncached requests, and stall checks
         self.table: dict[Any, dict[int, Meta]] = {}
         self.first_seen: dict[Any, float] = {}
@@ -277,6 +303,9 @@ class _HorovodProtocol(Protocol):
 
     # -- protocol ---------------------------------------------------------------------
     def accept(self, item: Request | Handle) -> None:
+        self.inbox.append(item)
+
+    def _take(self, item: Request | Handle) -> None:
         if isinstance(item, Handle):  # close(): this rank is done; leave with the others
             self.closed_handle = item
             self.closing = True
@@ -292,21 +321,67 @@ class _HorovodProtocol(Protocol):
         self.queue.append(item)
 
     def deadline(self) -> float | None:
-        # Horovod's loop keeps cycling while the store is open, idle or not.
-        return None if self.finished else self.last_start + self.cycle_s
+        # Horovod's loop keeps cycling while the store is open, idle or not (idle="cycle").
+        if self.finished:
+            return None
+        if self.lock.locked():  # the caller's thread is cycling: look again in a while
+            return time.monotonic() + _IDLE_WAIT_S
+        return self._due()
+
+    def _due(self) -> float:
+        """When this rank's next cycle may start."""
+        return self.last_start + (self.cycle_s if self.idle_s is None or self._has_work()
+                                  else self.idle_s)
+
+    def _has_work(self) -> bool:
+        return bool(self.inbox or self.queue or self.pending or self.closing)
 
     def progress(self) -> bool:
-        if self.finished:
+        if not self.lock.acquire(blocking=False):  # the caller's thread is cycling
             return False
-        now = time.monotonic()
-        if now < self.last_start + self.cycle_s:
+        try:
+            if self.finished:
+                return False
+            now = time.monotonic()
+            if now < self._due():
+                return False
+            self._run_cycle(now)
+            return True
+        finally:
+            self.lock.release()
+
+    def run_inline(self, req: Request) -> bool:
+        """With idle="wait", run the cycles of ``req`` on this (the caller's) thread when
+        this rank has nothing else queued or in flight, as the engine would have run them;
+        return whether it did (False: queue it for the engine instead)."""
+        if self.idle_s is None or not self.lock.acquire(blocking=False):
             return False
+        try:
+            if self.finished or self._has_work():
+                return False
+            self._take(req)
+            while not req.handle.done():
+                wait = self.last_start + self.cycle_s - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                self._run_cycle(time.monotonic())
+            return True
+        except BaseException as err:  # as on the engine: fail what is outstanding
+            self.fail(err)
+            raise
+        finally:
+            self.lock.release()
+
+    def _run_cycle(self, now: float) -> None:
+        while self.inbox:
+            self._take(self.inbox.popleft())
         self.last_start = now
         self.stats["cycles"] += 1
         self._cycle()
-        return True
 
     def fail(self, error: BaseException) -> None:
+        while self.inbox:
+            self._take(self.inbox.popleft())
         for req in self.pending.values():
             req.handle.set_error(error)
         self.pending.clear()
@@ -332,7 +407,9 @@ class _HorovodProtocol(Protocol):
             responses = [("allreduce", self.cache.get(b)) for b in hits]
         self.cache.update_bits()
         self.stats["cache_hits"] += len(hits)
-        for group in fuse_responses(responses, self.threshold, _fusion_bytes, _fusion_key):
+        groups = ([responses] if len(responses) == 1
+                  else fuse_responses(responses, self.threshold, _fusion_bytes, _fusion_key))
+        for group in groups:
             self._execute(group)
         if all_closing and not self.pending:
             self.finished = True
@@ -345,50 +422,43 @@ class _HorovodProtocol(Protocol):
         """Agree on cached work with one AND of the bit vector; return the uncached requests,
         the common hits (ascending bit order), whether all close and whether any rank has
         uncached work. Hits not common to all ranks go back on the queue for the next cycle."""
-        from mpi4py import MPI
-
-        mine: set[int] = set()
-        invalid: set[int] = set()
+        MPI = mpi_module()
+        states = [self.cache.state(req.meta) for req in messages]
+        mine = invalid = 0
         uncached = False
-        for req in messages:
-            state, bit = self.cache.state(req.meta)
+        for state, bit in states:
             if state == _ResponseCache.HIT:
-                mine.add(bit)
+                mine |= 1 << bit
             else:
                 uncached = True
                 if state == _ResponseCache.INVALID:
-                    invalid.add(bit)
-        status = set()
-        if self.closing:
-            status.add(_ALL_CLOSING)
-        if not uncached:
-            status.add(_NO_UNCACHED)
-        if not invalid:
-            status.add(_NO_INVALID)
+                    invalid |= 1 << bit
+        status = ((self.closing << _ALL_CLOSING) | ((not uncached) << _NO_UNCACHED)
+                  | ((not invalid) << _NO_INVALID))
         nbits = _NUM_STATUS_BITS + self.cache.num_bits()
-        words = _pack_bits(status | {b + _NUM_STATUS_BITS for b in mine - invalid}, nbits)
+        words = _to_words(status | ((mine & ~invalid) << _NUM_STATUS_BITS), nbits)
         self.ctrl.Allreduce(MPI.IN_PLACE, words, op=MPI.BAND)
-        agreed = _unpack_bits(words)
-        common = sorted(b - _NUM_STATUS_BITS for b in agreed if b >= _NUM_STATUS_BITS)
-        if _NO_INVALID not in agreed:
+        agreed = _from_words(words)
+        common = agreed >> _NUM_STATUS_BITS
+        gone = 0
+        if not agreed >> _NO_INVALID & 1:
             # Some rank saw a tensor change: erase its bit everywhere (a second, OR, vector).
-            words = _pack_bits({b for b in invalid}, self.cache.num_bits())
+            words = _to_words(invalid, self.cache.num_bits())
             self.ctrl.Allreduce(MPI.IN_PLACE, words, op=MPI.BOR)
-            gone = _unpack_bits(words)
-            for bit in gone:
+            gone = _from_words(words)
+            for bit in _bits(gone):
                 self.cache.erase(bit)
-            common = [b for b in common if b not in gone]
-        common_set = set(common)
+            common &= ~gone
         uncached_reqs, requeue = [], []
-        for req in messages:
-            state, bit = self.cache.state(req.meta)
-            if state == _ResponseCache.HIT:
-                if bit not in common_set:
-                    requeue.append(req)
-            else:
+        for req, (state, bit) in zip(messages, states):
+            if state != _ResponseCache.HIT or gone >> bit & 1:  # erased now: negotiate
                 uncached_reqs.append(req)
-        self.queue[:0] = requeue
-        return uncached_reqs, common, _ALL_CLOSING in agreed, _NO_UNCACHED not in agreed
+            elif not common >> bit & 1:
+                requeue.append(req)
+        if requeue:
+            self.queue[:0] = requeue
+        return (uncached_reqs, _bits(common), bool(agreed >> _ALL_CLOSING & 1),
+                not agreed >> _NO_UNCACHED & 1)
 
     def _negotiate(self, messages: list[Request], hits: list[int]
                    ) -> tuple[list[tuple[str, Any]], bool]:
@@ -499,7 +569,9 @@ class _HorovodProtocol(Protocol):
             self._allreduce_gpu(reqs)
             return
         if len(reqs) == 1:  # unfused: no fusion buffer
-            self._reduce_run(reqs[0].tensor.reshape(-1), reqs[0].output.reshape(-1), meta, op)
+            src = reqs[0].tensor.reshape(-1)
+            out = src if reqs[0].output is reqs[0].tensor else reqs[0].output.reshape(-1)
+            self._reduce_run(src, out, meta, op)
             return
         src = adjacent_span([r.tensor for r in reqs])
         out = adjacent_span([r.output for r in reqs]) if src is not None else None
@@ -527,10 +599,12 @@ class _HorovodProtocol(Protocol):
         """Reduce one flat run (a tensor, or a group lying back to back) into ``out``: in
         place when ``out`` is ``src``, out of place when the input may stay untouched,
         scaled out of place otherwise (as MPIAllreduce::Execute does)."""
-        if src.__array_interface__["data"][0] == out.__array_interface__["data"][0]:
+        shares = src is out or np.may_share_memory(src, out)
+        if shares and (src is out or src.__array_interface__["data"][0]
+                       == out.__array_interface__["data"][0]):
             scale_(out, meta.prescale)
             self._reduce(out, op)
-        elif meta.prescale == 1.0 and not np.may_share_memory(src, out):
+        elif meta.prescale == 1.0 and not shares:
             self._reduce(out, op, source=src)
         else:
             scale_into(src, meta.prescale, out)
@@ -594,6 +668,8 @@ class HorovodStore(RequestStore):
         cycle_time: ms between the starts of two cycles (default 1; 0 cycles back to back).
         cache_capacity: tensors in the response cache (default 1024; 0 = no cache).
         algorithm: ``"mpi"`` (MPI_Allreduce, default) or ``"ring"`` (point-to-point ring).
+        idle: ``"cycle"`` (Horovod: idle ranks cycle too) or ``"wait"`` (an idle rank's
+            next cycle starts when it has work, at most 1 ms later; ddpbench's variant).
         stall_timeout: s before warning that ranks have not submitted a tensor (60).
 
     Example:
@@ -619,6 +695,16 @@ class HorovodStore(RequestStore):
         """Statistics of this rank: groups executed and tensors they carried, cycles run,
         requests served from the response cache."""
         return dict(self._proto.stats)
+
+    def _push_pull_now(self, name, tensor, output, *, priority, op, prescale, postscale):
+        """idle="wait": run the cycles on this thread when this rank is idle (run_inline)."""
+        meta = self._allreduce_meta(name, tensor, op, prescale, postscale)
+        check_dtype(meta.name, meta.dtype)
+        handle = self._track(Handle(meta.name))
+        req = Request(meta, tensor, output, handle, priority)
+        if not self._proto.run_inline(req):
+            self._engine.submit(self._proto, req)
+        return handle
 
     def fusion_groups(self) -> list[tuple[int, list[Any]]]:
         """Return the last groups executed (up to 4096): (cycle number, tensor names)."""

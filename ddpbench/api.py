@@ -334,8 +334,9 @@ class KVStore(abc.ABC):
                          now: bool) -> Handle:
         """Check the arguments of a push_pull and start it (``now``: the caller waits on it
         at once, so a backend may run it on the caller's thread)."""
-        start = self._push_pull_now if now else self._push_pull_async
         names, tensors, single = self._as_lists(name, tensor)
+        # A list goes to the engine whole (it may fuse); one tensor may run on this thread.
+        start = self._push_pull_now if now and single else self._push_pull_async
         if output is None:
             outputs = list(tensors)
         else:

@@ -154,6 +154,12 @@ class HorovodKnobs(Knobs):
         doc="fp16 prescale/postscale on the GPU: 'half' rounds the factor to half and "
             "multiplies in half (Horovod's CUDA kernel); 'float' scales in float32 with one "
             "rounding, Horovod's CPU rule and ddpbench's own variant on the GPU")
+    idle: Literal["cycle", "wait"] = knob(
+        "cycle", side="real", source="horovod/common/operations.cc (RunLoopOnce)",
+        doc="'cycle': a rank with no work still runs a cycle every cycle_time (Horovod's "
+            "loop, in lockstep with the others); 'wait': ddpbench's variant, a rank with "
+            "nothing queued, in flight or closing starts its next cycle when work arrives "
+            "(at most 1 ms later), so cycle_time=0 does not spin idle ranks on shared cores")
     stall_timeout: float = knob(
         60.0, gt=0, allow_inf_nan=False, unit="s", side="real",
         env="HOROVOD_STALL_CHECK_TIME_SECONDS",
@@ -538,7 +544,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
     "device": None, "server_sum_gbps": 80.0, "server_update_gbps": None, "jitter": 0.0,
     "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
-    "hierarchical": False, "machine": None, "paced": False,
+    "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed

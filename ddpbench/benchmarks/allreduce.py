@@ -116,13 +116,32 @@ def _time_one(comm: Any, fn: Any, warmup: int, iters: int) -> list[float]:
 
 
 def _backend_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """``'horovod'`` or ``'horovod:fusion_threshold=0'`` -> (label, name, options)."""
-    name, _, rest = spec.partition(":")
+    """``'horovod'``, ``'horovod:fusion_threshold=0'`` or ``'horovod:cycle_time=0:idle=wait'``
+    -> (label, name, options). A value is read as JSON (numbers, true/false), else kept as
+    text; a key without ``=value`` is True."""
+    name, *pairs = spec.split(":")
     options: dict[str, Any] = {}
-    for kv in filter(None, rest.split(",")):
+    for kv in filter(None, pairs):
         key, _, value = kv.partition("=")
-        options[key] = json.loads(value) if value else True
+        try:
+            options[key] = json.loads(value) if value else True
+        except json.JSONDecodeError:
+            options[key] = value
     return spec, name, options
+
+
+def check_backend_specs(specs: list[str]) -> None:
+    """Raise UsageError for an unknown backend or a bad option in ``specs`` (in the parent,
+    before any process starts)."""
+    import ddpbench
+    from ddpbench.cli import UsageError
+
+    for spec in specs:
+        _, name, options = _backend_spec(spec)
+        try:
+            ddpbench.api.backend_class(name).parse_options(options)
+        except ValueError as err:
+            raise UsageError(f"--backends {spec!r}: {err}") from None
 
 
 class _Native:
@@ -386,7 +405,8 @@ def _row(label, nbytes, count, cfg, samples, wrong, n) -> dict[str, Any]:
 # -- parent side ------------------------------------------------------------------------------
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default="mpi,horovod",
-                        help="comma-separated; options as name:key=value (default mpi,horovod); "
+                        help="comma-separated; options as name:key=value[:key=value...] (default "
+                             "mpi,horovod); "
                              "a 'native' row (bare comm.Allreduce) is always measured first")
     parser.add_argument("--peers", default="",
                         help="other libraries measured in the same run: 'gloo' "
@@ -449,14 +469,7 @@ def main(args: argparse.Namespace) -> int:
 
         if importlib.util.find_spec("torch") is None:
             raise UsageError("--peers gloo needs PyTorch: pip install 'ddpbench[torch]'")
-    import ddpbench
-
-    for spec in backends:
-        name = spec.partition(":")[0]
-        try:
-            ddpbench.api.backend_class(name)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
+    check_backend_specs(backends)
     native = ["native"] + (["native:per_tensor"] if args.tensors else [])
     specs = native + backends + peers
     with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:

@@ -99,7 +99,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ddpbench.benchmarks.allreduce import _backend_spec, human, parse_size
+    from ddpbench.benchmarks.allreduce import _backend_spec, check_backend_specs, human, parse_size
     from ddpbench.cli import UsageError
     from ddpbench.launch import launch
 
@@ -108,6 +108,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("need --size >= 4 bytes, --workers >= 1, --servers >= 1, "
                          "--iters >= 1 and --warmup >= 0")
     specs = [s for s in args.backends.split(",") if s]
+    check_backend_specs(specs)
     print(f"# ddpbench bench pushpull: one {human(nbytes)} float32 key, {args.workers} "
           f"worker(s), {args.servers} server rank(s); baseline: the same traffic in bare MPI "
           f"point-to-point, in the same job", file=sys.stderr, flush=True)

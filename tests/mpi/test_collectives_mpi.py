@@ -12,7 +12,7 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-@pytest.mark.parametrize("backend", ["mpi", "horovod"])
+@pytest.mark.parametrize("backend", ["mpi", "horovod", "horovod:wait"])
 def test_every_op_dtype_shape_scaling_broadcast_fusion_mismatch(backend, n):
     out = run_mpi(n, SCRIPTS / "check_collectives.py", backend, timeout=180)
     done = {rec["rank"]: rec["checks"] for rec in results(out, "done", backend=backend, size=n)}
@@ -21,8 +21,9 @@ def test_every_op_dtype_shape_scaling_broadcast_fusion_mismatch(backend, n):
     assert len(set(done.values())) == 1 and done[0] > 590
 
 
-def test_horovod_stall_warning_names_tensor_and_missing_rank():
-    out = run_mpi(2, SCRIPTS / "check_collectives.py", "horovod", "stall", timeout=60)
+@pytest.mark.parametrize("backend", ["horovod", "horovod:wait"])
+def test_horovod_stall_warning_names_tensor_and_missing_rank(backend):
+    out = run_mpi(2, SCRIPTS / "check_collectives.py", backend, "stall", timeout=60)
     assert "tensor 'late' was submitted by ranks [0] but not by ranks [1]" in out
 
 

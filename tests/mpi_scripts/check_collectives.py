@@ -1,8 +1,9 @@
 """Run on N ranks: every op x dtype x shape of a collective backend against a reference.
 
-Usage: check_collectives.py BACKEND [CASE ...]   (cases: values, scaling, broadcast,
+Usage: check_collectives.py BACKEND[:wait] [CASE ...]   (cases: values, scaling, broadcast,
 fusion, flat, mismatch, stall; default all but stall). Exits non-zero on the first wrong result;
-reports each case and rank as a JSON line (_results.py).
+reports each case and rank as a JSON line (_results.py). ``horovod:wait`` runs horovod with
+cycle_time=0 and idle="wait" (a synchronous call on an idle rank cycles on its own thread).
 """
 
 import sys
@@ -16,14 +17,17 @@ from _results import result
 import ddpbench
 from ddpbench.api import ReduceOp
 
-BACKEND = sys.argv[1]
+LABEL = sys.argv[1]
+BACKEND, _, VARIANT = LABEL.partition(":")
 CASES = sys.argv[2:] or ["values", "scaling", "broadcast", "fusion", "flat", "mismatch"]
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.int64]
 SHAPES = [(), (1,), (2,), (17,), (2, 3, 5), (0,)]
 # Tolerance per dtype for results that are not exact integers (AVERAGE): about 2 ulp.
 RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6, "float64": 1e-13}
 
-options = {"cycle_time": 5.0} if BACKEND == "horovod" else {}
+options: dict = {"cycle_time": 5.0} if BACKEND == "horovod" else {}
+if VARIANT == "wait":
+    options = {"cycle_time": 0.0, "idle": "wait"}
 kv = ddpbench.create(BACKEND, **options)
 rank, size = kv.rank, kv.num_workers
 checks = 0
@@ -235,7 +239,7 @@ def case_stall():
     """Rank 1 holds back a tensor longer than stall_timeout: the coordinator warns."""
     global kv
     kv.close()
-    kv = ddpbench.create("horovod", stall_timeout=0.5)
+    kv = ddpbench.create("horovod", **{**options, "stall_timeout": 0.5})
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         if rank == 1:
@@ -245,6 +249,6 @@ def case_stall():
 
 for case in CASES:
     globals()[f"case_{case}"]()
-    result("case", backend=BACKEND, rank=rank, size=size, case=case)
+    result("case", backend=LABEL, rank=rank, size=size, case=case)
 kv.close()
-result("done", backend=BACKEND, rank=rank, size=size, checks=checks)
+result("done", backend=LABEL, rank=rank, size=size, checks=checks)

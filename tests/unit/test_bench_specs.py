@@ -1,0 +1,35 @@
+"""``--backends`` specs of the benches: several knobs per backend, clear errors."""
+
+import pytest
+
+from ddpbench.backends.horovod import _bits, _from_words, _to_words
+from ddpbench.benchmarks.allreduce import _backend_spec, check_backend_specs
+from ddpbench.cli import UsageError
+
+
+def test_spec_takes_several_knobs_json_or_text():
+    assert _backend_spec("horovod:cycle_time=0:idle=wait:algorithm=ring") == (
+        "horovod:cycle_time=0:idle=wait:algorithm=ring", "horovod",
+        {"cycle_time": 0, "idle": "wait", "algorithm": "ring"})
+    assert _backend_spec("mpi")[2] == {}
+    assert _backend_spec("mpi:check_consistency=false")[2] == {"check_consistency": False}
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("horovod:idl=wait", "unknown option 'idl'"),
+    ("horovod:idle=sleep", "'idle'='sleep' is invalid"),
+    ("horovod:cycle_time=-1", "'cycle_time'=-1 is invalid"),
+    ("nosuch", "nosuch"),
+])
+def test_bad_spec_is_a_usage_error_naming_it(spec, words):
+    with pytest.raises(UsageError) as err:
+        check_backend_specs(["mpi", spec])
+    assert spec in str(err.value) and words in str(err.value)
+
+
+@pytest.mark.parametrize("bits, nbits", [(set(), 3), ({0, 2}, 3), ({0, 63, 64, 200}, 201)])
+def test_cache_bit_vector_round_trip(bits, nbits):
+    value = sum(1 << b for b in bits)
+    words = _to_words(value, nbits)
+    assert words.dtype.name == "uint64" and words.size == -(-nbits // 64)
+    assert _from_words(words) == value and _bits(value) == sorted(bits)
