@@ -221,10 +221,11 @@ _ALL_CLOSING, _NO_UNCACHED, _NO_INVALID = 0, 1, 2
 _NUM_STATUS_BITS = 3
 
 
-# idle="wait": the longest a rank without work goes without a cycle (Horovod's default
-# cycle time), so the coordinator's stall checks and a rank waiting for this one in its
-# cycle's allreduce are never held up for long.
-_IDLE_WAIT_S = 1e-3
+# idle="wait": the longest a rank without work goes without a cycle, so the coordinator's
+# stall checks and a rank waiting for this one in its cycle's allreduce are never held up
+# for long; also how often the engine looks again while the caller's thread is cycling
+# (each look takes the GIL, which a caller returning from MPI then waits for).
+_IDLE_WAIT_S = 1e-2
 
 
 def _to_words(value: int, nbits: int) -> np.ndarray:
@@ -669,7 +670,7 @@ class HorovodStore(RequestStore):
         cache_capacity: tensors in the response cache (default 1024; 0 = no cache).
         algorithm: ``"mpi"`` (MPI_Allreduce, default) or ``"ring"`` (point-to-point ring).
         idle: ``"cycle"`` (Horovod: idle ranks cycle too) or ``"wait"`` (an idle rank's
-            next cycle starts when it has work, at most 1 ms later; ddpbench's variant).
+            next cycle starts when it has work, or 10 ms after its last; ddpbench's variant).
         stall_timeout: s before warning that ranks have not submitted a tensor (60).
 
     Example:
@@ -704,6 +705,8 @@ class HorovodStore(RequestStore):
         req = Request(meta, tensor, output, handle, priority)
         if not self._proto.run_inline(req):
             self._engine.submit(self._proto, req)
+        elif self._proto._has_work():  # queued by another thread meanwhile: start it now
+            self._engine.wake()
         return handle
 
     def fusion_groups(self) -> list[tuple[int, list[Any]]]:

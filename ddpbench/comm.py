@@ -261,6 +261,11 @@ class Engine:
             self._cond.notify()
         return handle
 
+    def wake(self) -> None:
+        """Make the engine look at its protocols now (one changed outside the engine)."""
+        with self._cond:
+            self._cond.notify()
+
     def stop(self) -> None:
         """Finish queued work, then end the thread."""
         with self._cond:

@@ -159,7 +159,7 @@ class HorovodKnobs(Knobs):
         doc="'cycle': a rank with no work still runs a cycle every cycle_time (Horovod's "
             "loop, in lockstep with the others); 'wait': ddpbench's variant, a rank with "
             "nothing queued, in flight or closing starts its next cycle when work arrives "
-            "(at most 1 ms later), so cycle_time=0 does not spin idle ranks on shared cores")
+            "(or 10 ms after its last), so cycle_time=0 does not spin idle ranks on shared cores")
     stall_timeout: float = knob(
         60.0, gt=0, allow_inf_nan=False, unit="s", side="real",
         env="HOROVOD_STALL_CHECK_TIME_SECONDS",
