@@ -5,7 +5,10 @@ How a ``push_pull`` travels (``horovod/common/operations.cc``, ``controller.cc``
 
 1. The caller's thread queues the request; the engine thread runs Horovod's cycle, at most
    every ``cycle_time`` ms on every rank (a cycle that starts late does not shift the
-   ones after it by more than its own lateness; see :mod:`ddpbench.fusion`).
+   ones after it by more than its own lateness; see :mod:`ddpbench.fusion`). Idle ranks
+   cycle too, as in Horovod (``idle="cycle"``); ``idle="wait"``, ddpbench's variant, lets an
+   idle rank wait for work (up to 10 ms) and runs a synchronous call's cycles on the
+   caller's thread when nothing else of this rank is queued (no engine hand-off).
 2. Each cycle every rank sorts its queued requests against its **response cache**: a hit
    (a tensor negotiated before with the same shape, dtype, op, factors and device) sets
    its cache bit; a changed tensor invalidates its bit; a new one is "uncached". One
