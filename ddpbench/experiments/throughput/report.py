@@ -58,7 +58,8 @@ def _num(value: Any) -> Any:
 
 
 def _prepare(df: Any) -> Any:
-    """Return the ok rows averaged over repetitions, with a ``variant`` column."""
+    """Return the ok rows with a ``variant`` column, one per point: the median over its
+    repetitions (a real run stretched by a busy machine does not move it)."""
     import pandas as pd
 
     ok = df[df["status"] == "ok"].copy()
@@ -77,8 +78,8 @@ def _prepare(df: Any) -> Any:
             *[a for a in POINT_AXES if a in ok.columns]]
     ok["servers"] = ok["servers"].astype(str)
     agg = ok.groupby(keys, dropna=False, sort=False).agg(
-        iteration_time_s=("iteration_time_s", "mean"),
-        throughput=("throughput", "mean"),
+        iteration_time_s=("iteration_time_s", "median"),
+        throughput=("throughput", "median"),
         repetitions=("throughput", "size"),
     ).reset_index()
     agg["iteration_time_ms"] = agg["iteration_time_s"] * 1e3
