@@ -1,12 +1,13 @@
 """Run on N ranks: every op x dtype x shape of a collective backend against a reference.
 
 Usage: check_collectives.py BACKEND[:wait] [CASE ...]   (cases: values, scaling, broadcast,
-fusion, flat, mismatch, stall; default all but stall). Exits non-zero on the first wrong result;
+fusion, flat, mismatch, inline, stall; default all but stall). Exits non-zero on the first wrong result;
 reports each case and rank as a JSON line (_results.py). ``horovod:wait`` runs horovod with
 cycle_time=0 and idle="wait" (a synchronous call on an idle rank cycles on its own thread).
 """
 
 import sys
+import threading
 import time
 import warnings
 
@@ -19,7 +20,8 @@ from ddpbench.api import ReduceOp
 
 LABEL = sys.argv[1]
 BACKEND, _, VARIANT = LABEL.partition(":")
-CASES = sys.argv[2:] or ["values", "scaling", "broadcast", "fusion", "flat", "mismatch"]
+CASES = sys.argv[2:] or ["values", "scaling", "broadcast", "fusion", "flat", "mismatch",
+                         "inline"]
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.int64]
 SHAPES = [(), (1,), (2,), (17,), (2, 3, 5), (0,)]
 # Tolerance per dtype for results that are not exact integers (AVERAGE): about 2 ulp.
@@ -233,6 +235,39 @@ def case_mismatch():
     x = np.full(3, rank, np.float32)
     kv.push_pull("after", x)
     check("after mismatch", x, np.full(3, float(sum(range(size)))), np.float32, True)
+
+
+def case_inline():
+    """horovod:wait: a synchronous call on an idle rank cycles on the caller's thread; a list
+    (which may fuse) and an asynchronous call go to the engine thread."""
+    if VARIANT != "wait":
+        return
+    proto = kv._proto
+    ran_on: list[int] = []
+    execute = proto._execute
+
+    def spy(group):
+        ran_on.append(threading.get_ident())
+        execute(group)
+
+    proto._execute = spy
+    me = threading.get_ident()
+    x = np.full(5, rank + 1.0, np.float32)
+    want = np.full(5, size * (size + 1) / 2)
+    for _ in range(20):
+        y = kv.push_pull("inline", x, np.empty_like(x))
+        check("inline", y, want, np.float32, True)
+    # The engine may hold the cycle for an idle cycle (every 10 ms) at the moment of a call:
+    # that call then goes to the engine, so most, not all, run here.
+    assert sum(t == me for t in ran_on) >= 15, f"rank {rank}: {len(ran_on)} groups, " \
+        f"{sum(t == me for t in ran_on)} on the caller's thread"
+    ran_on.clear()
+    ys = kv.push_pull(["l0", "l1"], [x, x.copy()], [np.empty_like(x), np.empty_like(x)])
+    kv.push_pull_async("a0", x, np.empty_like(x)).wait()
+    for y in ys:
+        check("inline list", y, want, np.float32, True)
+    assert ran_on and all(t != me for t in ran_on), f"rank {rank}: list ran on the caller"
+    proto._execute = execute
 
 
 def case_stall():
