@@ -5,6 +5,9 @@ row per (backend, size) that the parent prints as a table, CSV or JSON. Timing i
 warm-up iterations, then per iteration a barrier, ``MPI.Wtime`` around one ``push_pull``,
 and the slowest rank's time kept; the row reports the median with min and max. Every
 result is checked against the closed-form reference (#wrong counts differing elements).
+The ratios compare each row (on CPU) with a bare ``comm.Allreduce`` of the same size timed
+right before each of its calls, so both see the same phase of a shared machine; the
+``native`` row is that baseline timed on its own.
 
 ``--tensors resnet50`` reduces the 161 gradient tensors of ResNet-50 as one set, in
 backward order, with ``mpi`` (the baseline), ``horovod`` fused and ``horovod`` unfused;
@@ -99,20 +102,30 @@ def _inputs(count: int, rank: int, size: int, dtype: np.dtype, op: str) -> tuple
     return x, ref
 
 
-def _time_one(comm: Any, fn: Any, warmup: int, iters: int) -> list[float]:
+def _time_one(comm: Any, fn: Any, warmup: int, iters: int, pair: Any = None
+              ) -> tuple[list[float], list[float]]:
+    """Time ``iters`` calls of ``fn`` (the slowest rank's time each); with ``pair``, time one
+    call of it right before every call of ``fn`` too and return its samples second."""
     from mpi4py import MPI
 
     for _ in range(warmup):
         fn()
-    samples = []
+        if pair is not None:
+            pair()
+    samples, paired = [], []
     for _ in range(iters):
+        if pair is not None:
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            pair()
+            paired.append(MPI.Wtime() - t0)
         comm.Barrier()
         t0 = MPI.Wtime()
         fn()
         samples.append(MPI.Wtime() - t0)
-    worst = np.array(samples)
+    worst = np.array(samples + paired)
     comm.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
-    return worst.tolist()
+    return worst[:iters].tolist(), worst[iters:].tolist()
 
 
 def _backend_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
@@ -284,9 +297,9 @@ def worker(cfg: dict[str, Any]) -> None:
             for nbytes, (got, info) in runs:
                 samples.setdefault((spec, nbytes), []).extend(got)
                 prev = extra.get((spec, nbytes), {})
-                for k in ("wrong", "groups", "zero_copy_groups"):  # summed over the rounds
-                    if k in info:
-                        info[k] += prev.get(k, 0)
+                for k in ("wrong", "groups", "zero_copy_groups", "paired_native_us"):
+                    if k in info:  # summed (counts) or joined (samples) over the rounds
+                        info[k] = prev.get(k, type(info[k])()) + info[k]
                 extra[(spec, nbytes)] = info
             info_cycle = getattr(getattr(kv, "options", None), "cycle_time", None)
             for key in keys:
@@ -303,6 +316,8 @@ def worker(cfg: dict[str, Any]) -> None:
                            info["wrong"], comm.size)
                 row.update({k: v for k, v in info.items() if k not in ("nbytes", "count",
                                                                         "wrong")})
+                if "paired_native_us" in info:
+                    row["paired_native_time_us"] = float(np.median(info["paired_native_us"]))
                 out.write(json.dumps(row) + "\n")
 
 
@@ -324,11 +339,22 @@ def _one_size(kv, comm, nbytes, cfg, dtype, iters) -> tuple[list[float], dict[st
     x = _on_device(cfg, x)
     y = x.copy()
     name = f"ar{nbytes}"
-    samples = _time_one(comm, lambda: kv.push_pull(name, x, output=y, op=cfg["op"]),
-                        cfg["warmup"], iters)
+    pair = None
+    if cfg.get("device") != "gpu" and not isinstance(kv, _Native):
+        # A bare allreduce timed right before each call: the ratios compare samples taken
+        # seconds apart at most, so the machine's slow and fast phases hit both alike.
+        native, x_n, y_n = _Native(comm), x.copy(), x.copy()
+        pair = lambda: native.push_pull_async(name, x_n, y_n, op=cfg["op"])  # noqa: E731
+    samples, paired = _time_one(comm, lambda: kv.push_pull(name, x, output=y, op=cfg["op"]),
+                                cfg["warmup"], iters, pair)
+    if pair is not None:
+        native.comm.Free()
     wrong = int(np.count_nonzero(_to_host(y).astype(np.float64) != ref))
     wrong = int(allreduce_scalar(comm, wrong, "sum"))
-    return samples, {"nbytes": count * dtype.itemsize, "count": count, "wrong": wrong}
+    info: dict[str, Any] = {"nbytes": count * dtype.itemsize, "count": count, "wrong": wrong}
+    if paired:
+        info["paired_native_us"] = [t * 1e6 for t in paired]
+    return samples, info
 
 
 def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[str, Any]]:
@@ -363,7 +389,7 @@ def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[s
         def one_set() -> None:
             kv.push_pull("all", x_all, output=y_all, op=cfg["op"])
 
-        samples = _time_one(comm, one_set, cfg["warmup"], iters)
+        samples, _ = _time_one(comm, one_set, cfg["warmup"], iters)
         ref_all = np.concatenate(refs)
         wrong = int(np.count_nonzero(_to_host(y_all).astype(np.float64) != ref_all))
         return samples, {"nbytes": total * dtype.itemsize, "count": total, "tensors": 1,
@@ -379,7 +405,7 @@ def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[s
 
     stats = getattr(kv, "stats", None)
     before = dict(stats) if isinstance(stats, dict) else {}
-    samples = _time_one(comm, one_set, cfg["warmup"], iters)
+    samples, _ = _time_one(comm, one_set, cfg["warmup"], iters)
     wrong = sum(int(np.count_nonzero(_to_host(y).astype(np.float64) != r))
                 for y, r in zip(ys, refs))
     extra: dict[str, Any] = {}
@@ -522,15 +548,23 @@ def _print(rows: list[dict[str, Any]], fmt: str) -> None:
         return
     base = {r["size"]: r for r in rows if r["backend"] == "native"}
     gloo = {r["size"]: r for r in rows if r["backend"] == "gloo"}
-    print("\n# ratios against native (bare comm.Allreduce, same run): busbw ratio >= 1 and "
+    paired = any("paired_native_time_us" in r for r in rows)
+    print("\n# ratios against native (bare comm.Allreduce" + (
+          ", timed right before each call of the row, so the machine's slow and fast phases "
+          "hit both alike" if paired else ", same run") + "): busbw ratio >= 1 and "
           "time ratio <= 1 mean as fast as native" + ("; last column: time / gloo's" if gloo
                                                       else ""))
-    for r in rows:
+
+    def native_us(r: dict[str, Any]) -> float | None:
         b = base.get(r["size"])
-        if r["backend"] == "native" or b is None:
+        return r.get("paired_native_time_us", b["time_us"] if b is not None else None)
+
+    for r in rows:
+        ref = native_us(r)
+        if r["backend"] == "native" or ref is None:
             continue
         line = (f"{r['backend']:<32} {human(r['size']):>9}  busbw ratio "
-                f"{r['busbw'] / b['busbw']:6.3f}   time ratio {r['time_us'] / b['time_us']:7.3f}")
+                f"{ref / r['time_us']:6.3f}   time ratio {r['time_us'] / ref:7.3f}")
         g = gloo.get(r["size"])
         if g is not None and r["backend"] != "gloo":
             line += f"   vs gloo {r['time_us'] / g['time_us']:6.3f}"
@@ -540,8 +574,9 @@ def _print(rows: list[dict[str, Any]], fmt: str) -> None:
         print(f"\n# per-tensor engine overhead at {human(smallest)}: time - native time "
               f"(target <= 50 us)")
         for r in rows:
-            if r["size"] == smallest and r["backend"] not in ("native", "gloo"):
-                print(f"{r['backend']:<32} {r['time_us'] - base[smallest]['time_us']:8.1f} us")
+            ref = native_us(r)
+            if r["size"] == smallest and r["backend"] not in ("native", "gloo") and ref:
+                print(f"{r['backend']:<32} {r['time_us'] - ref:8.1f} us")
 
 
 def _print_set(rows: list[dict[str, Any]]) -> None:

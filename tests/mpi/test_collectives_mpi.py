@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from mpiutil import REPO, SCRIPTS, assert_no_processes, results, run_mpi
 
@@ -96,6 +97,11 @@ def test_bench_allreduce_runs_and_checks_results():
         assert r["wrong"] == 0 and r["count"] == r["size"] // 2 and r["ranks"] == 3
         assert r["min_us"] <= r["time_us"] <= r["max_us"]
         assert r["busbw"] == pytest.approx(r["algbw"] * 4 / 3)
+        # Each row but native's carries the bare allreduce timed right before each call.
+        paired = r.get("paired_native_us", [])
+        assert len(paired) == (0 if r["backend"] == "native" else len(r["samples_us"]))
+        if paired:
+            assert r["paired_native_time_us"] == pytest.approx(float(np.median(paired)))
 
 
 @pytest.mark.parametrize("layout", ["flat", "separate"])
