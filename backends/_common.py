@@ -276,11 +276,29 @@ class RequestStore(EngineStore):
         super().__init__(**options)
         self._metas = {}
 
-    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0) -> Handle:
+    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0,
+                inline: bool = False) -> Handle:
+        """Queue one request for the engine; with ``inline`` (the caller waits on it at
+        once) the backend may run it on this thread instead (:meth:`_run_inline`)."""
         check_dtype(meta.name, meta.dtype)
         handle = self._track(Handle(meta.name))
-        self._engine.submit(self._proto, Request(meta, tensor, output, handle, priority))
+        req = Request(meta, tensor, output, handle, priority)
+        if not (inline and self._run_inline(req)):
+            self._enqueue(req)
         return handle
+
+    def _run_inline(self, req: Request) -> bool:
+        """Run ``req`` on the caller's thread if the backend can now; return whether it did."""
+        return False
+
+    def _enqueue(self, req: Request) -> None:
+        self._engine.submit(self._proto, req)
+
+    def _push_pull_inline(self, name, tensor, output, *, priority, op, prescale, postscale):
+        """A ``_push_pull_now`` for backends that override :meth:`_run_inline` (mpi,
+        horovod): the request may run on the caller's thread."""
+        return self._submit(self._allreduce_meta(name, tensor, op, prescale, postscale),
+                            tensor, output, priority, inline=True)
 
     def _broadcast(self, names: list[Any], tensors: list[Any], root_rank: int) -> None:
         handles = [

@@ -64,7 +64,6 @@ from ddpbench.backends._common import (
     MismatchError,
     Request,
     RequestStore,
-    check_dtype,
     mismatch_message,
     mpi_allreduce,
     mpi_module,
@@ -700,17 +699,15 @@ class HorovodStore(RequestStore):
         requests served from the response cache."""
         return dict(self._proto.stats)
 
-    def _push_pull_now(self, name, tensor, output, *, priority, op, prescale, postscale):
+    _push_pull_now = RequestStore._push_pull_inline
+
+    def _run_inline(self, req: Request) -> bool:
         """idle="wait": run the cycles on this thread when this rank is idle (run_inline)."""
-        meta = self._allreduce_meta(name, tensor, op, prescale, postscale)
-        check_dtype(meta.name, meta.dtype)
-        handle = self._track(Handle(meta.name))
-        req = Request(meta, tensor, output, handle, priority)
         if not self._proto.run_inline(req):
-            self._engine.submit(self._proto, req)
-        elif self._proto._has_work():  # queued by another thread meanwhile: start it now
+            return False
+        if self._proto._has_work():  # queued by another thread meanwhile: start it now
             self._engine.wake()
-        return handle
+        return True
 
     def fusion_groups(self) -> list[tuple[int, list[Any]]]:
         """Return the last groups executed (up to 4096): (cycle number, tensor names)."""

@@ -19,13 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ddpbench.api import Handle, ReduceOp, register
+from ddpbench.api import ReduceOp, register
 from ddpbench.backends._common import (
     Meta,
     MismatchError,
     Request,
     RequestStore,
-    check_dtype,
     mismatch_message,
     mpi_allreduce,
     mpi_module,
@@ -172,22 +171,16 @@ class MPIStore(RequestStore):
                                    self.options.gpu_transport)
         self._engine.register(self._proto)
 
-    def _push_pull_now(self, name, tensor, output, *, priority, op, prescale, postscale):
-        """Reduce on this thread when nothing of this store is queued (see _MPIProtocol)."""
-        meta = self._allreduce_meta(name, tensor, op, prescale, postscale)
-        return self._submit(meta, tensor, output, priority, inline=True)
+    _push_pull_now = RequestStore._push_pull_inline
 
-    def _submit(self, meta: Meta, tensor: Any, output: Any, priority: int = 0,
-                inline: bool = False) -> Handle:
-        check_dtype(meta.name, meta.dtype)
-        handle = self._track(Handle(meta.name))
-        req = Request(meta, tensor, output, handle, priority)
-        if inline and self._proto.run_inline(req):
-            return handle
+    def _run_inline(self, req: Request) -> bool:
+        """Reduce on this thread when nothing of this store is queued (see _MPIProtocol)."""
+        return self._proto.run_inline(req)
+
+    def _enqueue(self, req: Request) -> None:
         with self._proto.lock:
             self._proto.submitted += 1
         self._engine.submit(self._proto, req)
-        return handle
 
     def _release(self) -> None:
         self._engine.unregister(self._proto)
