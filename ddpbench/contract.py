@@ -238,6 +238,11 @@ class P3Knobs(PSKnobs):
         0, ge=0, unit="slices",
         doc="0 = P3's sockets; > 0 = ddpbench's own window of slices in flight per server "
             "(acknowledged on arrival, replies by priority), not P3's")
+    priority: bool = knob(
+        True, source="the P3 paper's slicing-only ablation",
+        doc="True = slices go by the caller's priority (P3); False = slices go in the order "
+            "they are pushed (FIFO), the paper's ablation of slicing without priorities, "
+            "not a mode of P3's code")
 
 
 class BytepsKnobs(PSKnobs):
@@ -545,6 +550,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "device": None, "server_sum_gbps": 80.0, "server_update_gbps": None, "jitter": 0.0,
     "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
+    "priority": True,
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed

@@ -85,6 +85,9 @@ def _b0(tflops: float) -> float:
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("P4000", 5.3, 243.0, _b0(5.3),
            "NVIDIA Quadro P4000 datasheet (5.3 TFLOP/s fp32, 243 GB/s GDDR5): the P3 paper's GPU"),
+    Device("M60", 4.8, 160.0, _b0(4.8),
+           "NVIDIA Tesla M60 datasheet (two GPUs per board: 9.6 TFLOP/s fp32 and 2 x 160 GB/s "
+           "GDDR5), one GPU of it: AWS g3.4xlarge's GPU, the P3 paper's scalability runs"),
     Device("P100", 10.6, 732.0, _b0(10.6),
            "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2)"),
     Device("V100", 15.7, 900.0, _b0(15.7),

@@ -6,7 +6,7 @@
 | ``horovod`` | Horovod's cycle: every ``cycle_time`` ms the ready tensors fuse into buffers of up to ``fusion_threshold`` bytes, each ring-allreduced | many small tensors |
 | ``collective`` | tensors striped round-robin over ``nrings`` rings that share the NICs | latency-bound rings |
 | ``kvstore`` | MXNet PS: arrays < ``bigarray_bound`` elements whole to server ``(key*9973) % S``, larger ones split over all servers; push then pull, FIFO | dedicated servers |
-| ``p3`` | slices of ``slice_params`` round-robin over servers, merged push-pull, priority ``-layer``, at most ``water_mark`` slices in flight per server | big early-forward layers (VGG) |
+| ``p3`` | slices of ``slice_params`` round-robin over servers, merged push-pull, priority ``-layer`` (FIFO with ``priority=False``), at most ``water_mark`` slices in flight per server | big early-forward layers (VGG) |
 | ``byteps`` | partitions of ``partition_bytes`` round-robin over servers; with ``credit_bytes`` > 0, priority scheduling with that many bytes in flight, else FIFO | spare server bandwidth |
 
 Allreduce strategies are symmetric: every worker computes the same and every link carries
@@ -580,7 +580,8 @@ class P3Strategy(_PSBase):
     servers answer straight into their sockets, in the order the sums complete, without
     priority. ``water_mark`` > 0 is ddpbench's own variant instead: at most that many
     slices in flight per server, acknowledged on arrival, gated slices skipped, replies
-    by priority.
+    by priority. ``priority=False`` keeps the slicing and sends every slice FIFO (the
+    paper's slicing-only ablation).
     """
 
     name = "p3"
@@ -590,7 +591,7 @@ class P3Strategy(_PSBase):
     def make_parts(self) -> list[_Part]:
         s, size = self.sim.num_servers, self.knobs.slice_params
         return self.placed_parts(lambda key, n: placement.p3_parts(key, n, size, s),
-                                 prioritised=True)
+                                 prioritised=self.knobs.priority)
 
     def start(self) -> None:
         if not self.knobs.water_mark:

@@ -45,6 +45,7 @@ class P3Store(PSStore):
         slice_params: elements per slice (default 40,000).
         send_hwm: slices a socket to one server holds (default 1, ZMQ_SNDHWM).
         water_mark: 0 (default) = P3's sockets; > 0 = ddpbench's window per server.
+        priority: True (default) = by priority; False = FIFO (the paper's ablation).
         servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.contract.PSKnobs`.
     """
 
@@ -62,6 +63,8 @@ class P3Store(PSStore):
         return p3_parts(key, numel, self.options.slice_params, self.num_servers)
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
+        if not self.options.priority:  # the slicing-only ablation: FIFO, as pushed
+            priority = 0
         if not self.options.water_mark:
             return priority, None, 1.0
         return priority, self.gate(part.server, self.options.water_mark), 1.0

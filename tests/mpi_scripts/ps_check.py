@@ -126,10 +126,11 @@ def case_kvstore(bound):
 
 def case_p3_dedicated():
     """2 workers, 1 server: str keys, broadcast, the send order of P3's sockets (argv[2] =
-    "sockets") or of the water-mark variant ("water_mark"), and pacing."""
+    "sockets"), of the water-mark variant ("water_mark") or without priorities ("fifo"),
+    and pacing."""
     ddpbench.init()  # on the server rank: serves, then exits
     variant = sys.argv[2]
-    knobs = {"water_mark": 1} if variant == "water_mark" else {}
+    knobs = {"water_mark": {"water_mark": 1}, "fifo": {"priority": False}}.get(variant, {})
     kv = ddpbench.create("p3", slice_params=20_000, bandwidth_gbps=0.1, trace=True, **knobs)
     try:
         kv.set_optimizer(lambda w, g: w)
@@ -145,6 +146,7 @@ def case_p3_dedicated():
     # ten low-priority slices, then one high-priority slice queued while the first is on
     # the wire. P3's sockets (hwm 1): one slice in the socket and one popped, blocked on it,
     # are ahead of the high one (position 3). Water mark 1: it goes next (position 1).
+    # priority=False (the paper's slicing-only ablation): FIFO, after all ten (position 10).
     before = len(sends(kv))
     low = kv.push_pull_async("low", np.ones(200_000, np.float32), priority=-5)
     while len(sends(kv)) == before:  # the first low slice is on the wire

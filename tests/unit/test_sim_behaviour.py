@@ -56,13 +56,15 @@ def test_full_trace_horovod_two_workers():
     assert r.events == 27
 
 
-@pytest.mark.parametrize("knobs,position", [({}, 3), ({"water_mark": 1}, 1)])
+@pytest.mark.parametrize("knobs,position", [({}, 3), ({"water_mark": 1}, 1),
+                                            ({"priority": False}, 10)])
 def test_p3_send_order_under_a_blocked_socket(knobs, position):
     # The real backend's scenario (tests/mpi_scripts/ps_check.py, case p3_dedicated): ten
     # low-priority slices queued, a high-priority one becomes ready while the first is on
     # the wire. P3's sockets (hwm 1): the slice in the socket and the one the sending thread
     # holds, blocked on it, still go before it (position 3); the water-mark variant lets it
-    # overtake everything queued (position 1). Same positions as the real backend's.
+    # overtake everything queued (position 1); without priorities (the paper's slicing-only
+    # ablation) it waits behind all ten. Same positions as the real backend's.
     wl = two_layers(0, 0.5, 100, 0, 0.01, 200_000)
     r = simulate(wl, "p3", workers=2, servers=1, bandwidth_gbps=0.5, latency_us=1,
                  slice_params=20_000, iterations=1, warmup=0, **knobs)
@@ -320,7 +322,7 @@ def test_strategies_table_matches_contract():
         "mpi": {},
         "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False},
         "kvstore": {"bigarray_bound": 1_000_000, "merged_push_pull": False},
-        "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0},
+        "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0, "priority": True},
         "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",
                    "credit_params": 4_000_000, "credit_bytes": 4_096_000,
                    "merged_push_pull": False},
