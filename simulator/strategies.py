@@ -134,7 +134,9 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     Each of the 2(p-1) steps costs ``latency + per-message cost + largest_chunk /
     bandwidth`` (see :func:`_ring_step` for several GPUs per host): every rank sends one
     chunk to its right neighbour at once, so the step ends when the largest arrives. With
-    ``uplink`` (several rings sharing the NIC), a step first waits for the uplink.
+    ``uplink`` (several rings sharing the sender), a step first waits for the uplink and
+    holds it for its per-message cost and bytes (the transport's per-message cost occupies
+    the sender like bytes do), then the latency passes.
     """
     p = sim.workers
     if p == 1:
@@ -142,6 +144,9 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     env = sim.env
     base, extra = divmod(n, p)
     lat, tx = _ring_step(sim, (base + (extra > 0)) * itemsize)
+    held = tx
+    if uplink is not None and sim.gpus == 1:
+        held, lat = tx + sim.per_message, lat - sim.per_message
     record = sim.timeline.append if sim.trace_steps else None
     for s in range(2 * (p - 1)):
         chunk = (-s) % p if s < p - 1 else (1 - (s - p + 1)) % p
@@ -154,7 +159,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
             if ev is not None:
                 yield ev
             start = env.now
-            yield env.timeout(tx)
+            yield env.timeout(held)
             uplink.release()
             yield env.timeout(lat)
         if record is not None:

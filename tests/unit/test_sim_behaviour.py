@@ -349,3 +349,17 @@ def test_collective_rings_share_the_nic():
     two = simulate(wl, "collective", workers=4, bandwidth_gbps=10, nrings=2)
     assert two.iteration_time_s == pytest.approx(one.iteration_time_s, rel=0.01)
     assert two.bytes_sent == one.bytes_sent
+
+
+def test_collective_rings_share_the_senders_message_cost():
+    # The transport's per-message cost occupies the sender like bytes do: two rings on one
+    # host pay it one after the other. Two tiny tensors on two rings, 2 workers, tcp (5 us
+    # per message, 5 us latency): each ring's 2 steps hold the sender for 5 us each, the
+    # latency overlaps; 4 messages x 5 us + the last step's latency.
+    wl = two_layers(0, 0, 1, 0, 0, 1)
+    r = simulate(wl, "collective", workers=2, bandwidth_gbps=1e6, latency_us=5,
+                 transport="tcp", nrings=2, iterations=1, warmup=0)
+    assert r.iteration_time_s == pytest.approx(4 * 5e-6 + 5e-6, rel=1e-3)
+    one = simulate(wl, "collective", workers=2, bandwidth_gbps=1e6, latency_us=5,
+                   transport="tcp", nrings=1, iterations=1, warmup=0)
+    assert one.iteration_time_s == pytest.approx(4 * (5e-6 + 5e-6), rel=1e-3)
