@@ -2,7 +2,8 @@
 
 Steps (each a tick of the progress bar):
 
-1. MPI ping-pong between two processes (:mod:`ddpbench.calibration.pingpong`): latency is
+1. MPI ping-pong between two processes (:mod:`ddpbench.calibration.pingpong`, per size the
+   fastest of five blocks' medians): latency is
    the half round trip at 0 bytes, bandwidth the least-squares slope over the three
    largest sizes (256 KiB to 32 MiB).
 2. Ring steps through an engine thread at 2 to 8 processes (:mod:`.ringstep`): how much a
@@ -20,8 +21,10 @@ Steps (each a tick of the progress bar):
    then fitted through the simulator itself, so they count messages the way the simulator
    counts them: alternating one-dimensional solves (bisection; the simulated time grows
    with the per-message cost and falls with bandwidth) until both workloads' simulated
-   iteration times equal the measured medians (each run is launched ``rounds`` times, every
-   backend once per round, and the median is over the pooled iteration times). When bytes
+   iteration times equal the measured times (each run is launched ``rounds`` times, every
+   backend once per round; the measured time is the smallest of the launches' median
+   iteration times: this machine has phases of seconds in which everything runs up to
+   2.4x slower, and a launch that lands in one says nothing about the backend). When bytes
    take under a tenth of the large run (``p3``'s slices: it is all message costs) no
    bandwidth can be told from infinite: the ping-pong's is kept (``bandwidth_fitted:
    false``). ``horovod``'s small run is unfused (:data:`SYNTHETIC_KNOBS`). Then the
@@ -342,9 +345,10 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         timeout_s: per real run.
         step_processes: process counts of the ring-step measurement (at least one).
         step_repeats: blocks per style and count (the median is kept).
-        rounds: launches of each backend's runs, every backend once per round; the
-            iteration times of a run's launches are pooled and their median kept, so that a
-            launch that lands in a slow minute of a shared machine moves the fit by half.
+        rounds: launches of each backend's runs, every backend once per round; each
+            launch's median iteration time is taken and the smallest of them kept, so that
+            a launch that lands in a slow phase of a shared machine does not move the fit
+            (pooling the launches' samples moved it by up to 1.9x between two runs).
         progress: called with each step's name before it runs.
 
     Raises:
@@ -390,7 +394,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         for name in SYNTHETIC:
             paths[name] = Path(tmp) / f"calibration_{name}.yaml"
             paths[name].write_text(yaml.safe_dump(synthetic_profile(name)))
-        samples: dict[str, dict[str, list[float]]] = {
+        samples: dict[str, dict[str, list[list[float]]]] = {
             b: {name: [] for name in (*SYNTHETIC, workload)} for b in backends}
         # Server processes of each backend's runs (0: an allreduce backend); a run launches
         # ``workers`` of them colocated when the count equals the workers.
@@ -400,15 +404,16 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
                 s = srv[b] or workers
                 for name in SYNTHETIC:  # short runs: twice the iterations for steadier medians
                     tick(f"{b} {name}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
-                    samples[b][name] += real_iteration(
+                    samples[b][name].append(real_iteration(
                         b, paths[name], workers, s, 2 * iterations, timeout_s,
-                        knobs=SYNTHETIC_KNOBS.get(b, {}).get(name))
+                        knobs=SYNTHETIC_KNOBS.get(b, {}).get(name)))
                 tick(f"{b} {workload}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
-                samples[b][workload] += real_iteration(
+                samples[b][workload].append(real_iteration(
                     b, workload, workers, s, iterations + iterations // 2, timeout_s,
-                    compute_scale, size_scale)
+                    compute_scale, size_scale))
         for b in backends:
-            measured = {name: statistics.median(v) for name, v in samples[b].items()}
+            measured = {name: min(statistics.median(launch) for launch in v)
+                        for name, v in samples[b].items()}
             tick(f"{b} fit")
             fits[b] = fit_backend(
                 b, (paths["small"], measured["small"]), (paths["large"], measured["large"]),
@@ -417,7 +422,8 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
                 workload=(workload, measured[workload],
                           (comp["rate"], comp["overhead_us"]),
                           {"compute_scale": compute_scale, "size_scale": size_scale}))
-            runs[b] = {name: [round(x * 1e3, 4) for x in v] for name, v in samples[b].items()}
+            runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]
+                       for name, v in samples[b].items()}
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Machine(
         kind=KIND, host=platform.node() or "unknown", measured_at=now, cores=cores,
