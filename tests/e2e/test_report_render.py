@@ -77,3 +77,26 @@ def test_a_table_cell_is_one_point_never_an_average_of_two_settings(tmp_path):
     assert "| w<1> | 1 | True |  | 50 |" in table
     # The speedups compare like with like: kvstore ran unpaced only.
     assert "p3 on w<1>: 1.50x at 10 Gbps; peak 2.00x at 1 Gbps" in md
+
+
+def test_repetitions_aggregate_to_their_median_or_the_fastest(tmp_path):
+    base = synthetic_rows()
+    base = base[base["status"] == "ok"]
+    # three repetitions of every point, at 1x, 0.5x and 0.8x its throughput
+    reps = pd.concat([base.assign(repetition=i, throughput=base["throughput"] * f,
+                                  iteration_time_s=base["iteration_time_s"] / f)
+                      for i, f in enumerate((1.0, 0.5, 0.8))], ignore_index=True)
+    for aggregate, factor, words in (("median", 0.8, "their median"),
+                                     ("fastest", 1.0, "the fastest of them")):
+        spec = ThroughputSpec(workloads=["resnet50"], backends=["kvstore", "p3"],
+                              bandwidth_gbps=[1, 10, 30],
+                              report={"baseline": "kvstore", "aggregate": aggregate})
+        out = tmp_path / aggregate
+        out.mkdir()
+        throughput_report.render(reps, out, spec)
+        md = (out / "report.md").read_text()
+        assert f"repetitions (up to 3) shows {words}" in md
+        table = md.split("## Throughput (samples/s, whole job)")[1].split("##")[0]
+        row = next(line for line in table.splitlines() if line.startswith("| w<1> | 1 |"))
+        cells = [float(c) for c in row.strip("|").split("|")[2:]]
+        assert cells == [100 * factor, 200 * factor], table

@@ -57,9 +57,10 @@ def _num(value: Any) -> Any:
     return value
 
 
-def _prepare(df: Any) -> Any:
+def _prepare(df: Any, aggregate: str = "median") -> Any:
     """Return the ok rows with a ``variant`` column, one per point: the median over its
-    repetitions (a real run stretched by a busy machine does not move it)."""
+    repetitions (a real run stretched by a busy machine does not move it), or with
+    ``aggregate="fastest"`` the repetition with the shortest iteration time."""
     import pandas as pd
 
     ok = df[df["status"] == "ok"].copy()
@@ -77,9 +78,10 @@ def _prepare(df: Any) -> Any:
     keys = ["mode", "variant", "backend", "workload",
             *[a for a in POINT_AXES if a in ok.columns]]
     ok["servers"] = ok["servers"].astype(str)
+    fastest = aggregate == "fastest"
     agg = ok.groupby(keys, dropna=False, sort=False).agg(
-        iteration_time_s=("iteration_time_s", "median"),
-        throughput=("throughput", "median"),
+        iteration_time_s=("iteration_time_s", "min" if fastest else "median"),
+        throughput=("throughput", "max" if fastest else "median"),
         repetitions=("throughput", "size"),
     ).reset_index()
     agg["iteration_time_ms"] = agg["iteration_time_s"] * 1e3
@@ -356,12 +358,18 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
     written: list[Path] = []
     for old in outdir.glob("*.png"):
         old.unlink()
-    agg = _prepare(df) if len(df) else df
+    agg = _prepare(df, opts.aggregate) if len(df) else df
     if agg is None or len(agg) == 0:
         doc.text("No point finished successfully yet: nothing to plot.")
         _failed_section(doc, df)
         return doc.write(outdir)
 
+    most = int(agg["repetitions"].max())
+    if most > 1:
+        doc.text(f"A point with repetitions (up to {most}) shows "
+                 + ("the fastest of them (the shortest iteration time: the run least "
+                    "disturbed by a shared machine)." if opts.aggregate == "fastest"
+                    else "their median."))
     plots = list(opts.plots) if opts.plots is not None else _auto_plots(agg, spec)
     sim = agg[agg["mode"] == "simulate"] if (agg["mode"] == "simulate").any() else agg
     shown = "simulated" if (sim["mode"] == "simulate").all() else "measured"

@@ -65,6 +65,10 @@ class ReportOptions(Frozen):
     ] | None = None
     gantt: tuple[dict[str, Any], ...] = ()
     title: str | None = None
+    aggregate: Literal["median", "fastest"] = Field(
+        "median", description="one value per point from its repetitions: their median, or "
+        "the fastest (shortest iteration time): the run least disturbed by a shared machine, "
+        "as `ddpbench calibrate` keeps the fastest of its launches")
 
     @field_validator("gantt", mode="before")
     @classmethod
