@@ -145,8 +145,8 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     base, extra = divmod(n, p)
     lat, tx = _ring_step(sim, (base + (extra > 0)) * itemsize)
     held = tx
-    if uplink is not None and sim.gpus == 1:
-        held, lat = tx + sim.per_message, lat - sim.per_message
+    if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
+        held, lat = tx + sim.per_message, sim.latency
     record = sim.timeline.append if sim.trace_steps else None
     for s in range(2 * (p - 1)):
         chunk = (-s) % p if s < p - 1 else (1 - (s - p + 1)) % p
