@@ -119,6 +119,9 @@ class Transport:
             (1 = full duplex); every strategy here sends and receives at once.
         control_plane: whether control messages (Horovod's negotiation) cost time.
         source: where the numbers come from.
+        socket_gbps: the most one receiving ps-lite process takes in, Gbit/s of payload
+            (its one ZeroMQ socket), or None for no limit; only the parameter-server
+            backends (kvstore, p3, byteps) receive that way.
     """
 
     name: str
@@ -127,6 +130,7 @@ class Transport:
     duplex: float
     control_plane: bool
     source: str
+    socket_gbps: float | None = None
 
 
 TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
@@ -136,7 +140,11 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
     Transport("tcp", 0.94, 5.0, 1.0, True,
               "efficiency: TCP/IPv4 payload per Ethernet frame at MTU 1500 with timestamps, "
               "1448 of 1538 bytes on the wire; per message: a kernel TCP send/receive of a "
-              "small message through ZeroMQ (ps-lite's van) or MPI over TCP, ~20 us of CPU"),
+              "small message through ZeroMQ (ps-lite's van) or MPI over TCP, ~20 us of CPU; "
+              "socket: a ps-lite process receives on one ZeroMQ socket, which BytePS's authors "
+              "measured capped near one kernel TCP connection, ~15 Gbit/s, however many peers "
+              "send and whatever ZMQ_IO_THREADS (zeromq/libzmq issue #3525, 100 GbE hosts)",
+              socket_gbps=15.0),
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
               "and ICRC (~3%); per message: a verbs post and completion, ~2 us "

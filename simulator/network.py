@@ -365,12 +365,17 @@ class Network:
             ``rack_size * bandwidth / oversubscription`` bytes/s.
         rack_size: hosts per rack (used only when oversubscribed).
         per_message: seconds of sender time each message costs besides its bytes, >= 0.
+        socket_bandwidth: bytes/s one receiving process takes in at most, or None (no
+            limit). ps-lite's van receives everything for a process on one ZeroMQ socket,
+            which tops out near one TCP connection's rate whatever the number of senders;
+            a host's server process (pushes) and worker process (every other message)
+            each have their own, behind the host's downlink.
     """
 
     def __init__(self, env: simpy.Environment, nhosts: int, bandwidth: float, latency: float,
                  record: Callable[[Message, float, float], None], *,
                  oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
-                 per_message: float = 0.0) -> None:
+                 per_message: float = 0.0, socket_bandwidth: float | None = None) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:
@@ -392,16 +397,27 @@ class Network:
         core = rack_size * bandwidth / oversubscription
         self.rack_up = [Port(self, -1 - r, core) for r in range(nracks)] if self.racked else []
         self.rack_down = [Port(self, -1 - r, core) for r in range(nracks)] if self.racked else []
+        if socket_bandwidth is not None and not socket_bandwidth > 0:
+            raise ValueError(f"socket_bandwidth must be > 0 bytes/s, got {socket_bandwidth}")
+        # (the server's socket, the worker's socket) per host, only where it binds
+        self.sockets_in: list[tuple[Port, Port]] = (
+            [(Port(self, h, socket_bandwidth), Port(self, h, socket_bandwidth))
+             for h in range(nhosts)]
+            if socket_bandwidth is not None and socket_bandwidth < bandwidth else [])
 
     def enter(self, msg: Message) -> None:
         """Start ``msg`` into the switch: its receiver's port, through the core if between
         racks of an oversubscribed network."""
+        socket: tuple[Port, ...] = ()
+        if self.sockets_in:
+            socket = (self.sockets_in[msg.dst][0 if msg.kind == "push" else 1],)
         if self.racked:
             src, dst = msg.src // self.rack_size, msg.dst // self.rack_size
             if src != dst:
-                msg.route = (self.rack_down[dst], self.down[msg.dst])
+                msg.route = (self.rack_down[dst], self.down[msg.dst], *socket)
                 self.rack_up[src].arrive(msg)
                 return
+        msg.route = socket
         self.down[msg.dst].arrive(msg)
 
     def next_seq(self) -> int:

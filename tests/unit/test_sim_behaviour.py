@@ -363,3 +363,53 @@ def test_collective_rings_share_the_senders_message_cost():
     one = simulate(wl, "collective", workers=2, bandwidth_gbps=1e6, latency_us=5,
                    transport="tcp", nrings=1, iterations=1, warmup=0)
     assert one.iteration_time_s == pytest.approx(4 * (5e-6 + 5e-6), rel=1e-3)
+
+
+def test_a_ps_lite_process_receives_at_its_socket_rate():
+    # NICs of 4 GB/s, each receiving process 1 GB/s (ps-lite's one ZeroMQ socket): two
+    # 1000-byte pushes from two hosts to host 2's server queue at its socket, 1 us each,
+    # while a pull to host 2's worker, through the NIC's port third (0.5-0.75 us), goes
+    # through the worker's own socket without waiting for theirs.
+    env = CountingEnvironment()
+    done: dict[str, float] = {}
+    net = Network(env, 4, bandwidth=4e9, latency=0.0, record=lambda m, s, e: None,
+                  socket_bandwidth=1e9)
+
+    def send(src, dst, kind, name):
+        net.send(Message(src, dst, 1000, 0, kind, 0,
+                         lambda m: done.__setitem__(m.data, round(env.now * 1e6, 6)), name))
+
+    send(0, 2, "push", "A")
+    send(1, 2, "push", "B")
+    send(3, 2, "pull", "C")
+    env.run()
+    assert done == {"A": 1.0, "B": 2.0, "C": 1.5}
+    # Without the cap (or a cap above the NIC) the NIC's port alone: 0.25 us per message.
+    for cap in (None, 8e9):
+        env = CountingEnvironment()
+        done.clear()
+        net = Network(env, 4, bandwidth=4e9, latency=0.0, record=lambda m, s, e: None,
+                      socket_bandwidth=cap)
+        send(0, 2, "push", "A")
+        send(1, 2, "push", "B")
+        send(3, 2, "pull", "C")
+        env.run()
+        assert done == {"A": 0.25, "B": 0.5, "C": 0.75}
+    with pytest.raises(ValueError, match="socket_bandwidth"):
+        Network(CountingEnvironment(), 2, 1e9, 0.0, lambda m, s, e: None, socket_bandwidth=0)
+
+
+def test_tcp_caps_ps_receivers_but_not_rings():
+    # 30 Gbit/s over tcp: a kvstore server's socket (15 Gbit/s) is slower than its NIC, so
+    # the push-pull takes longer than on a network without the cap; horovod's ring has no
+    # such socket.
+    from ddpbench import hardware
+
+    assert hardware.transport("tcp").socket_gbps == 15.0
+    assert hardware.transport("rdma").socket_gbps is None
+    kw = dict(workload="vgg19", bandwidth_gbps=30, workers=4, iterations=2, warmup=1)
+    tcp = simulate(backend="kvstore", transport="tcp", **kw).iteration_time_s
+    at15 = simulate(backend="kvstore", transport="tcp", **{**kw, "bandwidth_gbps": 15})
+    assert at15.iteration_time_s > tcp  # the NIC still sends at 30
+    assert simulate(backend="kvstore", transport="tcp",
+                    **{**kw, "bandwidth_gbps": 10}).iteration_time_s > at15.iteration_time_s

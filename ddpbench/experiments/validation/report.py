@@ -151,9 +151,7 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
                      if by_id[i].simulate and by_id[i].setting.device})
     used_l = sorted({by_id[i].setting.intra_link for i in df["id"]
                      if by_id[i].simulate and by_id[i].setting.gpus_per_host > 1})
-    items = [f"transport {t}: efficiency {hardware.transport(t).efficiency:g}, "
-             f"{hardware.transport(t).per_message_us:g} us per message; "
-             f"{hardware.transport(t).source}" for t in used_t]
+    items = [_transport_line(hardware.transport(t)) for t in used_t]
     items += [f"device {d}: {hardware.device(d).fp32_tflops:g} TFLOP/s fp32, "
               f"{hardware.device(d).mem_gbps:g} GB/s; {hardware.device(d).source}"
               for d in used_d]
@@ -255,3 +253,10 @@ def _plots(df: Any, by_id: dict[str, data.Point], outdir: Path, spec: Spec,
         paths.append(path)
         doc.image(path, "speedup against bandwidth, simulated, with the published peaks")
     return paths
+
+
+def _transport_line(t: hardware.Transport) -> str:
+    socket = ("" if t.socket_gbps is None
+              else f", a ps-lite process receives at most {t.socket_gbps:g} Gbit/s")
+    return (f"transport {t.name}: efficiency {t.efficiency:g}, {t.per_message_us:g} us per "
+            f"message{socket}; {t.source}")
