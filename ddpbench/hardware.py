@@ -139,8 +139,10 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "free (the default; results before transports existed)"),
     Transport("tcp", 0.94, 5.0, 1.0, True,
               "efficiency: TCP/IPv4 payload per Ethernet frame at MTU 1500 with timestamps, "
-              "1448 of 1538 bytes on the wire; per message: a kernel TCP send/receive of a "
-              "small message through ZeroMQ (ps-lite's van) or MPI over TCP, ~20 us of CPU; "
+              "1448 of 1538 bytes on the wire; per message: the sender's share of handing a "
+              "message to the kernel through ZeroMQ (ps-lite's van) or MPI over TCP, a send "
+              "system call and the library's queueing, ~5 us (an estimate, not a measurement; "
+              "a small-message round trip costs ~20 us of CPU over both ends); "
               "socket: a ps-lite process receives on one ZeroMQ socket, which BytePS's authors "
               "measured capped near one kernel TCP connection, ~15 Gbit/s, however many peers "
               "send and whatever ZMQ_IO_THREADS (zeromq/libzmq issue #3525, 100 GbE hosts)",
