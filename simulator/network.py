@@ -417,7 +417,8 @@ class Network:
                 msg.route = (self.rack_down[dst], self.down[msg.dst], *socket)
                 self.rack_up[src].arrive(msg)
                 return
-        msg.route = socket
+        if socket:
+            msg.route = socket
         self.down[msg.dst].arrive(msg)
 
     def next_seq(self) -> int:
