@@ -32,7 +32,8 @@ def _setting_text(point: data.Point) -> str:
         parts.append(s.intra_link)
     what = point.backend + "".join(f" {k}={v}" for k, v in point.backend_knobs.items())
     if point.baseline:
-        what += f" vs {point.baseline}"
+        what += f" vs {point.baseline}" + "".join(
+            f" {k}={v}" for k, v in point.baseline_knobs.items())
     parts.append(what)
     text = ", ".join(parts)
     if point.assumed:
