@@ -138,9 +138,27 @@ def main(args: argparse.Namespace) -> int:
               f"iteration {res.iteration_time_s * 1e3:.2f} ms, "
               f"{res.throughput:,.1f} samples/s, "
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
+        cap = _socket_cap(args.backend, cluster.get("transport"), args.bandwidth_gbps)
+        if cap is not None and not cluster.get("machine"):
+            print(f"note: over {cluster['transport']} each {args.backend} process receives at "
+                  f"most {cap:g} Gbit/s (its one ZeroMQ socket, ddpbench.hardware), below "
+                  f"the NIC's {args.bandwidth_gbps:g}")
         if args.trace:
             print(f"trace: {args.trace}")
     return 0
+
+
+def _socket_cap(backend: str, transport: str | None, bandwidth_gbps: float) -> float | None:
+    """The receiving-socket ceiling that binds for ``backend`` here, or None."""
+    from ddpbench import hardware
+    from ddpbench.simulator.strategies import strategy_class
+
+    if transport is None or strategy_class(backend).symmetric:
+        return None
+    t = hardware.transport(transport)
+    if t.socket_gbps is None or t.socket_gbps >= bandwidth_gbps * t.efficiency * t.duplex:
+        return None
+    return t.socket_gbps
 
 
 @contextlib.contextmanager

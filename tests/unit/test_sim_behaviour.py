@@ -413,3 +413,15 @@ def test_tcp_caps_ps_receivers_but_not_rings():
     assert at15.iteration_time_s > tcp  # the NIC still sends at 30
     assert simulate(backend="kvstore", transport="tcp",
                     **{**kw, "bandwidth_gbps": 10}).iteration_time_s > at15.iteration_time_s
+
+
+def test_simulate_cli_says_when_the_receiving_socket_binds(capsys):
+    from ddpbench.cli import main as cli_main
+
+    args = ["simulate", "--workload", "resnet50", "--workers", "2", "--transport", "tcp",
+            "--iterations", "2", "--warmup", "1"]
+    assert cli_main([*args, "--backend", "kvstore", "--bandwidth-gbps", "40"]) == 0
+    assert "each kvstore process receives at most 15 Gbit/s" in capsys.readouterr().out
+    for backend, bw in (("kvstore", "10"), ("horovod", "40")):  # below the cap; a ring
+        assert cli_main([*args, "--backend", backend, "--bandwidth-gbps", bw]) == 0
+        assert "receives at most" not in capsys.readouterr().out
