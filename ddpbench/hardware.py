@@ -132,6 +132,14 @@ class Transport:
     source: str
     socket_gbps: float | None = None
 
+    def binding_socket_gbps(self, bandwidth_gbps: float) -> float | None:
+        """Return ``socket_gbps`` where it is below what a NIC of ``bandwidth_gbps`` line rate
+        delivers over this transport (the ceiling binds), else None."""
+        if self.socket_gbps is None:
+            return None
+        return (self.socket_gbps
+                if self.socket_gbps < bandwidth_gbps * self.efficiency * self.duplex else None)
+
 
 TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
     Transport("ideal", 1.0, 0.0, 1.0, False,

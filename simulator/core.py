@@ -195,7 +195,8 @@ class _Sim:
             self.env, nhosts, self.bandwidth, self.latency, self._record,
             oversubscription=c.oversubscription, rack_size=c.rack_size,
             per_message=self.per_message,
-            socket_bandwidth=None if tr.socket_gbps is None else tr.socket_gbps * 1e9 / 8)
+            socket_bandwidth=(None if (cap := tr.binding_socket_gbps(c.bandwidth_gbps)) is None
+                              else cap * 1e9 / 8))
         # A ring over racks of consecutive hosts sends one flow over each rack's link to
         # the core per direction, so that link limits a ring step only below one NIC.
         racks = -(-self.num_hosts // c.rack_size)

@@ -155,10 +155,7 @@ def _socket_cap(backend: str, transport: str | None, bandwidth_gbps: float) -> f
 
     if transport is None or strategy_class(backend).symmetric:
         return None
-    t = hardware.transport(transport)
-    if t.socket_gbps is None or t.socket_gbps >= bandwidth_gbps * t.efficiency * t.duplex:
-        return None
-    return t.socket_gbps
+    return hardware.transport(transport).binding_socket_gbps(bandwidth_gbps)
 
 
 @contextlib.contextmanager
