@@ -78,16 +78,19 @@ def test_a_backend_the_profile_lacks_is_a_clear_error():
         simulator.simulate("resnet50", "p3", workers=2, bandwidth_gbps=1, machine=machine())
 
 
-def test_contention_law_is_flat_within_the_cores_then_a_least_squares_line():
+def test_contention_law_is_flat_within_the_cores_then_a_line_in_processes_per_core():
     m = machine()
-    # blocking: s0 = 30 (P <= 2 cores); k = sum(x y) / sum(x^2) over (1, 40), (2, 80) = 40.
+    # blocking on 2 cores: s0 = 30 (P <= 2); P = 3 and 4 both put 2 processes on a core
+    # (x = ceil(P / 2) - 1 = 1): k = sum(x y) / sum(x^2) over (1, 40), (1, 80) = 60.
     assert m.step_us("blocking", 2) == 30.0
-    assert m.step_us("blocking", 5) == pytest.approx(30 + 40 * 3)
-    # polled: (2, 100), (4, 200) -> k = (200 + 800) / 20 = 50.
-    assert m.step_us("polled", 8) == pytest.approx(30 + 50 * 6)
-    assert m.contention("blocking", 3, calibration_processes=2) == pytest.approx(70 / 30)
+    assert m.step_us("blocking", 3) == m.step_us("blocking", 4) == pytest.approx(30 + 60)
+    assert m.step_us("blocking", 5) == pytest.approx(30 + 60 * 2)
+    # polled: (1, 100), (2, 200) -> k = (100 + 400) / 5 = 100; P = 8 is x = 3.
+    assert m.step_us("polled", 8) == pytest.approx(30 + 100 * 3)
+    assert m.contention("blocking", 3, calibration_processes=2) == pytest.approx(90 / 30)
     assert m.contention("blocking", 2, calibration_processes=2) == 1.0
     assert m.contention("polled", 2, calibration_processes=2) == 1.0
+    assert m.contention("polled", 7, calibration_processes=8) == 1.0  # same sharing
 
 
 def test_adjust_at_the_calibration_and_beyond():
@@ -96,7 +99,7 @@ def test_adjust_at_the_calibration_and_beyond():
                     latency_us=20.0)
     assert same == {"bandwidth_gbps": 16.0, "latency_us": 2.0, "per_message_us": 15.0,
                     "sum_gbps": 80.0, "compute_rate": 1.5, "compute_overhead_s": 70e-6 * 1.5}
-    f = 70 / 30  # blocking at 3 processes against 2
+    f = 90 / 30  # blocking at 3 processes against 2
     more = M.adjust(m, "mpi", workers=3, servers=0, paced=False, bandwidth_gbps=1.0,
                     latency_us=20.0)
     assert more["per_message_us"] == pytest.approx(15 * f)
