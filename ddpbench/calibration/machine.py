@@ -58,6 +58,13 @@ class BackendFit(_Strict):
             workload's time (a backend that slices large arrays into many messages, as
             ``p3`` does): the fit cannot tell its bandwidth from infinite, so it is the
             ping-pong's bandwidth.
+        bandwidth_shared: True when ``bandwidth_gbps`` is the one bandwidth fitted jointly
+            to every parameter-server backend's large run (they move bytes through one
+            transport, :mod:`ddpbench.backends.ps`); ``per_message_us`` is then solved
+            against it.
+        bytes_share: the share of the large run that its bytes take at this fit (the
+            rest is message costs): how much the large run says about the bandwidth; its
+            value at the backend's own fit is its weight in the shared fit.
         compute_factor: how much slower the trainer's compute emulation runs beside this
             backend's communication threads than alone (fitted on the workload's own run).
         workload_ms: measured iteration time of the calibration workload (with compute).
@@ -71,6 +78,8 @@ class BackendFit(_Strict):
     per_message_us: float = Field(ge=0, allow_inf_nan=False)
     bandwidth_gbps: float = Field(gt=0, allow_inf_nan=False)
     bandwidth_fitted: bool = True
+    bandwidth_shared: bool = False
+    bytes_share: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     compute_factor: float = Field(1.0, gt=0, allow_inf_nan=False)
     workload_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     workload_sim_ms: float | None = Field(None, gt=0, allow_inf_nan=False)

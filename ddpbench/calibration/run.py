@@ -38,6 +38,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import math
 import os
 import platform
 import statistics
@@ -54,7 +55,8 @@ import yaml
 
 from ddpbench.calibration.machine import KIND, BackendFit, Machine
 
-__all__ = ["SYNTHETIC", "SYNTHETIC_KNOBS", "calibrate", "fit_backend", "synthetic_profile"]
+__all__ = ["SYNTHETIC", "SYNTHETIC_KNOBS", "calibrate", "fit_backend", "shared_bandwidth",
+           "synthetic_profile"]
 
 STEP_PROCESSES = (2, 3, 4, 6, 8)
 """Process counts at which the ring step is timed (beyond 8: extended along 6 to 8)."""
@@ -70,7 +72,8 @@ SYNTHETIC = {"small": (64, 256), "large": (4, 1 << 20)}
 """Calibration workloads: name -> (tensors, float32 elements each), no compute."""
 
 SYNTHETIC_KNOBS: dict[str, dict[str, dict[str, Any]]] = {
-    "horovod": {"small": {"fusion_threshold": 0}},
+    "horovod": {"small": {"fusion_threshold": 0, "cycle_time": 0.0},
+                "large": {"cycle_time": 0.0}},
 }
 """Backend knobs of a calibration workload's real and simulated runs (both alike).
 
@@ -78,8 +81,12 @@ SYNTHETIC_KNOBS: dict[str, dict[str, dict[str, Any]]] = {
 inside Horovod's 1 ms cycle, so the iteration time is the cycle plus a residue of tens of
 microseconds that falls on either side of a cycle boundary: the per-message cost fitted to it
 took one of two values, 15 or 30 us, from run to run. Unfused, the 64 allreduces take about
-2 ms and the cost is pinned down (10.3-10.7 us in four runs). The workload run keeps the
-defaults."""
+2 ms and the cost is pinned down (10.3-10.7 us in four runs). Both synthetic runs also
+leave out the cycle (``cycle_time`` 0: a rank starts a cycle as soon as work is queued):
+the cycle is a knob the simulator models, not a cost to fit, and with it each launch's
+iterations lock into one phase against the 1 ms clock, so that four launches of the small
+run took 2.14, 2.27, 2.22 and 1.09 ms per iteration (medians), without it 1.10, 1.07, 1.06
+and 1.13 ms. The workload run keeps the defaults, as the experiments run it."""
 
 
 def synthetic_profile(name: str) -> dict[str, Any]:
@@ -266,7 +273,7 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
                 workers: int, servers: int, latency_us: float, bandwidth_gbps: float,
                 cores: int, rounds: int = 3,
                 workload: tuple[str, float, tuple[float, float], dict[str, float]] | None = None,
-                ) -> BackendFit:
+                shared_bandwidth: float | None = None) -> BackendFit:
     """Fit ``backend``'s per-message cost and bandwidth so the simulator meets both runs.
 
     Args:
@@ -282,6 +289,9 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
         rounds: alternations of the two solves.
         workload: (profile, measured median seconds, (compute rate, overhead us), schedule
             keywords) of the workload's own run with compute: fits ``compute_factor``.
+        shared_bandwidth: a bandwidth fitted jointly with other backends
+            (:func:`shared_bandwidth`): kept as it is, and only the per-message cost (and
+            the compute factor) solved against it.
     """
     per_msg, bw = 0.0, bandwidth_gbps
 
@@ -295,12 +305,17 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
         return _solve(functools.partial(lambda b, p: sim(small[0], p, b), b), small[1],
                       0.0, 1e5, increasing=True)
 
-    for _ in range(rounds):
+    if shared_bandwidth is not None:
+        bw = shared_bandwidth
         per_msg = solve_per_msg(bw)
-        bw = _solve(functools.partial(lambda p, b: sim(large[0], p, b), per_msg), large[1],
-                    0.01, _BW_MAX, increasing=False)
+    else:
+        for _ in range(rounds):
+            per_msg = solve_per_msg(bw)
+            bw = _solve(functools.partial(lambda p, b: sim(large[0], p, b), per_msg),
+                        large[1], 0.01, _BW_MAX, increasing=False)
     # Bytes must explain a share of the large run for its time to pin a bandwidth down.
-    fitted = large[1] - sim(large[0], per_msg, _BW_MAX) >= _BYTES_SHARE * large[1]
+    share = min(1.0, max(0.0, 1.0 - sim(large[0], per_msg, _BW_MAX) / large[1]))
+    fitted = share >= _BYTES_SHARE or shared_bandwidth is not None
     if not fitted:
         # The large run is (nearly) all message costs (p3 cuts each array into many
         # slices): any bandwidth from some hundreds of Gbit/s to infinity fits it, and the
@@ -319,12 +334,31 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
         factor = _solve(wsim, measured, 0.5, 10.0, increasing=True)
         wl_sim = wsim(factor) * 1e3
     return BackendFit(per_message_us=round(per_msg, 3), bandwidth_gbps=round(bw, 3),
-                      bandwidth_fitted=fitted, compute_factor=round(factor, 4),
+                      bandwidth_fitted=fitted, bandwidth_shared=shared_bandwidth is not None,
+                      bytes_share=round(share, 4), compute_factor=round(factor, 4),
                       workload_ms=workload[1] * 1e3 if workload else None,
                       workload_sim_ms=wl_sim,
                       small_ms=small[1] * 1e3, large_ms=large[1] * 1e3,
                       small_sim_ms=sim(small[0], per_msg, bw) * 1e3,
                       large_sim_ms=sim(large[0], per_msg, bw) * 1e3)
+
+
+
+def shared_bandwidth(fits: dict[str, BackendFit]) -> float | None:
+    """Return one bandwidth for backends that move their bytes through one transport.
+
+    The log-mean of their own fitted bandwidths, each weighted by the square of its large
+    run's bytes share (a run that is mostly message costs says little about the
+    bandwidth: a change of the bandwidth by a factor moves its time by about the share
+    times that), i.e. the least-squares solution of their large runs' log time errors to
+    first order. None when no backend's large run pins a bandwidth down.
+    """
+    weights = {b: (f.bytes_share or 0.0) ** 2 for b, f in fits.items() if f.bandwidth_fitted}
+    total = sum(weights.values())
+    if total <= 0:
+        return None
+    return math.exp(sum(w * math.log(fits[b].bandwidth_gbps) for b, w in weights.items())
+                    / total)
 
 
 def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None = None,
@@ -411,19 +445,32 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
                 samples[b][workload].append(real_iteration(
                     b, workload, workers, s, iterations + iterations // 2, timeout_s,
                     compute_scale, size_scale))
+        measured = {b: {name: min(statistics.median(launch) for launch in v)
+                        for name, v in samples[b].items()} for b in backends}
         for b in backends:
-            measured = {name: min(statistics.median(launch) for launch in v)
-                        for name, v in samples[b].items()}
-            tick(f"{b} fit")
-            fits[b] = fit_backend(
-                b, (paths["small"], measured["small"]), (paths["large"], measured["large"]),
-                workers=workers, servers=srv[b], latency_us=pp["latency_us"],
-                bandwidth_gbps=pp["bandwidth_gbps"], cores=cores,
-                workload=(workload, measured[workload],
-                          (comp["rate"], comp["overhead_us"]),
-                          {"compute_scale": compute_scale, "size_scale": size_scale}))
             runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]
                        for name, v in samples[b].items()}
+
+        def fit(b: str, shared: float | None = None) -> BackendFit:
+            tick(f"{b} fit" + (" (shared bandwidth)" if shared is not None else ""))
+            return fit_backend(
+                b, (paths["small"], measured[b]["small"]),
+                (paths["large"], measured[b]["large"]),
+                workers=workers, servers=srv[b], latency_us=pp["latency_us"],
+                bandwidth_gbps=pp["bandwidth_gbps"], cores=cores,
+                workload=(workload, measured[b][workload],
+                          (comp["rate"], comp["overhead_us"]),
+                          {"compute_scale": compute_scale, "size_scale": size_scale}),
+                shared_bandwidth=shared)
+
+        fits = {b: fit(b) for b in backends}
+        # The parameter-server backends move bytes through one transport: one bandwidth
+        # for all of them, from all their large runs (each alone moved by up to 1.5x
+        # between two calibrations of one machine).
+        group = [b for b in backends if srv[b]]
+        shared = shared_bandwidth({b: fits[b] for b in group}) if len(group) > 1 else None
+        if shared is not None:
+            fits.update({b: fit(b, shared) for b in group})
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Machine(
         kind=KIND, host=platform.node() or "unknown", measured_at=now, cores=cores,

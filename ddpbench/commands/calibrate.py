@@ -64,7 +64,12 @@ def main(args: argparse.Namespace) -> int:
             earlier = load_machine(args.compare)
         except ValueError as err:
             raise UsageError(str(err)) from None
-    steps = 4 + len(backends) * (args.rounds * (len(SYNTHETIC) + 1) + 1)
+    from ddpbench import contract
+
+    # One more fit per parameter-server backend where two or more share a bandwidth.
+    ps = [b for b in backends if b in contract.BACKENDS and contract.backend(b).uses_servers]
+    steps = (4 + len(backends) * (args.rounds * (len(SYNTHETIC) + 1) + 1)
+             + (len(ps) if len(ps) > 1 else 0))
     from tqdm import tqdm
 
     bar = tqdm(total=steps, desc="calibrate", unit="step", file=sys.stderr)
@@ -102,7 +107,9 @@ def main(args: argparse.Namespace) -> int:
           f"{machine.cores} cores, sleep overhead {machine.compute_overhead_us:.0f} us")
     for name, fit in machine.backends.items():
         print(f"  {name:<10} per message {fit.per_message_us:8.1f} us  bandwidth "
-              f"{fit.bandwidth_gbps:7.2f} Gbit/s  compute x{fit.compute_factor:.2f}")
+              f"{fit.bandwidth_gbps:7.2f} Gbit/s  compute x{fit.compute_factor:.2f}"
+              + ("  (bandwidth shared by the parameter-server backends)"
+                 if fit.bandwidth_shared else ""))
     if earlier is not None:
         _compare(earlier, machine)
     return 0

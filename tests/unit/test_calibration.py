@@ -2,6 +2,7 @@
 point uses a profile (closed forms of the simulator's ring on a calibrated machine)."""
 
 import copy
+import math
 import textwrap
 
 import pytest
@@ -254,10 +255,48 @@ def test_horovod_small_run_is_unfused_so_its_per_message_cost_is_identifiable(tm
     fused = [_sim_time("horovod", paths["small"], 2, 0, 2.0, pm, 20.0, 2) for pm in (2.0, 8.0)]
     assert fused[0] == pytest.approx(fused[1], rel=1e-9)  # the cycle hides the cost
     knobs = SYNTHETIC_KNOBS["horovod"]["small"]
-    assert knobs == {"fusion_threshold": 0}
+    assert knobs == {"fusion_threshold": 0, "cycle_time": 0.0}
     small = _sim_time("horovod", paths["small"], 2, 0, 2.0, 12.0, 20.0, 2, knobs=knobs)
-    large = _sim_time("horovod", paths["large"], 2, 0, 2.0, 12.0, 20.0, 2)
+    large = _sim_time("horovod", paths["large"], 2, 0, 2.0, 12.0, 20.0, 2,
+                      knobs=SYNTHETIC_KNOBS["horovod"]["large"])
     fit = fit_backend("horovod", (paths["small"], small), (paths["large"], large), workers=2,
                       servers=0, latency_us=2.0, bandwidth_gbps=90.0, cores=2)
     assert fit.per_message_us == pytest.approx(12.0, rel=0.02)
     assert fit.bandwidth_gbps == pytest.approx(20.0, rel=0.02)
+
+
+def test_shared_bandwidth_weights_each_backend_by_its_bytes_share():
+    """The log-mean of the fitted bandwidths, weighted by the squared bytes share; a
+    backend whose bandwidth was not fitted (the ping-pong's) has no say."""
+    from ddpbench.calibration.run import shared_bandwidth
+
+    def fit(bw, share, fitted=True):
+        return M.BackendFit(per_message_us=100.0, bandwidth_gbps=bw, bytes_share=share,
+                            bandwidth_fitted=fitted)
+
+    got = shared_bandwidth({"kvstore": fit(8.0, 0.9), "byteps": fit(12.5, 0.9),
+                            "p3": fit(90.0, 0.05, fitted=False)})
+    assert got == pytest.approx(10.0)  # sqrt(8 x 12.5)
+    got = shared_bandwidth({"kvstore": fit(8.0, 0.9), "p3": fit(20.0, 0.3)})
+    assert got == pytest.approx(math.exp((0.81 * math.log(8) + 0.09 * math.log(20)) / 0.9))
+    assert shared_bandwidth({"p3": fit(90.0, 0.05, fitted=False)}) is None
+
+
+def test_a_shared_bandwidth_is_kept_and_the_message_cost_solved_against_it(tmp_path):
+    """Times made by the simulator at 150 us and 12 Gbit/s: given the shared 12 Gbit/s,
+    kvstore's fit keeps it, flags it shared, and recovers the per-message cost."""
+    from ddpbench.calibration.run import _sim_time, fit_backend
+
+    paths = _synthetic_paths(tmp_path)
+    small = _sim_time("kvstore", paths["small"], 2, 2, 2.0, 150.0, 12.0, 2)
+    large = _sim_time("kvstore", paths["large"], 2, 2, 2.0, 150.0, 12.0, 2)
+    own = fit_backend("kvstore", (paths["small"], small), (paths["large"], large), workers=2,
+                      servers=2, latency_us=2.0, bandwidth_gbps=90.0, cores=2)
+    assert not own.bandwidth_shared and own.bytes_share is not None and own.bytes_share > 0.5
+    fit = fit_backend("kvstore", (paths["small"], small), (paths["large"], large), workers=2,
+                      servers=2, latency_us=2.0, bandwidth_gbps=90.0, cores=2,
+                      shared_bandwidth=12.0)
+    assert fit.bandwidth_shared and fit.bandwidth_fitted
+    assert fit.bandwidth_gbps == 12.0
+    assert fit.per_message_us == pytest.approx(150.0, rel=0.02)
+    assert fit.large_sim_ms == pytest.approx(large * 1e3, rel=0.02)
