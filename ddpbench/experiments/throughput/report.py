@@ -641,8 +641,9 @@ def _calibration_section(doc: Document, pairs: Any) -> None:
                      f"{style}: " + ", ".join(f"{v:.0f} us at {k}" for k, v in t.items())
                      for style, t in m.ring_step_us.items()) + " processes.")
         rows = [{"backend": b, "per_message_us": f.per_message_us,
-                 "bandwidth_gbps": f.bandwidth_gbps if f.bandwidth_fitted
-                 else f"{f.bandwidth_gbps:,.1f} (ping-pong's)",
+                 "bandwidth_gbps": (f"{f.bandwidth_gbps:,.2f} (shared)" if f.bandwidth_shared
+                                    else f.bandwidth_gbps if f.bandwidth_fitted
+                                    else f"{f.bandwidth_gbps:,.1f} (ping-pong's)"),
                  "compute_factor": f.compute_factor,
                  "small_ms (real/sim)": f"{f.small_ms:.2f} / {f.small_sim_ms:.2f}"
                  if f.small_ms and f.small_sim_ms else "",
@@ -658,6 +659,8 @@ def _calibration_section(doc: Document, pairs: Any) -> None:
             "calibration's worker count (many small tensors: per-message cost; few large "
             "ones: bandwidth; the workload itself: how much slower compute runs beside the "
             "backend's threads) and used unchanged at every point (a bandwidth marked "
-            "ping-pong's: the large run was all message costs, so the wire's is kept); "
+            "ping-pong's: the large run was all message costs, so the wire's is kept; "
+            "marked shared: one bandwidth for the parameter-server backends, whose bytes go "
+            "through one transport, from all their large runs); "
             "other process counts stretch the software costs by the ratio of the measured ring steps "
             "(ddpbench/calibration/machine.py)."))
