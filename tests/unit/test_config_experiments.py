@@ -146,6 +146,23 @@ def test_modes_and_repetitions_share_point_names():
     assert len({p.key for p in points}) == 4
 
 
+
+def test_repetitions_go_round_every_point_in_turn():
+    """Every point once, then every point again: a slow phase of a shared machine catches
+    one repetition of several points, not all repetitions of one."""
+    exp = parse("""\
+        name: reps
+        mode: real
+        workloads: resnet50
+        workers: [2, 3]
+        repetitions: 2
+        backends: [mpi, horovod]
+        """)
+    order = [(p.params["backend"], p.params["workers"], p.params["repetition"])
+             for p in runner.expand_points(exp)]
+    assert order == [("mpi", 2, 0), ("mpi", 3, 0), ("horovod", 2, 0), ("horovod", 3, 0),
+                     ("mpi", 2, 1), ("mpi", 3, 1), ("horovod", 2, 1), ("horovod", 3, 1)]
+
 def test_names_format_values_and_skip_defaults():
     assert naming.make_name("p3", {"b": 10.0, "a": 0.25, "c": "x"}) == "p3[a=0.25,b=10,c=x]"
     params = {"mode": "simulate", "backend": "mpi", "workload": "vgg19", "workers": 2,

@@ -69,6 +69,7 @@ def expand(spec: ThroughputSpec) -> list[dict[str, Any]]:
     gantt = list(spec.report.gantt)
     out = []
     for mode in modes:
+        grid = []
         for backend in spec.backends:
             for axes in _grid(spec.axes_of(backend), groups):
                 params: dict[str, Any] = {"mode": mode, "backend": backend}
@@ -80,8 +81,12 @@ def expand(spec: ThroughputSpec) -> list[dict[str, Any]]:
                     params.update(
                         {k: getattr(spec.real, k) for k in _REAL_KEYS},
                     )
-                for rep in range(spec.repetitions):
-                    out.append({**params, "repetition": rep})
+                grid.append(params)
+        # Repetitions outermost: every point once, then every point again, so that a slow
+        # phase of a shared machine (tens of seconds) catches one repetition of many points
+        # rather than all repetitions of one (the report takes their median or fastest).
+        out.extend({**params, "repetition": rep}
+                   for rep in range(spec.repetitions) for params in grid)
     # The Gantt plot's points: the first point matching each selector keeps a timeline.
     for selector in gantt:
         for params in out:
