@@ -67,9 +67,9 @@ def expand(spec: ThroughputSpec) -> list[dict[str, Any]]:
     modes = ["simulate", "real"] if spec.mode == "both" else [spec.mode]
     groups = [["workload" if a == "workloads" else a for a in g] for g in spec.zip]
     gantt = list(spec.report.gantt)
-    out = []
+    out: list[dict[str, Any]] = []
     for mode in modes:
-        grid = []
+        grid: list[dict[str, Any]] = []
         for backend in spec.backends:
             for axes in _grid(spec.axes_of(backend), groups):
                 params: dict[str, Any] = {"mode": mode, "backend": backend}
