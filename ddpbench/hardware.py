@@ -158,8 +158,9 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
               "and ICRC (~3%), as NCCL's maintainers state it for allreduce (peak bus "
-              "bandwidth 12 GB/s per 100 Gbit/s NIC, 0.96: NVIDIA/nccl-tests issue #119); per message: a verbs post and completion, ~2 us "
-              "(ib_send_lat-class small-message cost)"),
+              "bandwidth 12 GB/s per 100 Gbit/s NIC, 0.96: NVIDIA/nccl-tests issue #119); "
+              "per message: a verbs post and completion, ~2 us (ib_send_lat-class "
+              "small-message cost)"),
     Transport("shm", 1.0, 1.0, 1.0, True,
               "processes on one host through shared memory: bandwidth_gbps is the copy "
               "bandwidth; ~1 us per message to signal the peer"),

@@ -343,7 +343,6 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
                       large_sim_ms=sim(large[0], per_msg, bw) * 1e3)
 
 
-
 def shared_bandwidth(fits: dict[str, BackendFit]) -> float | None:
     """Return one bandwidth for backends that move their bytes through one transport.
 
@@ -421,7 +420,6 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
     cs = copy_and_sum()
     tick("compute")
     comp = compute_rule(workload, compute_scale, size_scale)
-    fits: dict[str, BackendFit] = {}
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
         paths = {}
@@ -451,26 +449,28 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
             runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]
                        for name, v in samples[b].items()}
 
-        def fit(b: str, shared: float | None = None) -> BackendFit:
-            tick(f"{b} fit" + (" (shared bandwidth)" if shared is not None else ""))
+        # The parameter-server backends move bytes through one transport: one bandwidth
+        # for all of them, from all their large runs (each alone moved by up to 1.5x
+        # between two calibrations of one machine); their own fits only weigh in.
+        ps = [b for b in backends if srv[b]]
+        group = ps if len(ps) > 1 else []
+
+        def fit(b: str, shared: float | None = None, *, alone: bool = False) -> BackendFit:
+            tick(f"{b} fit" + (" (shared bandwidth)" if b in group and not alone else ""))
             return fit_backend(
                 b, (paths["small"], measured[b]["small"]),
                 (paths["large"], measured[b]["large"]),
                 workers=workers, servers=srv[b], latency_us=pp["latency_us"],
                 bandwidth_gbps=pp["bandwidth_gbps"], cores=cores,
-                workload=(workload, measured[b][workload],
-                          (comp["rate"], comp["overhead_us"]),
-                          {"compute_scale": compute_scale, "size_scale": size_scale}),
+                workload=None if alone else (
+                    workload, measured[b][workload], (comp["rate"], comp["overhead_us"]),
+                    {"compute_scale": compute_scale, "size_scale": size_scale}),
                 shared_bandwidth=shared)
 
-        fits = {b: fit(b) for b in backends}
-        # The parameter-server backends move bytes through one transport: one bandwidth
-        # for all of them, from all their large runs (each alone moved by up to 1.5x
-        # between two calibrations of one machine).
-        group = [b for b in backends if srv[b]]
-        shared = shared_bandwidth({b: fits[b] for b in group}) if len(group) > 1 else None
-        if shared is not None:
-            fits.update({b: fit(b, shared) for b in group})
+        fits = {b: fit(b, alone=b in group) for b in backends}
+        if group:
+            shared = shared_bandwidth({b: fits[b] for b in group})
+            fits.update({b: fit(b, shared) for b in group})  # None: each keeps its own
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Machine(
         kind=KIND, host=platform.node() or "unknown", measured_at=now, cores=cores,

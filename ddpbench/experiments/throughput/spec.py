@@ -19,8 +19,8 @@ An experiment file of this kind (the default) looks like::
       byteps: {workers: [2, 4]}            # a common axis here overrides it for byteps
     zip:                          # axes in one group vary together instead of as a grid
       - [bandwidth_gbps, latency_us]
-    repetitions: 1                # runs per point, in rounds over all points; the report shows their median,
-    report: {baseline: kvstore}   #   or with aggregate: fastest their fastest
+    repetitions: 1                # runs per point, in rounds over all points; the report
+    report: {baseline: kvstore}   #   shows their median, or with aggregate: fastest their fastest
 
 A backend knob may also be given at top level as ``p3.slice_params: [10000, 40000]``.
 Every axis value and knob value is checked against :mod:`ddpbench.contract` when the file
