@@ -88,11 +88,20 @@ def rank_command(cmd: Sequence[str]) -> list[str]:
     return [*cmd[:i], "-m", "ddpbench.rank", *cmd[i:]]
 
 
+_PF_EXITING = 0x4
+"""Linux's task flag for a process on its way out (``include/linux/sched.h``)."""
+
+
 def _alive(pid: int) -> bool:
+    """False for a process that is gone, a zombie, or already exiting: a rank killed by a
+    signal can take a while to tear down its memory, while ``mpiexec``, told by the closing
+    of its pipes, has already ended the other ranks; seen by its state alone, the killed
+    rank would look like the last to go."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0] not in ("Z", "X") and not int(fields[6]) & _PF_EXITING
+    except (OSError, IndexError, ValueError):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
