@@ -62,12 +62,14 @@ def select_device(local_rank: int) -> int:
 
 
 @functools.cache
-def _scale_kernel() -> Any:
+def _scale_kernel(compute: str) -> Any:
     cupy = cupy_or_raise()
-    # S is float for half and float32, double for float64: the product is formed in S and
-    # rounded once into T.
+    # The product is formed in ``compute`` (float32 for half and float32, float64 for
+    # float64) and rounded once into T. The factor's type is spelled out: CuPy 14 no longer
+    # infers a placeholder type from a NumPy scalar (KeyError: 'S'; seen on an H200).
+    ctype = {"float32": "float", "float64": "double"}[compute]
     return cupy.ElementwiseKernel(
-        "T x, S f", "T y", "y = (T)((S)x * f)", "ddpbench_scale_copy"
+        f"T x, {compute} f", "T y", f"y = (T)(({ctype})x * f)", f"ddpbench_scale_copy_{compute}"
     )
 
 
@@ -112,7 +114,8 @@ def scale_copy(src: Any, dst: Any, factor: float, half_rule: str = "half") -> No
 
         _half_scale_kernel()(src.reshape(dst.shape), half_factor(factor), dst)
         return
-    _scale_kernel()(src.reshape(dst.shape), _factor(src.dtype, factor), dst)
+    f = _factor(src.dtype, factor)
+    _scale_kernel(f.dtype.name)(src.reshape(dst.shape), f, dst)
 
 
 def scale_(buf: Any, factor: float, half_rule: str = "half") -> None:

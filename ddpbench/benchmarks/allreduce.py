@@ -158,17 +158,52 @@ def check_backend_specs(specs: list[str]) -> None:
 
 
 class _Native:
-    """The ``native`` row: a bare ``comm.Allreduce`` on preallocated buffers, no engine."""
+    """The ``native`` row: a bare allreduce on preallocated buffers, no engine.
 
-    def __init__(self, comm: Any) -> None:
+    On CPU arrays ``comm.Allreduce``. With ``--device gpu`` the arrays are CuPy's, which
+    the mpich wheel's MPI cannot read (it is not CUDA-aware: device pointers crash it), so
+    the bare call is the transport the backends use there: one ``ncclAllReduce`` with
+    ``--gpu-transport nccl``, or a copy into page-locked host memory, ``comm.Allreduce`` and
+    a copy back with ``host``.
+    """
+
+    def __init__(self, comm: Any, cfg: dict[str, Any] | None = None) -> None:
         self.comm = comm.Dup()
+        self.nccl: Any = None
+        self.stage = False
+        self._pinned: dict[tuple[int, str], tuple[Any, Any]] = {}
+        if cfg is not None and cfg.get("device") == "gpu":
+            if cfg.get("gpu_transport", "nccl") == "nccl":
+                from ddpbench import gpu
+                from ddpbench.comm import world
+
+                self.nccl = gpu.NcclComm(self.comm, gpu.select_device(world().local_rank))
+            else:
+                self.stage = True
 
     def push_pull_async(self, name: Any, x: Any, output: Any, op: str, priority: int = 0
                         ) -> Any:
         from ddpbench.api import ReduceOp
         from ddpbench.backends._common import mpi_allreduce
 
-        mpi_allreduce(self.comm, output.reshape(-1), ReduceOp.parse(op), source=x.reshape(-1))
+        reduce_op = ReduceOp.parse(op)
+        if self.nccl is not None:
+            if output is not x:
+                output[...] = x
+            self.nccl.allreduce(output.reshape(-1), reduce_op)
+        elif self.stage:
+            key = (x.size, str(x.dtype))
+            if key not in self._pinned:  # preallocated once per size, page-locked
+                import cupyx
+
+                self._pinned[key] = (cupyx.empty_pinned(x.size, x.dtype),
+                                     cupyx.empty_pinned(x.size, x.dtype))
+            host, out = self._pinned[key]
+            x.reshape(-1).get(out=host)
+            mpi_allreduce(self.comm, out, reduce_op, source=host)
+            output.reshape(-1).set(out)
+        else:
+            mpi_allreduce(self.comm, output.reshape(-1), reduce_op, source=x.reshape(-1))
         if op == "average":
             output /= self.comm.size
         return _Done()
@@ -177,6 +212,8 @@ class _Native:
         self.push_pull_async(name, x, output, op)
 
     def close(self) -> None:
+        if self.nccl is not None:
+            self.nccl.close()
         self.comm.Free()
 
 
@@ -259,10 +296,11 @@ def _open(spec: str, cfg: dict[str, Any], comm: Any) -> tuple[str, Any]:
 
     label, name, options = _backend_spec(spec)
     if name == "native":
-        return label, _Native(comm)
+        return label, _Native(comm, cfg)
     if name == "gloo":
         return label, _Gloo(comm)
-    if cfg.get("device") == "gpu":
+    if cfg.get("device") == "gpu" and "gpu_transport" in ddpbench.api.backend_class(
+            name).Options.model_fields:  # mpi, horovod; the others stage through the host
         options = {"gpu_transport": cfg["gpu_transport"], **options}
     return label, ddpbench.create(name, **options)
 
