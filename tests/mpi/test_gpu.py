@@ -55,6 +55,29 @@ def test_fused_scale_kernel_matches_horovods_rules(dtype, half_rule):
         assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,half_rule", [("float16", "half"), ("float16", "float"),
+                                             ("float32", "half")])
+def test_vectorised_scale_matches_the_elementwise_kernel(dtype, half_rule):
+    """Aligned contiguous fp16/fp32 take the 16-byte-load kernel; a view one element off
+    16-byte alignment takes the element-wise one: both give the same bits (tails included)."""
+    gpu_or_skip()
+    import cupy
+
+    from ddpbench import gpu
+
+    host = (np.random.default_rng(2).standard_normal(200_011) * 1e3).astype(dtype)
+    for factor in (1 / 3, 1e-4, 7.0):
+        big = cupy.asarray(np.concatenate([host[:1], host]))
+        aligned, shifted = cupy.asarray(host), big[1:]  # shifted: 2 or 4 bytes off alignment
+        assert aligned.data.ptr % 16 == 0 and shifted.data.ptr % 16 != 0
+        out_a, out_s = cupy.empty_like(aligned), cupy.empty_like(aligned)
+        gpu.scale_copy(aligned, out_a, factor, half_rule)
+        gpu.scale_copy(shifted, out_s, factor, half_rule)
+        a, b = cupy.asnumpy(out_a), cupy.asnumpy(out_s)
+        assert np.array_equal(np.isnan(a), np.isnan(b))
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), factor
+
 def test_scale_copy_names_a_bad_half_rule():
     from ddpbench import gpu
 
