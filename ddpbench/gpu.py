@@ -188,7 +188,7 @@ def scale_copy(src: Any, dst: Any, factor: float, half_rule: str = "half") -> No
             _half_scale_kernel()(src.reshape(dst.shape), hf, dst)
         return
     f = _factor(src.dtype, factor)
-    if f.dtype == np.float64 or not _vector_scale(src, dst, float(f)):
+    if not _vector_scale(src, dst, float(f)):  # float64 and other layouts: element-wise
         _scale_kernel(f.dtype.name)(src.reshape(dst.shape), f, dst)
 
 
