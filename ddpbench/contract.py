@@ -417,6 +417,12 @@ class Cluster(BaseModel):
             fraction of line rate, per-message cost, duplex.
         device: the GPU (or CPU) of every worker (:data:`ddpbench.hardware.DEVICES`);
             ``None`` = the device the workload's profile was measured on.
+        overlap_slowdown: how much longer a GPU's compute takes while its own collectives
+            run beside it (a ring allreduce's steps, a host's intra-host reduction or
+            broadcast): 0.189 = 18.9% longer for the time they overlap; ``None`` = the
+            named ``device``'s figure (:data:`ddpbench.hardware.OVERLAP_SLOWDOWN` for the
+            GPUs), or 0 when the point names no device (the profile's times as they are);
+            simulated only.
         server_sum_gbps: each server's summation throughput, Gbit/s of incoming gradient
             (10 GB/s default: a few CPU cores adding fp32 with SIMD, as BytePS's CPU
             servers do).
@@ -457,6 +463,9 @@ class Cluster(BaseModel):
         f"one of {sorted(hardware.TRANSPORTS)}"))
     device: str | None = Field(None, json_schema_extra=_expect(
         f"one of {sorted(hardware.DEVICES)} (or none: the profile's own)"))
+    overlap_slowdown: float | None = Field(None, ge=0, le=10, allow_inf_nan=False,
+                                           json_schema_extra=_expect(
+                                               "a number in [0, 10] (or none: the device's)"))
     server_sum_gbps: float = Field(80.0, gt=0, allow_inf_nan=False,
                                    json_schema_extra=_expect("a finite number > 0"))
     server_update_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
@@ -508,6 +517,13 @@ class Cluster(BaseModel):
         return self
 
     @property
+    def compute_overlap_slowdown(self) -> float:
+        """Return the overlap slowdown in force: the field, else the named device's, else 0."""
+        if self.overlap_slowdown is not None:
+            return self.overlap_slowdown
+        return hardware.device(self.device).overlap_slowdown if self.device else 0.0
+
+    @property
     def num_hosts(self) -> int:
         """Return the number of worker hosts."""
         return self.hosts if self.hosts is not None else self.workers // self.gpus_per_host
@@ -547,14 +563,17 @@ def _cluster_message(err: ValidationError) -> str:
 
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
-    "device": None, "server_sum_gbps": 80.0, "server_update_gbps": None, "jitter": 0.0,
+    "device": None, "overlap_slowdown": None, "server_sum_gbps": 80.0, "server_update_gbps": None, "jitter": 0.0,
     "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
     "priority": True,
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed
-(``tests/unit/test_sim_cluster.py`` checks it). At that value a point keeps its old key."""
+(``tests/unit/test_sim_cluster.py`` checks it). At that value a point keeps its old key.
+``overlap_slowdown`` at ``None`` means the named device's figure: a simulated point that
+names a GPU is keyed on that figure instead (see ``key_params`` of the throughput kind), so
+its results from before the slowdown existed go stale."""
 
 
 class Schedule(BaseModel):

@@ -37,6 +37,8 @@ from typing import TypeVar
 __all__ = [
     "DEVICES",
     "INTRA_LINKS",
+    "OVERLAP_SLOWDOWN",
+    "OVERLAP_SOURCE",
     "TRANSPORTS",
     "Device",
     "IntraLink",
@@ -62,6 +64,10 @@ class Device:
         saturation_batch: ``b0`` of the batch rule: per-sample time at batch ``b`` is
             ``(b + b0) / b`` times its time at an infinite batch.
         source: where the peaks come from.
+        overlap_slowdown: how much longer compute takes while a collective of the GPUs'
+            own (a ring allreduce's kernels, a host's intra-host reduction) runs beside
+            it: 0.189 = 18.9% longer (see :data:`OVERLAP_SLOWDOWN`); 0 for the CPU entry,
+            whose contention a calibrated machine profile measures instead.
     """
 
     name: str
@@ -69,6 +75,7 @@ class Device:
     mem_gbps: float
     saturation_batch: float
     source: str
+    overlap_slowdown: float = 0.0
 
 
 # b0 for a P100 comes from TensorFlow's published ResNet-50 training throughput on one P100
@@ -82,22 +89,46 @@ def _b0(tflops: float) -> float:
     return round(_B0_P100 * tflops / _F_P100, 2)
 
 
+OVERLAP_SLOWDOWN = 0.189
+"""Compute slowdown of a GPU while communication kernels run beside it.
+
+From Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+Learning (arXiv 2507.03114), abstract: "overlapping computation and communication can
+result in an average computational slowdown of 18.9%, with a maximum of 40.0% slowdown",
+measured with GPT and LLaMA models on 4 A100s, H100s, MI250s and MI210s. The one stated
+average is used for every GPU of the table: no source states it per device, and the
+older GPUs (P4000, M60, P100, V100, T4) are assumed to lose no less to NCCL's kernels and
+copies, which take SMs and memory bandwidth from compute there as well."""
+
+OVERLAP_SOURCE = ("arXiv 2507.03114 (Characterizing Compute-Communication Overlap in "
+                  "GPU-Accelerated Distributed Deep Learning), abstract: an average "
+                  "computational slowdown of 18.9% (at most 40%) while communication "
+                  "overlaps it, on A100, H100, MI250 and MI210; the average, for every GPU")
+
+
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("P4000", 5.3, 243.0, _b0(5.3),
-           "NVIDIA Quadro P4000 datasheet (5.3 TFLOP/s fp32, 243 GB/s GDDR5): the P3 paper's GPU"),
+           "NVIDIA Quadro P4000 datasheet (5.3 TFLOP/s fp32, 243 GB/s GDDR5): the P3 paper's GPU",
+           overlap_slowdown=OVERLAP_SLOWDOWN),
     Device("M60", 4.8, 160.0, _b0(4.8),
            "NVIDIA Tesla M60 datasheet (two GPUs per board: 9.6 TFLOP/s fp32 and 2 x 160 GB/s "
-           "GDDR5), one GPU of it: AWS g3.4xlarge's GPU, the P3 paper's scalability runs"),
+           "GDDR5), one GPU of it: AWS g3.4xlarge's GPU, the P3 paper's scalability runs",
+           overlap_slowdown=OVERLAP_SLOWDOWN),
     Device("P100", 10.6, 732.0, _b0(10.6),
-           "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2)"),
+           "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2)",
+           overlap_slowdown=OVERLAP_SLOWDOWN),
     Device("V100", 15.7, 900.0, _b0(15.7),
-           "NVIDIA Tesla V100 SXM2 datasheet (15.7 TFLOP/s fp32, 900 GB/s HBM2)"),
+           "NVIDIA Tesla V100 SXM2 datasheet (15.7 TFLOP/s fp32, 900 GB/s HBM2)",
+           overlap_slowdown=OVERLAP_SLOWDOWN),
     Device("T4", 8.1, 320.0, _b0(8.1),
-           "NVIDIA T4 datasheet (8.1 TFLOP/s fp32, 320 GB/s GDDR6)"),
+           "NVIDIA T4 datasheet (8.1 TFLOP/s fp32, 320 GB/s GDDR6)",
+           overlap_slowdown=OVERLAP_SLOWDOWN),
     Device("A100", 19.5, 1555.0, _b0(19.5),
-           "NVIDIA A100 40GB SXM datasheet (19.5 TFLOP/s fp32 without TF32, 1,555 GB/s)"),
+           "NVIDIA A100 40GB SXM datasheet (19.5 TFLOP/s fp32 without TF32, 1,555 GB/s)",
+           overlap_slowdown=OVERLAP_SLOWDOWN),
     Device("H100", 67.0, 3350.0, _b0(67.0),
-           "NVIDIA H100 SXM datasheet (67 TFLOP/s fp32 without TF32, 3,350 GB/s HBM3)"),
+           "NVIDIA H100 SXM datasheet (67 TFLOP/s fp32 without TF32, 3,350 GB/s HBM3)",
+           overlap_slowdown=OVERLAP_SLOWDOWN),
     Device("cpu", 0.2, 4.1, _b0(0.2),
            "this project's build machine (2 cores of an AMD EPYC): 200 GFLOP/s for a "
            "1024x1024 fp32 np.matmul and 4.1 GB/s for np.copyto of 256 MiB, measured with "

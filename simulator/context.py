@@ -60,3 +60,9 @@ class SimContext(Protocol):
 
     def unit_done(self, w: int, layer: int) -> None:
         """One unit of ``layer`` is back, updated, on worker ``w``."""
+
+    def comm_begin(self, w: int = 0) -> None:
+        """A collective on group ``w``'s GPUs starts now (it slows their compute)."""
+
+    def comm_end(self, w: int = 0) -> None:
+        """The collective :meth:`comm_begin` announced ends now."""

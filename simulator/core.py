@@ -191,6 +191,9 @@ class _Sim:
         self.symmetric = symmetric
         self.cluster = c
         self._seq = 0
+        # Compute slows by this fraction for the time a GPU collective runs beside it.
+        self.overlap_slowdown = c.compute_overlap_slowdown
+        self._busy: list[_Busy] = [_Busy()]  # one per group once training runs
         self.net = None if symmetric else Network(
             self.env, nhosts, self.bandwidth, self.latency, self._record,
             oversubscription=c.oversubscription, rack_size=c.rack_size,
@@ -281,6 +284,7 @@ class _Sim:
             self._bcast = [self.intra_latency + (g - 1) / g * b / self.intra_bandwidth
                            if b else 0.0 for b in layer_bytes]
             self._local_free = [0.0] * nsim
+        self._busy = [_Busy() for _ in range(nsim)]
         strategy.start()
         factors = self._factors(iterations)
         for w in range(nsim):
@@ -299,6 +303,7 @@ class _Sim:
         env, layers = self.env, self.workload.layers
         timeline, host = self.timeline, self.hosts[w]
         updated, waiters = self._updated[w], self._waiters[w]
+        slow, busy = self.overlap_slowdown, self._busy[w]
         for t in range(iterations):
             for i, layer in enumerate(layers):
                 if updated[i] < t:
@@ -307,11 +312,15 @@ class _Sim:
                 if layer.fwd_s > 0:
                     start = env.now
                     yield env.timeout(layer.fwd_s)
+                    if slow and (extra := slow * busy.overlap(start, env.now)) > 0:
+                        yield env.timeout(extra)
                     timeline.append(Span(host, "forward", i, start, env.now, 0))
             for i in range(len(layers) - 1, -1, -1):
                 if layers[i].bwd_s > 0:
                     start = env.now
                     yield env.timeout(layers[i].bwd_s)
+                    if slow and (extra := slow * busy.overlap(start, env.now)) > 0:
+                        yield env.timeout(extra)
                     timeline.append(Span(host, "backward", i, start, env.now, 0))
                 self._grads(w, i)
 
@@ -327,6 +336,7 @@ class _Sim:
         env, layers = self.env, self.workload.layers
         timeline, host = self.timeline, self.hosts[w]
         updated, waiters, updated_at = self._updated[w], self._waiters[w], self._updated_at[w]
+        slow, busy = self.overlap_slowdown, self._busy[w]
         clock = np.zeros(factors.shape[1])
         for t in range(iterations):
             f = factors[t]
@@ -339,17 +349,32 @@ class _Sim:
                     ready = updated_at[i]
                 start = max(ready, float(clock.max()))
                 clock = np.maximum(clock, ready) + f * layer.fwd_s
+                if slow and layer.fwd_s > 0:
+                    clock = yield from self._overlapped(clock, start, slow, busy)
                 if layer.fwd_s > 0:
                     timeline.append(Span(host, "forward", i, start, float(clock.max()), 0))
             for i in range(len(layers) - 1, -1, -1):
                 start = float(clock.max())
                 clock = clock + f * layers[i].bwd_s
+                if slow and layers[i].bwd_s > 0:
+                    clock = yield from self._overlapped(clock, start, slow, busy)
                 end = float(clock.max())
                 if end > env.now:
                     yield env.timeout(end - env.now)
                 if layers[i].bwd_s > 0:
                     timeline.append(Span(host, "backward", i, start, end, 0))
                 self._grads(w, i)
+
+    def _overlapped(self, clock: np.ndarray, start: float, slow: float,
+                    busy: _Busy) -> Generator[simpy.Event, Any, np.ndarray]:
+        """Return ``clock`` (a layer of the group computed from ``start``) stretched by the
+        overlap slowdown for the time the group's collectives ran beside the layer."""
+        env = self.env
+        end = float(clock.max())
+        if end > env.now:
+            yield env.timeout(end - env.now)
+        extra = slow * busy.overlap(start, end)
+        return clock + extra if extra > 0 else clock
 
     def _grads(self, w: int, i: int) -> None:
         """Hand layer ``i``'s gradients of group ``w`` to the strategy."""
@@ -368,13 +393,23 @@ class _Sim:
         another in the order they were asked for.
         """
         assert self._bcast is not None
-        done = max(self.env.now, self._local_free[w]) + self._bcast[layer]
+        begin = max(self.env.now, self._local_free[w])
+        done = begin + self._bcast[layer]
         self._local_free[w] = done
+        self._busy[w].add(begin, done)
         call_later(self.env, done - self.env.now, then, (w, layer))
 
     def _reduced(self, ev: Any) -> None:
         w, i = cast(tuple[int, int], ev._value)
         self.strategy.grad_ready(w, i)
+
+    def comm_begin(self, w: int = 0) -> None:
+        """A collective on group ``w``'s GPUs starts now (it slows their compute)."""
+        self._busy[w].begin(self.env.now)
+
+    def comm_end(self, w: int = 0) -> None:
+        """The collective :meth:`comm_begin` announced ends now."""
+        self._busy[w].end(self.env.now)
 
     def unit_done(self, w: int, layer: int) -> None:
         """One unit of ``layer`` is back, updated, on worker ``w``."""
@@ -401,6 +436,54 @@ class _Sim:
         self._iter_left[t] -= 1
         if self._iter_left[t] == 0:
             self._iter_end[t] = self.env.now
+
+
+class _Busy:
+    """When a group's GPUs ran collectives: closed intervals and the ones open now.
+
+    Compute asks how much of ``[a, b]`` (``b`` not in the future, ``a`` never earlier than
+    an earlier question's) overlapped them; intervals scheduled ahead (a host's intra-host
+    reductions) count only up to ``b``.
+    """
+
+    __slots__ = ("_open", "_since", "_spans")
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[float, float]] = []
+        self._open = 0
+        self._since = 0.0
+
+    def begin(self, now: float) -> None:
+        if self._open == 0:
+            self._since = now
+        self._open += 1
+
+    def end(self, now: float) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self.add(self._since, now)
+
+    def add(self, a: float, b: float) -> None:
+        if b <= a:
+            return
+        spans = self._spans
+        if spans and a <= spans[-1][1] and b >= spans[-1][0]:  # touches the last: merge
+            spans[-1] = (min(a, spans[-1][0]), max(b, spans[-1][1]))
+        else:
+            spans.append((a, b))
+
+    def overlap(self, a: float, b: float) -> float:
+        """Return the time within ``[a, b]`` that a collective ran."""
+        spans = self._spans
+        while spans and spans[0][1] <= a:
+            spans.pop(0)
+        total = 0.0
+        for s, e in spans:
+            if s < b:
+                total += max(0.0, min(e, b) - max(s, a))
+        if self._open:
+            total += max(0.0, b - max(a, self._since))
+        return min(total, b - a)
 
 
 def _without_gc(run: Any) -> Any:

@@ -148,6 +148,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
         held, lat = tx + sim.per_message, sim.latency
     record = sim.timeline.append if sim.trace_steps else None
+    sim.comm_begin()
     for s in range(2 * (p - 1)):
         chunk = (-s) % p if s < p - 1 else (1 - (s - p + 1)) % p
         nbytes = (base + (chunk < extra)) * itemsize
@@ -164,6 +165,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
             yield env.timeout(lat)
         if record is not None:
             record(sim.span(0, "allreduce", layer, start, env.now, nbytes, 1 % p))
+    sim.comm_end()
     if sim.gpus == 1:
         sim.add_sent_all(ring_bytes_per_rank(n, p, itemsize))
     elif sim.num_hosts > 1:
@@ -193,6 +195,7 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     record = sim.timeline.append if sim.trace_steps else None
     shard = -(-n // g) * itemsize
     local = (g - 1) * (sim.intra_latency + shard / sim.intra_bandwidth)
+    sim.comm_begin()
     start = env.now
     yield env.timeout(local)  # reduce-scatter: g-1 steps, one event
     if record is not None:
@@ -210,6 +213,7 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     yield env.timeout(local)  # all-gather
     if record is not None:
         record(sim.span(0, "all_gather", layer, start, env.now, shard * (g - 1)))
+    sim.comm_end()
 
 
 class _AllreduceBase(Strategy):

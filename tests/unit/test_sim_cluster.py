@@ -257,3 +257,66 @@ def test_resnet101_keeps_resnet50_times_and_adds_layer3_blocks():
     extra = sum(x.fwd_s + x.bwd_s for x in r101.layers) - sum(x.fwd_s + x.bwd_s for x in r50.layers)
     block = sum(x.fwd_s + x.bwd_s for x in r50.layers if x.name.startswith("layer3.5."))
     assert extra == pytest.approx(17 * block)
+
+
+# -- compute slowed by collectives beside it ---------------------------------------------------
+def _two_layers_1mb():
+    """l1 (2 ms) then l0 (3 ms) backward; each layer's 1 MB allreduce takes 1 ms at 2 workers."""
+    from ddpbench.simulator.workload import Workload
+
+    return Workload.from_dict({"name": "tiny", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": 0, "bwd_ms": 3, "tensors": [{"name": "a", "numel": 250_000}]},
+        {"name": "l1", "fwd_ms": 0, "bwd_ms": 2, "tensors": [{"name": "b", "numel": 250_000}]}]})
+
+
+@pytest.mark.parametrize("slowdown, expected_ms", [(0.0, 6.0), (0.5, 6.5), (2.0, 8.0)])
+def test_overlap_slowdown_stretches_compute_for_the_time_a_collective_runs_beside_it(
+        slowdown, expected_ms):
+    # 8 Gbit/s = 1e9 B/s, no latency: a 2-worker ring of 1 MB is 2 steps of 0.5 MB, 1 ms.
+    # l1's allreduce (2-3 ms) overlaps 1 ms of l0's backward (2-5 ms), which therefore ends
+    # at 5 + slowdown x 1 ms; l0's own allreduce then takes 1 ms more.
+    r = simulate(_two_layers_1mb(), "mpi", workers=2, bandwidth_gbps=8, latency_us=0,
+                 overlap_slowdown=slowdown)
+    assert r.iteration_time_s == pytest.approx(expected_ms * 1e-3, rel=1e-9)
+
+
+def test_overlap_slowdown_is_the_same_on_the_per_gpu_clock_path():
+    # A straggler slowed by 1x sends the run down the per-GPU clocks (jitter's path) with
+    # every GPU at nominal speed: the stretched iteration must not change.
+    wl = _two_layers_1mb()
+    plain = simulate(wl, "mpi", workers=2, bandwidth_gbps=8, latency_us=0, overlap_slowdown=0.5)
+    varied = simulate(wl, "mpi", workers=2, bandwidth_gbps=8, latency_us=0,
+                      overlap_slowdown=0.5, stragglers=1, straggler_slowdown=1.0)
+    assert varied.iteration_time_s == pytest.approx(plain.iteration_time_s, rel=1e-9)
+
+
+def test_overlap_slowdown_defaults_to_the_named_devices_figure():
+    assert contract.Cluster().compute_overlap_slowdown == 0.0
+    assert contract.Cluster(device="V100").compute_overlap_slowdown == hardware.OVERLAP_SLOWDOWN
+    assert contract.Cluster(device="cpu").compute_overlap_slowdown == 0.0
+    assert contract.Cluster(device="V100", overlap_slowdown=0.0).compute_overlap_slowdown == 0.0
+    with pytest.raises(ValueError, match="overlap_slowdown"):
+        contract.Cluster.from_point({"overlap_slowdown": -0.1})
+
+
+def test_overlap_slowdown_keys_only_the_simulated_points_it_changes():
+    from ddpbench.experiments.throughput.points import key_params
+
+    base = {"backend": "horovod", "workload": "resnet50", "mode": "simulate"}
+    assert "overlap_slowdown" not in key_params(base)
+    assert "overlap_slowdown" not in key_params({**base, "device": "cpu"})
+    assert key_params({**base, "device": "V100"})["overlap_slowdown"] == hardware.OVERLAP_SLOWDOWN
+    assert "overlap_slowdown" not in key_params({**base, "device": "V100", "mode": "real"})
+
+
+def test_intra_host_reduction_slows_compute_by_at_most_the_slowdown_times_its_time():
+    # BytePS reduces a host's GPUs before each push and broadcasts after each pull: compute
+    # overlapped by those phases is stretched, by no more than slowdown x their total time.
+    kw = dict(hosts=2, gpus_per_host=4, bandwidth_gbps=10, intra_link="pcie")
+    base = simulate("resnet50", "byteps", **kw, overlap_slowdown=0.0)
+    slow = simulate("resnet50", "byteps", **kw, overlap_slowdown=0.5)
+    wl = load_workload("resnet50")
+    link = hardware.intra_link("pcie")
+    local = sum(2 * (link.latency_us * 1e-6 + 3 / 4 * t.numel * 4 / (link.bandwidth_gbps * 1e9 / 8))
+                for t in wl.tensors)
+    assert 0 < slow.iteration_time_s - base.iteration_time_s <= 0.5 * local * (1 + 1e-9)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddpbench import contract
+from ddpbench import contract, hardware
 from ddpbench.contract import COMMON_AXES
 from ddpbench.experiments.naming import format_value, make_name, public
 from ddpbench.experiments.throughput.spec import ThroughputSpec
@@ -119,6 +119,13 @@ def key_params(params: dict[str, Any]) -> dict[str, Any]:
     filled.update({k: f.default for k, f in contract.Schedule.model_fields.items()})
     filled.update({k: f.default for k, f in contract.Cluster.model_fields.items()})
     filled.update(params)
+    if side == "sim" and filled.get("overlap_slowdown") is None and filled.get("device"):
+        # None means the device's figure: key the point on the figure in force, so that
+        # results from before it existed (or under another figure) are not reused.
+        dev = hardware.DEVICES.get(str(filled["device"]))  # unknown: the point's run names it
+        slowdown = dev.overlap_slowdown if dev is not None else 0.0
+        if slowdown:
+            filled["overlap_slowdown"] = slowdown
     # Fields added later leave the key at the value under which they change nothing, so
     # the results keyed before they existed stay valid.
     for k, neutral in contract.NEUTRAL_AT_DEFAULT.items():

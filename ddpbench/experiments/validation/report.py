@@ -156,11 +156,18 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     items += [f"device {d}: {hardware.device(d).fp32_tflops:g} TFLOP/s fp32, "
               f"{hardware.device(d).mem_gbps:g} GB/s; {hardware.device(d).source}"
               for d in used_d]
+    slowed = [d for d in used_d if hardware.device(d).overlap_slowdown]
+    if slowed:
+        figures = sorted({hardware.device(d).overlap_slowdown for d in slowed})
+        items.append(f"compute overlapped by the GPUs' own collectives (ring allreduce, "
+                     f"intra-host reduction) takes {', '.join(f'{x:.1%}' for x in figures)} "
+                     f"longer on {', '.join(slowed)}: {hardware.OVERLAP_SOURCE}")
     items += [f"intra-host link {x}: {hardware.intra_link(x).bandwidth_gbps:g} Gbit/s; "
               f"{hardware.intra_link(x).source}" for x in used_l]
     doc.text("Every constant is the simulator's table entry (ddpbench.hardware), set once "
-             "per transport, device and link from datasheets and protocol overheads; none "
-             "is fitted to these points, and no point sets its own.")
+             "per transport, device and link from datasheets, protocol overheads and "
+             "published measurements; none is fitted to these points, and no point sets "
+             "its own.")
     doc.bullets(items)
 
     if spec.notes:

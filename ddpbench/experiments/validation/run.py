@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ddpbench import hardware
 from ddpbench.experiments.schema import ExperimentError, err_at
 from ddpbench.experiments.validation import data
 from ddpbench.experiments.validation.spec import Spec
@@ -63,10 +64,16 @@ def key_params(params: dict[str, Any]) -> dict[str, Any]:
 
     The runner keys results on public parameters; the setting travels in ``_point``, so a
     changed setting (an assumption revised in ``published.yaml``) must be named here or
-    the old result would be kept.
+    the old result would be kept. So must the device table's overlap slowdown of the
+    setting's device (a model constant that a result made before it existed lacks).
     """
-    return {**params, "setting": params["_point"], "bandwidths": params["_bandwidths"],
-            "iterations": params["_iterations"], "warmup": params["_warmup"]}
+    key = {**params, "setting": params["_point"], "bandwidths": params["_bandwidths"],
+           "iterations": params["_iterations"], "warmup": params["_warmup"]}
+    device = json.loads(params["_point"]).get("setting", {}).get("device")
+    dev = hardware.DEVICES.get(str(device)) if device else None
+    if dev is not None and dev.overlap_slowdown:
+        key["overlap_slowdown"] = dev.overlap_slowdown
+    return key
 
 
 def point_name(params: dict[str, Any]) -> str:
