@@ -52,6 +52,10 @@ def _write(tmp_path, raw):
     (lambda r: r["points"][1].update(id=r["points"][0]["id"]), "appears twice"),
     (lambda r: r["points"][0].update(assumed=["colour"]), "assumed field 'colour'"),
     (lambda r: r["points"][0]["setting"].update(bandwidth_gbps=10), "sweeps the bandwidth"),
+    (lambda r: r["points"][0].update(baseline_transport="carrier_pigeon"), "unknown transport"),
+    (lambda r: next(p for p in r["points"] if p["metric"] == "scaling_efficiency"
+                    and p.get("simulate", True)).update(baseline_transport="tcp"),
+     "baseline_transport needs a baseline"),
 ])
 def test_a_bad_point_is_refused_naming_it(tmp_path, edit, words):
     raw = copy.deepcopy(_raw())
@@ -79,3 +83,30 @@ def test_a_revised_setting_gives_the_point_a_new_key():
     key = manifest.point_key("validation", public(key_params(base)))
     assert key != manifest.point_key("validation", public(key_params(revised)))
     assert key == manifest.point_key("validation", public(key_params(dict(base))))
+
+
+def test_a_baseline_transport_runs_the_baseline_over_that_transport():
+    """RDMA over TCP: the same backend, the baseline on the other transport."""
+    import json
+
+    from ddpbench.experiments.throughput.points import run_point as run_throughput
+    from ddpbench.experiments.validation.run import run_point
+
+    point = data.Point.model_validate({
+        "id": "x", "source": "s", "where": "w", "quote": "q", "metric": "speedup",
+        "setting": {"workload": "resnet50", "hosts": 4, "gpus_per_host": 1,
+                    "transport": "rdma", "bandwidth_gbps": 10},
+        "backend": "horovod", "baseline": "horovod", "baseline_transport": "tcp",
+        "value": 1.1})
+    row = run_point({"_point": point.model_dump_json(), "_bandwidths": json.dumps([10]),
+                     "_iterations": 3, "_warmup": 1})
+
+    def thr(transport: str) -> float:
+        return float(run_throughput({
+            "mode": "simulate", "workload": "resnet50", "backend": "horovod", "workers": 4,
+            "hosts": 4, "gpus_per_host": 1, "bandwidth_gbps": 10.0, "latency_us": 5.0,
+            "transport": transport, "intra_link": "pcie", "iterations": 3,
+            "warmup": 1})["throughput"])
+
+    assert row["simulated"] == pytest.approx(thr("rdma") / thr("tcp"), rel=1e-12)
+    assert row["simulated"] > 1  # RDMA's efficiency and message cost beat TCP's

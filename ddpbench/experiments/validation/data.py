@@ -64,6 +64,7 @@ class Point(_Frozen):
     backend_knobs: dict[str, Any] = Field(default_factory=dict)
     baseline: str | None = None
     baseline_knobs: dict[str, Any] = Field(default_factory=dict)
+    baseline_transport: str | None = None  # the baseline over another transport (RDMA vs TCP)
     value: float = Field(gt=0)
     assumed: tuple[str, ...] = ()
     simulate: bool = True
@@ -90,6 +91,10 @@ class Point(_Frozen):
         if s.device is not None:
             hardware.device(s.device)
         hardware.transport(s.transport)
+        if self.baseline_transport is not None:
+            if self.baseline is None:
+                raise ValueError(f"point {self.id!r}: baseline_transport needs a baseline")
+            hardware.transport(self.baseline_transport)
         hardware.intra_link(s.intra_link)
         if self.metric in _SWEPT and s.bandwidth_gbps is not None:
             raise ValueError(f"point {self.id!r}: metric {self.metric!r} sweeps the bandwidth; "

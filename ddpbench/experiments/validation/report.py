@@ -34,6 +34,8 @@ def _setting_text(point: data.Point) -> str:
     if point.baseline:
         what += f" vs {point.baseline}" + "".join(
             f" {k}={v}" for k, v in point.baseline_knobs.items())
+        if point.baseline_transport:
+            what += f" over {point.baseline_transport}"
     parts.append(what)
     text = ", ".join(parts)
     if point.assumed:

@@ -83,7 +83,7 @@ def point_name(params: dict[str, Any]) -> str:
 
 def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandwidth: float,
                 hosts: int | None, gpus_per_host: int, iterations: int,
-                warmup: int) -> float:
+                warmup: int, transport: str | None = None) -> float:
     from ddpbench.experiments.throughput.points import run_point as run_throughput
 
     s = point.setting
@@ -91,7 +91,7 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
     params: dict[str, Any] = {
         "mode": "simulate", "workload": s.workload, "backend": backend,
         "workers": hosts * gpus_per_host, "hosts": hosts, "gpus_per_host": gpus_per_host,
-        "bandwidth_gbps": bandwidth, "latency_us": s.latency_us, "transport": s.transport,
+        "bandwidth_gbps": bandwidth, "latency_us": s.latency_us, "transport": transport or s.transport,
         "intra_link": s.intra_link, "iterations": iterations, "warmup": warmup, **knobs}
     if s.device is not None:
         params["device"] = s.device
@@ -112,14 +112,16 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
     it, wu = int(params["_iterations"]), int(params["_warmup"])
 
     def thr(backend: str, knobs: dict[str, Any], bw: float, hosts: int | None = s.hosts,
-            gpus_per_host: int = s.gpus_per_host) -> float:
+            gpus_per_host: int = s.gpus_per_host, transport: str | None = None) -> float:
         return _throughput(point, backend, knobs, bandwidth=bw, hosts=hosts,
-                           gpus_per_host=gpus_per_host, iterations=it, warmup=wu)
+                           gpus_per_host=gpus_per_host, iterations=it, warmup=wu,
+                           transport=transport)
 
     def speedup(bw: float) -> float:
         assert point.baseline is not None
         return (thr(point.backend, point.backend_knobs, bw)
-                / thr(point.baseline, point.baseline_knobs, bw))
+                / thr(point.baseline, point.baseline_knobs, bw,
+                      transport=point.baseline_transport))
 
     peak_bw: float | None = None
     sweep: dict[float, float] = {}
