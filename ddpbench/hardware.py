@@ -150,9 +150,10 @@ class Transport:
             (1 = full duplex); every strategy here sends and receives at once.
         control_plane: whether control messages (Horovod's negotiation) cost time.
         source: where the numbers come from.
-        socket_gbps: the most one receiving ps-lite process takes in, Gbit/s of payload
-            (its one ZeroMQ socket), or None for no limit; only the parameter-server
-            backends (kvstore, p3, byteps) receive that way.
+        socket_gbps: the most one connection carries, Gbit/s of payload, or None for no
+            limit: what one receiving ps-lite process takes in (its one ZeroMQ socket; the
+            parameter-server backends), and what one ring step moves to the next host (one
+            TCP connection per ring; the allreduce backends).
     """
 
     name: str
@@ -188,7 +189,12 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "come on top); "
               "socket: a ps-lite process receives on one ZeroMQ socket, which BytePS's authors "
               "measured capped near one kernel TCP connection, ~15 Gbit/s, however many peers "
-              "send and whatever ZMQ_IO_THREADS (zeromq/libzmq issue #3525, 100 GbE hosts)",
+              "send and whatever ZMQ_IO_THREADS (zeromq/libzmq issue #3525, 100 GbE hosts, "
+              "where iperf's single TCP connection also ran at up to 15 Gbit/s); the same "
+              "ceiling holds a ring's step to the next host, one connection per ring: NCCL's "
+              "socket transport reached 14.5-14.9 Gbit/s of allreduce bus bandwidth on GCP's "
+              "32 GbE with 8 GPUs per node, and 2.06 GB/s with one ring (NVIDIA/nccl issue "
+              "#209)",
               socket_gbps=15.0),
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "

@@ -38,6 +38,7 @@ class SimContext(Protocol):
     trace_sums: bool
     net: Network | None
     ring_bandwidth: float
+    flow_bandwidth: float
 
     def host_name(self, h: int) -> str:
         """Return the name of host ``h`` (``worker3``, ``server0``)."""

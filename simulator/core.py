@@ -205,6 +205,11 @@ class _Sim:
         racks = -(-self.num_hosts // c.rack_size)
         self.ring_bandwidth = (min(self.bandwidth, c.rack_size * self.bandwidth
                                    / c.oversubscription) if racks > 1 else self.bandwidth)
+        # A ring's step to the next host is one flow over one connection: over tcp one
+        # kernel TCP connection carries at most the transport's socket figure (NCCL's
+        # socket transport and MPI over TCP alike), however fast the NIC.
+        cap = tr.binding_socket_gbps(c.bandwidth_gbps)
+        self.flow_bandwidth = math.inf if cap is None else cap * 1e9 / 8
         # Horovod's coordinator agrees on ready tensors each cycle with two bitwise
         # allreduces of its response-cache bit vector (horovod/common/controller.cc,
         # CoordinateCacheAndState: CrossRankBitwiseAnd/Or), each ceil(log2 p) rounds of

@@ -119,11 +119,11 @@ def _ring_step(sim: SimContext, chunk_bytes: float) -> tuple[float, float]:
     """
     nic = sim.latency + sim.per_message
     if sim.gpus == 1:
-        return nic, chunk_bytes / sim.ring_bandwidth
+        return nic, chunk_bytes / min(sim.ring_bandwidth, sim.flow_bandwidth)
     intra = (sim.intra_latency, chunk_bytes / sim.intra_bandwidth)
     if sim.num_hosts == 1:
         return intra
-    cross = (nic, chunk_bytes / sim.ring_bandwidth)
+    cross = (nic, chunk_bytes / min(sim.ring_bandwidth, sim.flow_bandwidth))
     return cross if cross[0] + cross[1] >= intra[0] + intra[1] else intra
 
 
@@ -132,7 +132,8 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     """Generator: one ring allreduce of ``n`` elements as seen by rank 0 (all ranks alike).
 
     Each of the 2(p-1) steps costs ``latency + per-message cost + largest_chunk /
-    bandwidth`` (see :func:`_ring_step` for several GPUs per host): every rank sends one
+    bandwidth`` (see :func:`_ring_step` for several GPUs per host; over tcp the bandwidth
+    of a step is at most one connection's, ``sim.flow_bandwidth``): every rank sends one
     chunk to its right neighbour at once, so the step ends when the largest arrives. With
     ``uplink`` (several rings sharing the sender), a step first waits for the uplink and
     holds it for its per-message cost and bytes (the transport's per-message cost occupies
@@ -146,7 +147,9 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     lat, tx = _ring_step(sim, (base + (extra > 0)) * itemsize)
     held = tx
     if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
-        held, lat = tx + sim.per_message, sim.latency
+        # Rings share the NIC at its speed; each ring's own connection may be slower.
+        nic_tx = (base + (extra > 0)) * itemsize / sim.ring_bandwidth
+        held, lat = nic_tx + sim.per_message, sim.latency + (tx - nic_tx)
     record = sim.timeline.append if sim.trace_steps else None
     sim.comm_begin()
     for s in range(2 * (p - 1)):
@@ -183,7 +186,11 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     carries ``g`` chunks of n/(g h); the ``g`` ranks pay their per-message cost ``c`` on
     their own CPU cores, at once), then an all-gather among the host's GPUs. Closed form::
 
-        2 (g-1) (a_i + ceil(n/g) s / b_i) + 2 (h-1) (a + c + g ceil(n/(g h)) s / b)
+        2 (g-1) (a_i + ceil(n/g) s / b_i) + 2 (h-1) (a + c + max(g ceil(n/(g h)) s / b,
+                                                                 ceil(n/(g h)) s / f))
+
+    where ``f`` is one connection's bandwidth (over tcp; unbounded otherwise): each of the
+    ``g`` rings has its own.
 
     With one GPU per host this is the flat ring, step for step.
     """
@@ -202,7 +209,8 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
         record(sim.span(0, "reduce_scatter", layer, start, env.now, shard * (g - 1)))
     if h > 1:
         chunk = -(-n // (g * h)) * itemsize
-        step = sim.latency + sim.per_message + g * chunk / sim.ring_bandwidth
+        step = sim.latency + sim.per_message + max(g * chunk / sim.ring_bandwidth,
+                                                   chunk / sim.flow_bandwidth)
         for _ in range(2 * (h - 1)):
             start = env.now
             yield env.timeout(step)

@@ -140,20 +140,32 @@ def main(args: argparse.Namespace) -> int:
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
         cap = _socket_cap(args.backend, cluster.get("transport"), args.bandwidth_gbps)
         if cap is not None and not cluster.get("machine"):
-            print(f"note: over {cluster['transport']} each {args.backend} process receives at "
-                  f"most {cap:g} Gbit/s (its one ZeroMQ socket, ddpbench.hardware), below "
-                  f"the NIC's {args.bandwidth_gbps:g}")
+            if strategy_symmetric(args.backend):
+                print(f"note: over {cluster['transport']} each ring's step to the next host "
+                      f"moves at most {cap:g} Gbit/s (one TCP connection, ddpbench.hardware), "
+                      f"below the NIC's {args.bandwidth_gbps:g}")
+            else:
+                print(f"note: over {cluster['transport']} each {args.backend} process receives "
+                      f"at most {cap:g} Gbit/s (its one ZeroMQ socket, ddpbench.hardware), "
+                      f"below the NIC's {args.bandwidth_gbps:g}")
         if args.trace:
             print(f"trace: {args.trace}")
     return 0
 
 
-def _socket_cap(backend: str, transport: str | None, bandwidth_gbps: float) -> float | None:
-    """The receiving-socket ceiling that binds for ``backend`` here, or None."""
-    from ddpbench import hardware
+def strategy_symmetric(backend: str) -> bool:
+    """Return whether ``backend`` is an allreduce (ring) strategy."""
     from ddpbench.simulator.strategies import strategy_class
 
-    if transport is None or strategy_class(backend).symmetric:
+    return bool(strategy_class(backend).symmetric)
+
+
+def _socket_cap(backend: str, transport: str | None, bandwidth_gbps: float) -> float | None:
+    """The one-connection ceiling that binds for ``backend`` here, or None: a parameter-server
+    process's receiving socket, or a ring's connection to its next host."""
+    from ddpbench import hardware
+
+    if transport is None:
         return None
     return hardware.transport(transport).binding_socket_gbps(bandwidth_gbps)
 

@@ -37,9 +37,27 @@ def test_hierarchical_allreduce_closed_form(g, h, transport):
     b = 25e9 / 8 * tr.efficiency * tr.duplex
     bi, ai = link.bandwidth_gbps * 1e9 / 8, link.latency_us * 1e-6
     a, c = 5e-6, tr.per_message_us * 1e-6
+    cap = tr.binding_socket_gbps(25)
+    f = math.inf if cap is None else cap * 1e9 / 8  # one ring's connection (tcp)
+    shard = math.ceil(n / (g * h))
     want = (2 * (g - 1) * (ai + math.ceil(n / g) / bi)
-            + 2 * (h - 1) * (a + c + g * math.ceil(n / (g * h)) / b))
+            + 2 * (h - 1) * (a + c + max(g * shard / b, shard / f)))
     assert got == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("bandwidth, binds", [(10, False), (25, True), (100, True)])
+def test_a_tcp_ring_step_moves_at_most_one_connections_bandwidth(bandwidth, binds):
+    # Over tcp a ring's step to the next host is one TCP connection, which carries at most
+    # the transport's socket figure (15 Gbit/s) however fast the NIC.
+    n, p = 40_000_000, 4
+    tr = hardware.transport("tcp")
+    got = simulate_collective("allreduce", n, workers=p, bandwidth_gbps=bandwidth,
+                              latency_us=5, transport="tcp")
+    nic = bandwidth * 1e9 / 8 * tr.efficiency
+    flow = min(nic, tr.socket_gbps * 1e9 / 8)
+    assert (flow < nic) == binds
+    step = 5e-6 + tr.per_message_us * 1e-6 + (n // p) / flow
+    assert got == pytest.approx(2 * (p - 1) * step, rel=1e-12)
 
 
 @pytest.mark.parametrize("workload", ["resnet50", "vgg19"])

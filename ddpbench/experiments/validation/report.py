@@ -267,6 +267,7 @@ def _plots(df: Any, by_id: dict[str, data.Point], outdir: Path, spec: Spec,
 
 def _transport_line(t: hardware.Transport) -> str:
     socket = ("" if t.socket_gbps is None
-              else f", a ps-lite process receives at most {t.socket_gbps:g} Gbit/s")
+              else f", one connection (a ps-lite process's socket, a ring's step to the "
+                   f"next host) carries at most {t.socket_gbps:g} Gbit/s")
     return (f"transport {t.name}: efficiency {t.efficiency:g}, {t.per_message_us:g} us per "
             f"message{socket}; {t.source}")
