@@ -521,7 +521,7 @@ class Cluster(BaseModel):
         """Return the overlap slowdown in force: the field, else the named device's, else 0."""
         if self.overlap_slowdown is not None:
             return self.overlap_slowdown
-        return hardware.device(self.device).overlap_slowdown if self.device else 0.0
+        return hardware.overlap_slowdown_of(self.device)
 
     @property
     def num_hosts(self) -> int:
@@ -563,8 +563,8 @@ def _cluster_message(err: ValidationError) -> str:
 
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
-    "device": None, "overlap_slowdown": None, "server_sum_gbps": 80.0, "server_update_gbps": None, "jitter": 0.0,
-    "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
+    "device": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
+    "server_update_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
     "priority": True,
 }

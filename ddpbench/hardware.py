@@ -46,6 +46,7 @@ __all__ = [
     "compute_factor",
     "device",
     "intra_link",
+    "overlap_slowdown_of",
     "transport",
 ]
 
@@ -243,6 +244,13 @@ def _lookup(table: dict[str, _T], kind: str, name: str) -> _T:
         return table[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown {kind} {name!r}; available: {sorted(table)}") from None
+
+
+def overlap_slowdown_of(name: str | None) -> float:
+    """Return the overlap slowdown of device ``name`` (0 for none or an unknown name, which
+    the point's own validation reports)."""
+    dev = DEVICES.get(name) if name else None
+    return dev.overlap_slowdown if dev is not None else 0.0
 
 
 def device(name: str) -> Device:

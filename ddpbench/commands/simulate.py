@@ -140,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
         cap = _socket_cap(args.backend, cluster.get("transport"), args.bandwidth_gbps)
         if cap is not None and not cluster.get("machine"):
-            if strategy_symmetric(args.backend):
+            if _is_ring(args.backend):
                 print(f"note: over {cluster['transport']} each ring's step to the next host "
                       f"moves at most {cap:g} Gbit/s (one TCP connection, ddpbench.hardware), "
                       f"below the NIC's {args.bandwidth_gbps:g}")
@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def strategy_symmetric(backend: str) -> bool:
+def _is_ring(backend: str) -> bool:
     """Return whether ``backend`` is an allreduce (ring) strategy."""
     from ddpbench.simulator.strategies import strategy_class
 

@@ -122,8 +122,7 @@ def key_params(params: dict[str, Any]) -> dict[str, Any]:
     if side == "sim" and filled.get("overlap_slowdown") is None and filled.get("device"):
         # None means the device's figure: key the point on the figure in force, so that
         # results from before it existed (or under another figure) are not reused.
-        dev = hardware.DEVICES.get(str(filled["device"]))  # unknown: the point's run names it
-        slowdown = dev.overlap_slowdown if dev is not None else 0.0
+        slowdown = hardware.overlap_slowdown_of(str(filled["device"]))
         if slowdown:
             filled["overlap_slowdown"] = slowdown
     # Fields added later leave the key at the value under which they change nothing, so

@@ -69,10 +69,10 @@ def key_params(params: dict[str, Any]) -> dict[str, Any]:
     """
     key = {**params, "setting": params["_point"], "bandwidths": params["_bandwidths"],
            "iterations": params["_iterations"], "warmup": params["_warmup"]}
-    device = json.loads(params["_point"]).get("setting", {}).get("device")
-    dev = hardware.DEVICES.get(str(device)) if device else None
-    if dev is not None and dev.overlap_slowdown:
-        key["overlap_slowdown"] = dev.overlap_slowdown
+    slowdown = hardware.overlap_slowdown_of(
+        json.loads(params["_point"]).get("setting", {}).get("device"))
+    if slowdown:
+        key["overlap_slowdown"] = slowdown
     return key
 
 
@@ -91,8 +91,8 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
     params: dict[str, Any] = {
         "mode": "simulate", "workload": s.workload, "backend": backend,
         "workers": hosts * gpus_per_host, "hosts": hosts, "gpus_per_host": gpus_per_host,
-        "bandwidth_gbps": bandwidth, "latency_us": s.latency_us, "transport": transport or s.transport,
-        "intra_link": s.intra_link, "iterations": iterations, "warmup": warmup, **knobs}
+        "bandwidth_gbps": bandwidth, "latency_us": s.latency_us,
+        "transport": transport or s.transport, "intra_link": s.intra_link, "iterations": iterations, "warmup": warmup, **knobs}
     if s.device is not None:
         params["device"] = s.device
     if s.batch_size is not None:
