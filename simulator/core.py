@@ -186,6 +186,9 @@ class _Sim:
         self.hosts += [f"server{j}" for j in range(self.dedicated)]
         self.sent = np.zeros(nhosts)
         self.received = np.zeros(nhosts)
+        # Per-message counts (the network's): plain lists, added to the arrays at the end.
+        self._sent_msgs = [0] * nhosts
+        self._received_msgs = [0] * nhosts
         self.timeline: list[Span] = []
         self.trace_steps = self.trace_sums = trace
         self.symmetric = symmetric
@@ -247,8 +250,8 @@ class _Sim:
         self.received[:h] += nbytes
 
     def _record(self, msg: Message, start: float, end: float) -> None:
-        self.sent[msg.src] += msg.nbytes
-        self.received[msg.dst] += msg.nbytes
+        self._sent_msgs[msg.src] += msg.nbytes
+        self._received_msgs[msg.dst] += msg.nbytes
         self.timeline.append(Span(self.hosts[msg.src], msg.kind, msg.layer, start, end,
                                   msg.nbytes, self.hosts[msg.dst]))
 
@@ -590,8 +593,9 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
     base = ends[sched.warmup - 1] if sched.warmup > 0 else 0.0
     iter_time = (ends[-1] - base) / (sched.iterations - sched.warmup)
     n = sched.iterations
-    sent = {h: float(b) / n for h, b in zip(sim.hosts, sim.sent)}
-    recv = {h: float(b) / n for h, b in zip(sim.hosts, sim.received)}
+    sent = {h: (float(b) + m) / n for h, b, m in zip(sim.hosts, sim.sent, sim._sent_msgs)}
+    recv = {h: (float(b) + m) / n
+            for h, b, m in zip(sim.hosts, sim.received, sim._received_msgs)}
     util = {h: b / (sim.line_bandwidth * iter_time) if iter_time > 0 else 0.0
             for h, b in sent.items()}
     servers_out: int | str = sim.dedicated if sim.dedicated else "colocated"
