@@ -100,3 +100,25 @@ def test_repetitions_aggregate_to_their_median_or_the_fastest(tmp_path):
         row = next(line for line in table.splitlines() if line.startswith("| w<1> | 1 |"))
         cells = [float(c) for c in row.strip("|").split("|")[2:]]
         assert cells == [100 * factor, 200 * factor], table
+
+
+def test_a_point_left_at_an_axis_default_keeps_its_rows_and_its_own_plot_line(tmp_path):
+    """``device: [null, V100]``: the points at None (the profile's device) are rows of their
+    own, labelled "default", in both tables, and every varying axis is a plot series."""
+    base = synthetic_rows()
+    base = base[base["status"] == "ok"]
+    v100 = base.assign(device="V100", throughput=base["throughput"] * 2,
+                       point=lambda d: d["point"] + "+V100")
+    rows = pd.concat([base.assign(device=None), v100], ignore_index=True)
+    spec = ThroughputSpec(workloads=["resnet50"], backends=["kvstore", "p3"],
+                          bandwidth_gbps=[1, 10, 30], device=[None, "V100"],
+                          report={"baseline": "kvstore"})
+    throughput_report.render(rows, tmp_path, spec)
+    md = (tmp_path / "report.md").read_text()
+    table = md.split("## Throughput (samples/s, whole job)")[1].split("##")[0]
+    assert "| w<1> | 1 | default | 100.0 | 200.0 |" in table
+    assert "| w<1> | 1 | V100 | 200.0 | 400.0 |" in table
+    speedups = md.split("## Throughput (samples/s")[0]
+    assert "| w<1> | 30 | default | 1 |" in speedups and "| w<1> | 30 | V100 | 1 |" in speedups
+    sim = throughput_report._prepare(rows)
+    assert throughput_report._series(sim, "bandwidth_gbps") == ["variant", "device"]

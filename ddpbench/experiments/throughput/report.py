@@ -88,9 +88,31 @@ def _prepare(df: Any, aggregate: str = "median") -> Any:
     return pd.DataFrame(agg)
 
 
+def _is_default(value: Any) -> bool:
+    """An axis left at None (its default: the device's, the profile's), NaN in a frame."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _axis_label(value: Any) -> Any:
+    if _is_default(value):
+        return "default"
+    return format_value(value) if isinstance(value, float) else value
+
+
+def _defaults_named(df: Any, cols: Sequence[str]) -> Any:
+    """Return ``df`` with None/NaN in ``cols`` written "default", so that grouping keeps
+    those points as series of their own instead of dropping them."""
+    if not any(df[c].map(_is_default).any() for c in cols):
+        return df
+    out = df.copy()
+    for c in cols:
+        out[c] = out[c].map(lambda v: "default" if _is_default(v) else v)
+    return out
+
+
 def _axis_labels(table: Any) -> Any:
     """Return ``table`` with its (sorted) index values written as point names write them."""
-    return table.rename(index=lambda v: format_value(v) if isinstance(v, float) else v)
+    return table.rename(index=_axis_label)
 
 
 def _rows_by(df: Any, first: Sequence[str]) -> list[str]:
@@ -105,6 +127,14 @@ def _rows_by(df: Any, first: Sequence[str]) -> list[str]:
 
 def _varying(df: Any, cols: Sequence[str]) -> list[str]:
     return [c for c in cols if c in df.columns and df[c].nunique(dropna=False) > 1]
+
+
+def _series(df: Any, x: str) -> list[str]:
+    """Return the plot series: one line per variant and per value of every other point axis
+    that varies (a line through two devices' or paced and unpaced points would mix two
+    configurations); ``hosts`` follows ``workers`` and is not a series of its own there."""
+    skip = {x, "hosts"} if x == "workers" else {x}
+    return ["variant", *_varying(df, [a for a in POINT_AXES if a not in skip])]
 
 
 def _speedups(agg: Any, baseline: str) -> Any:
@@ -146,6 +176,7 @@ def _line_plot(
     variants = list(dict.fromkeys(data["variant"]))
     colors = colors or {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
     extra = [s for s in series if s != "variant"]
+    data = _defaults_named(data, extra)
     extra_values = (list(dict.fromkeys(map(tuple, data[extra].values.tolist())))
                     if extra else [()])
     handles: dict[str, Any] = {}
@@ -176,7 +207,10 @@ def _line_plot(
         elif zero:
             ax.set_ylim(bottom=0)
     fig.suptitle(title + (f"\n({note})" if note else ""), fontsize=11)
-    ncol = min(len(handles), 4)
+    # As many columns as the figure's width holds at the longest label (9 pt: ~0.075 in a
+    # character, plus the line sample), at most 4.
+    column_in = 0.075 * max(len(label) for label in handles) + 0.7
+    ncol = max(1, min(len(handles), 4, int(fig.get_size_inches()[0] // column_in)))
     rows = math.ceil(len(handles) / ncol)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
                frameon=False, fontsize=9)
@@ -387,15 +421,17 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
             x = _speedup_x(sp)
             cols = _rows_by(sp, ["workload", *([x] if x in sp.columns else [])])
             # Rows in numeric order of their axes (bandwidth 6 before 8, 10 before 15).
+            # dropna=False: a point whose axis is left at None (its default) keeps its row.
             table = _axis_labels(sp.pivot_table(index=cols, columns="variant",
-                                                values="speedup", sort=False).sort_index())
+                                                values="speedup", sort=False,
+                                                dropna=False).sort_index())
             doc.table(table, index=True, caption=f"Throughput / {baseline}'s throughput at "
                       f"the same point (> 1: faster than {baseline}).")
 
     doc.heading("Throughput (samples/s, whole job)")
     cols = _rows_by(agg, ["mode", "workload"] if agg["mode"].nunique() > 1 else ["workload"])
     doc.table(_axis_labels(agg.pivot_table(index=cols, columns="variant", values="throughput",
-                                           sort=False).sort_index()), index=True)
+                                           sort=False, dropna=False).sort_index()), index=True)
 
     doc.heading("Plots")
     ctx = PlotContext(plt=plt, doc=doc, outdir=outdir, df=df, agg=agg, sim=sim, spec=spec,
@@ -460,6 +496,7 @@ def _speedup_highlights(sp: Any, baseline: str) -> list[str]:
     """One line per variant and workload: the speedup at 10 Gbps and where it peaks."""
     x = _speedup_x(sp)
     others = _varying(sp, [c for c in ("workers", "bandwidth_gbps", "latency_us") if c != x])
+    sp = _defaults_named(sp, others)
     lines = []
     for (variant, workload, *rest), grp in sp.groupby(["variant", "workload", *others],
                                                       sort=False):
@@ -524,7 +561,7 @@ def _plot_throughput_vs_bandwidth(c: PlotContext) -> list[Path]:
     sim = c.sim
     if sim["bandwidth_gbps"].nunique() < 2:
         return []
-    series = ["variant", *_varying(sim, ("workers", "latency_us", "servers"))]
+    series = _series(sim, "bandwidth_gbps")
     p = _line_plot(c.plt, sim, "bandwidth_gbps", "throughput",
                    c.outdir / "throughput_vs_bandwidth.png",
                    f"Throughput vs link bandwidth ({c.shown})",
@@ -543,8 +580,7 @@ def _plot_speedup(c: PlotContext) -> list[Path]:
     x = _speedup_x(sp)
     if sp.empty or sp[x].nunique() < 2:
         return []
-    series = ["variant", *_varying(sp, [col for col in ("workers", "bandwidth_gbps",
-                                                        "latency_us") if col != x])]
+    series = _series(sp, x)
     p = _line_plot(c.plt, sp, x, "speedup", c.outdir / "speedup.png",
                    f"Speedup over {baseline} ({c.shown})",
                    ylabel=f"speedup over {baseline} (x)", hline=1.0,
@@ -559,7 +595,7 @@ def _plot_scaling(c: PlotContext) -> list[Path]:
     sim = c.sim
     if sim["workers"].nunique() < 2:
         return []
-    series = ["variant", *_varying(sim, ("bandwidth_gbps", "latency_us", "servers"))]
+    series = _series(sim, "workers")
     p = _line_plot(c.plt, sim, "workers", "throughput", c.outdir / "scaling.png",
                    f"Throughput vs number of workers ({c.shown})",
                    ylabel="throughput (samples/s, log scale)", logx=True,
