@@ -459,11 +459,12 @@ def _speedup_x(sp: Any) -> str:
 
 
 def _efficiency(sim: Any) -> Any:
-    keys = ["variant", "workload", *[c for c in ("bandwidth_gbps", "latency_us", "servers")
-                                     if c in sim.columns]]
+    # Relative to the smallest job of the same series (device, paced, ... alike).
+    keys = ["variant", "workload", *_series(sim, "workers")[1:]]
     out = sim.copy()
     per_worker = out["throughput"] / out["workers"]
-    first = out.assign(pw=per_worker).sort_values("workers").groupby(keys, sort=False)["pw"]
+    first = out.assign(pw=per_worker).sort_values("workers").groupby(
+        keys, sort=False, dropna=False)["pw"]
     out["efficiency"] = 100.0 * per_worker / first.transform("first")
     return out
 
