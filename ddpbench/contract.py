@@ -566,7 +566,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "device": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
     "server_update_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
-    "priority": True,
+    "priority": True, "precision": "fp32",
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed
@@ -587,6 +587,9 @@ class Schedule(BaseModel):
         batch_size: samples per worker per iteration; ``None`` = the profile's own. Compute
             times follow :func:`ddpbench.hardware.compute_factor`; gradient sizes do not
             change with the batch.
+        precision: ``"mixed"`` trains in mixed precision: compute takes 1 / the profile's
+            measured ``mixed_precision_speedup`` of its time (only on the profile's own
+            device) and gradients move as fp16, half the bytes; simulated only.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -598,6 +601,8 @@ class Schedule(BaseModel):
         "expect": "in (0, 1] (gradient sizes x this)"})
     batch_size: int | None = Field(None, ge=1, strict=True, json_schema_extra={
         "expect": "a positive integer (samples per worker), or none: the profile's"})
+    precision: Literal["fp32", "mixed"] = Field("fp32", json_schema_extra={
+        "expect": "fp32 or mixed"})
 
     @classmethod
     def from_point(cls, params: Mapping[str, Any]) -> Schedule:

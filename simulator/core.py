@@ -145,6 +145,16 @@ def _rescaled(wl: Workload, c: contract.Cluster, sched: contract.Schedule) -> Wo
     factor = sched.compute_scale
     if c.device is not None or sched.batch_size is not None:
         factor *= wl.compute_factor(c.device, sched.batch_size)
+    if sched.precision == "mixed":
+        if wl.mixed_precision_speedup is None:
+            raise ValueError(f"precision: workload {wl.name!r} records no "
+                             f"mixed_precision_speedup (a measured one), so mixed precision "
+                             f"cannot be simulated for it")
+        if c.device is not None and c.device != wl.device:
+            raise ValueError(f"precision: workload {wl.name!r}'s mixed-precision speedup was "
+                             f"measured on {wl.device}, not {c.device}")
+        factor /= wl.mixed_precision_speedup
+        wl = wl.resized(0.5)  # fp16 gradients: half the bytes
     return wl.scaled(factor)
 
 

@@ -84,6 +84,9 @@ class Workload(BaseModel):
     gpu: str = ""
     device: str = ""
     matmul_fraction: float | None = Field(None, ge=0, le=1)
+    mixed_precision_speedup: float | None = Field(None, gt=1, description="how much faster "
+                                                  "the model trains in mixed precision than "
+                                                  "in fp32 on ``device`` (measured)")
     notes: str = ""
     measured: dict[str, Any] | None = Field(None, description="how a profiled workload was "
                                             "measured (ddpbench profile); free-form")
@@ -120,8 +123,8 @@ class Workload(BaseModel):
         if not isinstance(data, dict):
             raise ValueError(f"{source}: a workload profile must be a mapping, got "
                              f"{type(data).__name__}")
-        keys = {"name", "batch_size", "gpu", "device", "matmul_fraction", "notes", "measured",
-                "layers"}
+        keys = {"name", "batch_size", "gpu", "device", "matmul_fraction",
+                "mixed_precision_speedup", "notes", "measured", "layers"}
         unknown = set(data) - keys
         if unknown:
             raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; valid keys: "
@@ -150,7 +153,9 @@ class Workload(BaseModel):
         try:
             return cls(name=data.get("name", source), batch_size=data.get("batch_size", 0),
                        gpu=data.get("gpu", ""), device=data.get("device", ""),
-                       matmul_fraction=data.get("matmul_fraction"), notes=data.get("notes", ""),
+                       matmul_fraction=data.get("matmul_fraction"),
+                       mixed_precision_speedup=data.get("mixed_precision_speedup"),
+                       notes=data.get("notes", ""),
                        measured=data.get("measured"), layers=tuple(layers), tensors=tuple(tensors))
         except ValidationError as err:
             raise ValueError(f"{source}: {_explain(err)}") from None

@@ -338,3 +338,32 @@ def test_intra_host_reduction_slows_compute_by_at_most_the_slowdown_times_its_ti
     local = sum(2 * (link.latency_us * 1e-6 + 3 / 4 * t.numel * 4 / (link.bandwidth_gbps * 1e9 / 8))
                 for t in wl.tensors)
     assert 0 < slow.iteration_time_s - base.iteration_time_s <= 0.5 * local * (1 + 1e-9)
+
+
+# -- mixed precision ---------------------------------------------------------------------------
+def test_mixed_precision_divides_compute_by_the_profiles_measured_speedup_and_halves_bytes():
+    wl = load_workload("bert_large")
+    assert wl.mixed_precision_speedup == 3.75  # NVIDIA's BERT-large V100 table (make_profiles)
+    fp32 = simulate(wl, "mpi", workers=1, bandwidth_gbps=10)  # compute only
+    mixed = simulate(wl, "mpi", workers=1, bandwidth_gbps=10, precision="mixed")
+    assert mixed.iteration_time_s == pytest.approx(fp32.iteration_time_s / 3.75, rel=1e-9)
+    two = simulate(wl, "mpi", workers=2, bandwidth_gbps=10, precision="mixed", trace=True)
+    sent = sum(s.bytes for s in two.timeline if s.kind == "allreduce")
+    full = sum(s.bytes for s in simulate(wl, "mpi", workers=2, bandwidth_gbps=10,
+                                          trace=True).timeline if s.kind == "allreduce")
+    assert sent == pytest.approx(full / 2, rel=1e-4)  # fp16 gradients (rounded per tensor)
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"workload": "resnet50"}, "records no mixed_precision_speedup"),
+    ({"workload": "bert_large", "device": "A100"}, "measured on V100, not A100"),
+])
+def test_mixed_precision_without_a_measured_speedup_is_a_clear_error(kw, words):
+    workload = kw.pop("workload")
+    with pytest.raises(ValueError, match=words):
+        simulate(workload, "horovod", workers=2, bandwidth_gbps=10, precision="mixed", **kw)
+
+
+def test_a_bad_precision_names_the_field():
+    with pytest.raises(ValueError, match="precision"):
+        contract.Schedule.from_point({"precision": "fp8"})

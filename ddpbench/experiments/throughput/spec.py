@@ -109,6 +109,7 @@ class ThroughputSpec(Frozen):
     straggler_slowdown: tuple[float, ...] = (2.0,)
     seed: tuple[int, ...] = (0,)
     batch_size: tuple[int | None, ...] = (None,)
+    precision: tuple[str, ...] = ("fp32",)
     machine: tuple[str | None, ...] = (None,)
     paced: tuple[bool, ...] = (False,)
     repetitions: int = Field(1, ge=1)

@@ -43,6 +43,7 @@ class Setting(_Frozen):
     gpus_per_host: int = Field(1, ge=1)
     device: str | None = None
     batch_size: int | None = Field(None, ge=1)
+    precision: Literal["fp32", "mixed"] = "fp32"
     transport: str = "tcp"
     intra_link: str = "pcie"
     bandwidth_gbps: float | None = Field(None, gt=0)

@@ -97,6 +97,8 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
         params["device"] = s.device
     if s.batch_size is not None:
         params["batch_size"] = s.batch_size
+    if s.precision != "fp32":
+        params["precision"] = s.precision
     if backend in ("kvstore", "p3", "byteps"):
         params["servers"] = s.servers
     return float(run_throughput(params)["throughput"])
