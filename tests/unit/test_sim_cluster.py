@@ -367,3 +367,11 @@ def test_mixed_precision_without_a_measured_speedup_is_a_clear_error(kw, words):
 def test_a_bad_precision_names_the_field():
     with pytest.raises(ValueError, match="precision"):
         contract.Schedule.from_point({"precision": "fp8"})
+
+
+def test_a_real_point_refuses_mixed_precision_before_launching():
+    from ddpbench.experiments.throughput.points import run_point
+
+    with pytest.raises(ValueError, match="precision is simulated only"):
+        run_point({"mode": "real", "backend": "mpi", "workload": "bert_large", "workers": 2,
+                   "bandwidth_gbps": 10.0, "latency_us": 5.0, "precision": "mixed"})

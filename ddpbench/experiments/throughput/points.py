@@ -209,8 +209,11 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
                                machine=cluster.machine, paced=cluster.paced)
     simulated_only = [k for k in contract.Cluster.model_fields
                       if getattr(cluster, k) != getattr(default, k)]
-    if contract.Schedule.from_point(params).batch_size is not None:
+    schedule = contract.Schedule.from_point(params)
+    if schedule.batch_size is not None:
         simulated_only.append("batch_size")
+    if schedule.precision != "fp32":
+        simulated_only.append("precision")
     if simulated_only:
         verb = "is" if len(simulated_only) == 1 else "are"
         raise ValueError(f"{', '.join(simulated_only)} {verb} simulated only (a real run uses "
