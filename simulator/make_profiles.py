@@ -338,7 +338,7 @@ def bert_large(batch: int = 32, seq: int = 128) -> dict:
                  "3: L=24, H=1024, A=16; HF BertModel, vocabulary 30,522, FFN 4096, with "
                  "pooler, no pre-training heads). Batch "
                  f"{batch} sequences of {seq} tokens (pre-training phase 1 length). Mixed "
-                 "precision trains it 3.75x as fast as fp32 on a V100 (NVIDIA "
+                 f"precision trains it {BERT_LARGE_MIXED_SPEEDUP:g}x as fast as fp32 on a V100 (NVIDIA "
                  "DeepLearningExamples, BERT for PyTorch, DGX-1 16G pre-training at sequence "
                  "length 128: 3.74-3.76 on 1 to 8 GPUs).")
     at = list(prof).index("matmul_fraction") + 1

@@ -7,6 +7,7 @@ A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
     gpu: "V100, fp32"           # what the times stand for (free text)
     device: V100                # the device of ddpbench.hardware.DEVICES they were taken on
     matmul_fraction: 0.7        # share of the time in matrix products (device rescaling)
+    mixed_precision_speedup: 3  # measured mixed-precision speedup on device (precision: mixed)
     layers:                     # forward order; backward runs them in reverse
       - name: fc1
         fwd_ms: 1.5
@@ -17,6 +18,8 @@ A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
 
 ``device`` and ``matmul_fraction`` are optional; without them a point may not name a
 ``device`` or ``batch_size`` other than the profile's (see :func:`ddpbench.hardware.compute_factor`).
+``mixed_precision_speedup`` is optional too; without it a point may not run ``precision:
+mixed``.
 
 A profile written by ``ddpbench profile`` (:mod:`ddpbench.profiling`) also records how it
 was measured, all optional and ignored by the simulator: a top-level ``measured`` mapping
