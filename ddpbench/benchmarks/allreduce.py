@@ -228,20 +228,12 @@ class _Gloo:
     BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 
     def __init__(self, comm: Any) -> None:
-        import socket
-
         import torch.distributed as dist
 
+        from ddpbench.benchmarks import init_gloo
+
         self.dist = dist
-        if not dist.is_initialized():
-            port = None
-            if comm.rank == 0:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", 0))
-                    port = sock.getsockname()[1]
-            port = comm.bcast(port, root=0)
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                    rank=comm.rank, world_size=comm.size)
+        init_gloo(comm)
 
     def push_pull(self, name: Any, x: Any, output: Any, op: str) -> None:
         import torch

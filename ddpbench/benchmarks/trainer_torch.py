@@ -18,18 +18,11 @@ parameters must equal DDP's up to the summation order (``max|dw|``). Timing: bar
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from ddpbench.benchmarks import allreduce_scalar
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ddpbench.benchmarks import allreduce_scalar, init_gloo
 
 
 def worker(cfg: dict[str, Any]) -> None:
@@ -47,9 +40,7 @@ def worker(cfg: dict[str, Any]) -> None:
     comm = world().role_comm
     rank, size = comm.rank, comm.size
     torch.set_num_threads(cfg["threads"])
-    port = comm.bcast(_free_port() if rank == 0 else None, root=0)
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                             world_size=size)
+    init_gloo(comm)
     torch.manual_seed(0)
     template, _ = build_model(cfg["model"])
     gen = torch.Generator().manual_seed(1000 + rank)
