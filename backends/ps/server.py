@@ -320,6 +320,7 @@ def serve() -> None:
     comm = eng.call(w.comm.Dup).wait()
     j = w.rank - w.num_workers
     transport = Transport(comm, dedicated_host_name(w.num_workers))
+    transport.serving = True
     server = Server(transport, w.num_workers, f"server{j}", dedicated=True)
     eng.register(transport)
     server.done.wait()

@@ -135,6 +135,9 @@ class Transport(Protocol):
         self.keep_polling = True
         # True while this process waits for a reply (the worker side sets it).
         self.expecting: Callable[[], bool] = lambda: False
+        # True on a dedicated server rank: a push may come at any moment, as a reply may
+        # to a worker, so its engine spins as long after activity as a worker's does.
+        self.serving = False
         # Called with the error when the engine fails this protocol (the worker side
         # fails its pending handles).
         self.on_fail: list[Callable[[BaseException], None]] = []
@@ -419,7 +422,8 @@ class Transport(Protocol):
     def hot(self) -> bool:
         # A reply is awaited, or a transfer is under way (MPI moves a large message only
         # while both sides call into it).
-        return bool(self.sends) or self.expecting() or any(self.recvs.values())
+        return (self.serving or bool(self.sends) or self.expecting()
+                or any(self.recvs.values()))
 
     def busy(self) -> bool:
         return bool(self.keep_polling or self.ready or self.queued or self.sends
