@@ -112,7 +112,7 @@ class Transport(Protocol):
         # Data messages not yet offered to the uplink, by the time they were queued: when
         # pacing, the link chooses only among those queued by the time it came free.
         self.queued: list[tuple[float, int, tuple[int, int, Msg]]] = []
-        self.sends: list[tuple[Any, np.ndarray]] = []
+        self.sends: list[tuple[Any, np.ndarray | bytes]] = []
         # Per source, in order: (element receive or None, its message).
         self.recvs: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._status: Any = None
@@ -354,13 +354,13 @@ class Transport(Protocol):
         dtype = np_dtype(msg.dtype)
         sink = self.sinks.get(msg.kind)
         out = sink(msg) if sink is not None else None
-        if (out is not None and out.size == msg.count and out.dtype == dtype
-                and out.flags.c_contiguous and out.flags.writeable):
-            msg.sunk = True
-        else:
+        if (out is None or out.size != msg.count or out.dtype != dtype
+                or not ((flags := out.flags).c_contiguous and flags.writeable)):
             out = np.empty(msg.count, dtype)
+        else:
+            msg.sunk = True
         msg.payload = out
-        return out.reshape(-1).view(np.uint8)
+        return (out if out.ndim == 1 else out.reshape(-1)).view(np.uint8)
 
     def _arrive(self, msg: Msg, now: float) -> None:
         if self.bytes_per_s is None:  # no latency, no port: the order it was received in

@@ -52,13 +52,23 @@ _DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32"
 _OPS = [op.value for op in ReduceOp]
 
 
+_DTYPE_CODE = {name: i for i, name in enumerate(_DTYPES)}
+_OP_CODE = {op: i for i, op in enumerate(_OPS)}
+_NP_DTYPES: dict[str, np.dtype] = {}  # every message asks: remembered
+
+
 def np_dtype(name: str) -> np.dtype:
     """Return the NumPy dtype called ``name`` on the wire (bfloat16 from ml_dtypes)."""
-    if name == "bfloat16":
-        if BFLOAT16 is None:  # pragma: no cover - ml_dtypes is a declared dependency
-            raise TypeError("bfloat16 needs the ml_dtypes package")
-        return BFLOAT16
-    return np.dtype(name)
+    dtype = _NP_DTYPES.get(name)
+    if dtype is None:
+        if name == "bfloat16":
+            if BFLOAT16 is None:  # pragma: no cover - ml_dtypes is a declared dependency
+                raise TypeError("bfloat16 needs the ml_dtypes package")
+            dtype = BFLOAT16
+        else:
+            dtype = np.dtype(name)
+        _NP_DTYPES[name] = dtype
+    return dtype
 
 
 class Msg:
@@ -97,19 +107,22 @@ class Msg:
             return 0
         return int(self.payload.nbytes)
 
-    def encode(self) -> np.ndarray:
+    def encode(self) -> np.ndarray | bytes:
         """Return the header message: the header, and a control message's payload behind it.
 
         A data message's elements are not in it: send :meth:`data` as the next message.
         """
         payload = None if self.flags & FLAG_DATA else self.payload
-        raw = None if payload is None else payload.reshape(-1).view(np.uint8)
-        buf = np.empty(HEADER.size + (0 if raw is None else raw.size), np.uint8)
-        HEADER.pack_into(buf.data, 0, self.kind, _DTYPES.index(self.dtype),
-                         _OPS.index(self.op), self.flags, self.priority, self.key, self.part,
-                         self.root, self.count, self.postscale, self.t_start)
-        if raw is not None:
-            buf[HEADER.size:] = raw
+        if payload is None:  # the header alone (every data message): one pack
+            return HEADER.pack(self.kind, _DTYPE_CODE[self.dtype], _OP_CODE[self.op],
+                               self.flags, self.priority, self.key, self.part, self.root,
+                               self.count, self.postscale, self.t_start)
+        raw = payload.reshape(-1).view(np.uint8)
+        buf = np.empty(HEADER.size + raw.size, np.uint8)
+        HEADER.pack_into(buf.data, 0, self.kind, _DTYPE_CODE[self.dtype], _OP_CODE[self.op],
+                         self.flags, self.priority, self.key, self.part, self.root,
+                         self.count, self.postscale, self.t_start)
+        buf[HEADER.size:] = raw
         return buf
 
     def data(self) -> np.ndarray | None:
@@ -119,9 +132,10 @@ class Msg:
         receiver's posted receive always finds one."""
         if not self.flags & FLAG_DATA:
             return None
-        if self.payload is None:
+        payload = self.payload
+        if payload is None:
             return np.empty(0, np.uint8)
-        return self.payload.reshape(-1).view(np.uint8)
+        return (payload if payload.ndim == 1 else payload.reshape(-1)).view(np.uint8)
 
     @classmethod
     def decode(cls, buf: np.ndarray, src: int, dst: int) -> Msg:

@@ -122,7 +122,7 @@ def test_message_round_trip_keeps_header_and_payload():
     msg = wire.Msg(wire.PUSHPULL, 2, key=7, part=3, priority=-4, payload=x, dtype="float64",
                  op="max", postscale=0.25, root=1, flags=wire.FLAG_DATA | wire.FLAG_GATED)
     msg.t_start = 12.5
-    head = msg.encode()
+    head = np.frombuffer(msg.encode(), np.uint8)
     assert head.nbytes == wire.HEADER.size  # the elements travel as their own message
     back = wire.Msg.decode(head, src=1, dst=2)
     assert back.payload is None and back.count == 5
@@ -132,7 +132,8 @@ def test_message_round_trip_keeps_header_and_payload():
     assert got == (wire.PUSHPULL, 7, 3, -4, "max", 0.25, 1, msg.flags, 12.5, 5, 1)
     assert np.array_equal(back.payload, x) and back.payload.dtype == np.float64
     assert back.nbytes == 40
-    ctrl = wire.Msg.decode(wire.Msg(wire.PULL, 0, key=1).encode(), 0, 0)
+    ctrl = wire.Msg.decode(np.frombuffer(wire.Msg(wire.PULL, 0, key=1).encode(), np.uint8),
+                           0, 0)
     assert ctrl.payload is None and ctrl.nbytes == 0
 
 
