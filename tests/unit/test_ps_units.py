@@ -144,6 +144,19 @@ def test_gate_lets_one_oversized_message_through_alone():
     assert g.fits(40) and not g.fits(41)
 
 
+def test_a_dedicated_server_is_hot_while_a_quiet_worker_is_not():
+    # The engine spins longer only while a protocol is hot: a worker with nothing in
+    # flight may sleep between polls, a server rank waits for the next push.
+    from types import SimpleNamespace
+
+    t = transport.Transport(SimpleNamespace(rank=1), str)
+    assert not t.hot()
+    t.serving = True
+    assert t.hot()
+    t.serving, t.expecting = False, lambda: True
+    assert t.hot()
+
+
 def test_sgd_update_is_mxnets_update():
     opt = ddpbench.SGD(lr=0.1, momentum=0.9, wd=0.01, rescale_grad=0.5, clip_gradient=1.0)
     w = np.array([1.0, -2.0, 3.0])
