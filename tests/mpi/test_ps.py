@@ -90,15 +90,17 @@ def test_dead_worker_ends_the_job(how):
 
 @pytest.mark.parametrize("workers,servers", [(1, 1), (2, 1), (2, 2)])
 def test_bench_pushpull_checks_every_sum_against_the_closed_form(workers, servers):
-    # 2, 3 and 4 ranks; a 1 MiB key is cut by every backend (p3's slices, byteps'
+    # 2, 3 and 4 ranks; a 4 KiB key, and a 1 MiB key cut by every backend (p3's slices, byteps'
     # partitions, kvstore's split over servers): each timed result is compared with the
     # sum of the workers' inputs, and the command fails on any wrong element.
     proc = subprocess.run(
-        [sys.executable, "-m", "ddpbench", "bench", "pushpull", "--size", "1M", "--workers",
+        [sys.executable, "-m", "ddpbench", "bench", "pushpull", "--size", "4K,1M", "--workers",
          str(workers), "--servers", str(servers), "--iters", "2", "--warmup", "1",
          "--rounds", "1", "--backends", "kvstore,p3,byteps:partition_bytes=300000"],
         capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()[1:] if not line.startswith("#")]
-    assert [r[0] for r in rows] == ["kvstore", "p3", "byteps:partition_bytes=300000"]
+    assert [(r[0], r[1]) for r in rows] == [
+        (b, size) for b in ("kvstore", "p3", "byteps:partition_bytes=300000")
+        for size in ("4KiB", "1MiB")]
     assert all(r[-1] == "0" for r in rows)  # #wrong
