@@ -420,8 +420,8 @@ class Transport(Protocol):
         item()
 
     def hot(self) -> bool:
-        # A reply is awaited, or a transfer is under way (MPI moves a large message only
-        # while both sides call into it).
+        # A reply is awaited, a push may come (a server rank), or a transfer is under way
+        # (MPI moves a large message only while both sides call into it).
         return (self.serving or bool(self.sends) or self.expecting()
                 or any(self.recvs.values()))
 

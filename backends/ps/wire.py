@@ -112,16 +112,15 @@ class Msg:
 
         A data message's elements are not in it: send :meth:`data` as the next message.
         """
+        head = HEADER.pack(self.kind, _DTYPE_CODE[self.dtype], _OP_CODE[self.op], self.flags,
+                           self.priority, self.key, self.part, self.root, self.count,
+                           self.postscale, self.t_start)
         payload = None if self.flags & FLAG_DATA else self.payload
-        if payload is None:  # the header alone (every data message): one pack
-            return HEADER.pack(self.kind, _DTYPE_CODE[self.dtype], _OP_CODE[self.op],
-                               self.flags, self.priority, self.key, self.part, self.root,
-                               self.count, self.postscale, self.t_start)
+        if payload is None:  # the header alone (every data message)
+            return head
         raw = payload.reshape(-1).view(np.uint8)
         buf = np.empty(HEADER.size + raw.size, np.uint8)
-        HEADER.pack_into(buf.data, 0, self.kind, _DTYPE_CODE[self.dtype], _OP_CODE[self.op],
-                         self.flags, self.priority, self.key, self.part, self.root,
-                         self.count, self.postscale, self.t_start)
+        buf[:HEADER.size] = np.frombuffer(head, np.uint8)
         buf[HEADER.size:] = raw
         return buf
 
