@@ -106,11 +106,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ddpbench.benchmarks.allreduce import _backend_spec, check_backend_specs, human, parse_size
+    from ddpbench.benchmarks.allreduce import (
+        _backend_spec,
+        check_backend_specs,
+        human,
+        parse_sizes,
+    )
     from ddpbench.cli import UsageError
     from ddpbench.launch import launch
 
-    sizes = [parse_size(v) for v in args.size.split(",") if v]
+    try:
+        sizes = parse_sizes(args.size)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if (not sizes or min(sizes) < 4 or args.workers < 1 or args.servers < 1 or args.iters < 1
             or args.warmup < 0):
         raise UsageError("need --size >= 4 bytes, --workers >= 1, --servers >= 1, "

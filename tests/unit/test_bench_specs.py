@@ -33,3 +33,19 @@ def test_cache_bit_vector_round_trip(bits, nbits):
     words = _to_words(value, nbits)
     assert words.dtype.name == "uint64" and words.size == -(-nbits // 64)
     assert _from_words(words) == value and _bits(value) == sorted(bits)
+
+
+@pytest.mark.parametrize("size, words", [
+    ("abc", "size 'abc' is not a number"),
+    ("4K,2", "need --size >= 4 bytes"),
+])
+def test_bench_pushpull_bad_size_is_a_usage_error(size, words):
+    import argparse
+
+    from ddpbench.benchmarks import pushpull
+
+    parser = argparse.ArgumentParser()
+    pushpull.configure(parser)
+    with pytest.raises(UsageError) as err:
+        pushpull.main(parser.parse_args(["--size", size]))
+    assert words in str(err.value)
