@@ -74,12 +74,14 @@ def main(args: argparse.Namespace) -> int:
     import gc
     import time
 
+    from ddpbench.cli import UsageError
     from ddpbench.simulator import simulate
 
     if args.iterations < 2:
-        from ddpbench.cli import UsageError
-
         raise UsageError(f"--iterations must be >= 2 (one warm-up), got {args.iterations}")
+    if not (0 < args.bandwidth_gbps < float("inf")):
+        raise UsageError(f"--bandwidth-gbps must be a finite number > 0, got "
+                         f"{args.bandwidth_gbps:g}")
     print(f"bandwidth {args.bandwidth_gbps:g} Gbit/s, latency 5 us, {args.iterations} "
           "iterations (1 warm-up)")
     header = (f"{'case':<22}{'workers':>8}{'wall s':>9}{'cpu s':>8}{'target s':>10}{'events':>10}"

@@ -49,3 +49,20 @@ def test_bench_pushpull_bad_size_is_a_usage_error(size, words):
     with pytest.raises(UsageError) as err:
         pushpull.main(parser.parse_args(["--size", size]))
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--bandwidth-gbps", "-1"], "--bandwidth-gbps must be a finite number > 0, got -1"),
+    (["--bandwidth-gbps", "nan"], "--bandwidth-gbps must be a finite number > 0, got nan"),
+    (["--iterations", "1"], "--iterations must be >= 2"),
+])
+def test_bench_sim_bad_setting_is_a_usage_error(argv, words):
+    import argparse
+
+    from ddpbench.benchmarks import sim
+
+    parser = argparse.ArgumentParser()
+    sim.configure(parser)
+    with pytest.raises(UsageError) as err:
+        sim.main(parser.parse_args(argv))
+    assert words in str(err.value)
