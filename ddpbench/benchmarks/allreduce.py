@@ -49,6 +49,9 @@ def parse_size(text: str) -> int:
 def parse_sizes(text: str, factor: int = 2) -> list[int]:
     """Return the sizes of ``'1K:64M'`` (doubling by ``factor``) or ``'4K,1M'``."""
     if ":" in text:
+        if factor < 2:  # a range that never grows would never end
+            raise ValueError(f"--factor must be an integer >= 2 for the size range {text!r}, "
+                             f"got {factor}")
         lo, hi = (parse_size(t) for t in text.split(":", 1))
         if lo < 1 or hi < lo:
             raise ValueError(f"size range {text!r} must go from >= 1 byte up to a larger size")

@@ -69,6 +69,10 @@ def main(args: argparse.Namespace) -> int:
     from ddpbench.cli import UsageError
     from ddpbench.tensor_ops import scale_
 
+    try:
+        sizes = parse_sizes(args.sizes, args.factor)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if not gpu.is_available():
         raise UsageError(f"no usable GPU: this benchmark needs CuPy and a CUDA device "
                          f"({gpu.INSTALL_HINT})")
@@ -77,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     dev = cupy.cuda.Device()
     name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"].decode()
-    for nbytes in parse_sizes(args.sizes, args.factor):
+    for nbytes in sizes:
         n = max(1, nbytes // dtype.itemsize)
         host = (np.random.default_rng(0).standard_normal(n) * 100).astype(dtype)
         src = cupy.asarray(host)

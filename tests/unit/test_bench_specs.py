@@ -66,3 +66,12 @@ def test_bench_sim_bad_setting_is_a_usage_error(argv, words):
     with pytest.raises(UsageError) as err:
         sim.main(parser.parse_args(argv))
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize("factor", [1, 0, -2])
+def test_a_size_range_that_would_not_grow_is_refused(factor):
+    from ddpbench.benchmarks.allreduce import parse_sizes
+
+    with pytest.raises(ValueError, match="--factor must be an integer >= 2"):
+        parse_sizes("4K:1M", factor)
+    assert parse_sizes("4K:16K", 2) == [4096, 8192, 16384]
