@@ -57,6 +57,21 @@ def test_make_config_validates():
     assert cfg["knobs"] == {"mode": "local_sgd", "local_sgd_period": 3}
 
 
+@pytest.mark.parametrize("kw, words", [
+    ({"lr": -1.0}, "lr must be a finite number > 0, got -1.0"),
+    ({"lr": float("nan")}, "lr must be a finite number > 0, got nan"),
+    ({"momentum": -0.5}, "momentum must be a finite number >= 0"),
+    ({"predivide": 0.0}, "predivide must be a finite number > 0, got 0.0"),
+    ({"backend": "kvstore", "servers": "abc"},
+     "servers must be a number of server ranks or 'colocated', got 'abc'"),
+])
+def test_make_config_refuses_a_bad_number_before_any_rank_starts(kw, words):
+    # (the workers' optimizer or trainer refused these only once the job had started)
+    with pytest.raises(ValueError) as err:
+        make_config(**kw)
+    assert words in str(err.value)
+
+
 def test_render_gives_mean_spread_and_tells_differences_from_noise(tmp_path):
     """Three seeds per point: mean, sample std, min..max; a difference beyond two standard
     errors 'differs', one within them is 'within noise'; the target_acc check."""

@@ -63,6 +63,11 @@ def make_config(**kw: Any) -> dict[str, Any]:
     for key in ("workers", "steps", "batch_size", "eval_every"):
         if int(cfg[key]) < 1:
             raise ValueError(f"{key} must be >= 1, got {cfg[key]}")
+    for key, lower in (("lr", "> 0"), ("momentum", ">= 0"), ("predivide", "> 0")):
+        value = cfg[key]
+        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not math.isfinite(value) or value < 0 or (lower == "> 0" and value == 0)):
+            raise ValueError(f"{key} must be a finite number {lower}, got {value!r}")
     if cfg["lr_schedule"] not in ("cosine", "constant"):
         raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {cfg['lr_schedule']!r}")
     if cfg["lr_schedule"] == "cosine" and cfg["update_on_kvstore"]:
@@ -79,7 +84,11 @@ def make_config(**kw: Any) -> dict[str, Any]:
     if cfg["backend"] in PS_BACKENDS and cfg["servers"] is None:
         cfg["servers"] = "colocated"
     if cfg["servers"] not in (None, "colocated"):
-        cfg["servers"] = int(cfg["servers"])
+        try:
+            cfg["servers"] = int(cfg["servers"])
+        except (TypeError, ValueError):
+            raise ValueError(f"servers must be a number of server ranks or 'colocated', got "
+                             f"{cfg['servers']!r}") from None
         if cfg["servers"] < 0:
             raise ValueError(f"servers must be >= 0 or 'colocated', got {cfg['servers']}")
     ddpbench.api.backend_class(cfg["backend"]).parse_options(
