@@ -92,9 +92,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated parameter-server backends, knobs as "
                              "name:key=value (e.g. p3:slice_params=1000000)")
     parser.add_argument("--size", default="16M",
-                        help="the key's bytes (float32), e.g. 16M, or a list, e.g. 4K,16M (one "
-                             "key per size, each timed against its own baseline in the same "
-                             "job)")
+                        help="the key's bytes (float32), e.g. 16M, a list, e.g. 4K,16M, or a "
+                             "range LO:HI (doubling): one key per size, each timed against "
+                             "its own baseline in the same job")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--servers", type=int, default=1, help="dedicated server ranks")
     parser.add_argument("--warmup", type=int, default=3)
