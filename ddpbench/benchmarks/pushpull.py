@@ -68,7 +68,7 @@ def worker(cfg: dict[str, Any]) -> None:
     # (a server rank serves in create and exits when the workers close)
     want = float(sum(range(1, w.num_workers + 1)))
     rows = []
-    for key, nbytes in enumerate(sizes, start=1):  # one key per size (key 0: the barrier)
+    for key, (nbytes, ping) in enumerate(zip(sizes, base), start=1):  # key 0: the barrier
         x = np.full(nbytes // 4, float(w.rank + 1), np.float32)
         y = np.empty_like(x)
         samples, wrong = [], 0
@@ -80,7 +80,7 @@ def worker(cfg: dict[str, Any]) -> None:
             if i >= cfg["warmup"]:
                 samples.append(dt)
                 wrong += int(np.count_nonzero(y != want))
-        rows.append({"bytes": nbytes, "pingpong_s": float(np.median(base[key - 1])),
+        rows.append({"bytes": nbytes, "pingpong_s": float(np.median(ping)),
                      "pushpull_s": float(np.median(samples)), "wrong": wrong})
     kv.close()
     if w.rank == 0:
