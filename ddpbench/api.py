@@ -228,6 +228,7 @@ class KVStore(abc.ABC):
     def __init__(self, **options: Any) -> None:
         self.options = self.parse_options(options)
         self._key_type: type | None = None
+        self._stage_pool: Any = None  # pinned buffers for CuPy tensors, made on first use
 
     @classmethod
     def parse_options(cls, options: dict[str, Any]) -> BackendOptions:
@@ -282,11 +283,19 @@ class KVStore(abc.ABC):
             )
         for n, t in zip(names, tensors):
             self._check_tensor(n, t)
-        staged = [t.get() if is_cupy(t) and not self.takes_cupy else t for t in tensors]
-        self._broadcast(names, staged, root_rank)
-        for t, h in zip(tensors, staged):
-            if h is not t:
-                _copy_back(h, t)
+        pool = self._staging() if not self.takes_cupy else None
+        stages = [(n, "in", pool.take((n, "in"))) if pool is not None and is_cupy(t) else None
+                  for n, t in zip(names, tensors)]
+        staged = [_to_host(s[2], t) if s is not None else t for s, t in zip(stages, tensors)]
+        try:
+            self._broadcast(names, staged, root_rank)
+            for t, h in zip(tensors, staged):
+                if h is not t:
+                    _copy_back(h, t)
+        finally:
+            for s in stages:
+                if s is not None and pool is not None:
+                    pool.give(s[:2], s[2])
         return tensors[0] if single else tensors
 
     def push_pull(
@@ -364,10 +373,19 @@ class KVStore(abc.ABC):
                                       "prescale": float(prescale_factor),
                                       "postscale": float(postscale_factor)}
             if is_cupy(t) and not self.takes_cupy:
-                handles.append(_staged(start, n, t, o, kwargs))
+                handles.append(_staged(start, n, t, o, kwargs, self._staging()))
             else:
                 handles.append(start(n, t, o, **kwargs))
         return handles[0] if single else _ListHandle(handles)
+
+    def _staging(self) -> Any:
+        """This store's pinned staging buffers (a :class:`ddpbench.gpu.StagingPool`)."""
+        pool = self._stage_pool
+        if pool is None:
+            from ddpbench.gpu import StagingPool
+
+            pool = self._stage_pool = StagingPool()
+        return pool
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Run ``optimizer`` on the servers, so ``push_pull`` returns updated weights.
@@ -480,13 +498,29 @@ def _copy_back(host: np.ndarray, device_array: Any) -> None:
         device_array.set(host)
 
 
+def _to_host(stage: Any, tensor: Any) -> np.ndarray:
+    """Copy CuPy ``tensor`` into ``stage``'s pinned buffer; a host array of its shape."""
+    return stage.to_host(tensor).reshape(tensor.shape)
+
+
 def _staged(start: Callable[..., Handle], name: Any, tensor: Any, output: Any,
-            kwargs: dict[str, Any]) -> Handle:
-    """Run ``start`` on host copies of CuPy ``tensor``/``output``; the returned handle
-    completes once the result is back in ``output``."""
-    host = tensor.get()
-    host_out = host if output is tensor else np.empty_like(host)
-    inner = start(name, host, host_out, **kwargs)
+            kwargs: dict[str, Any], pool: Any) -> Handle:
+    """Run ``start`` on pinned host copies of CuPy ``tensor``/``output`` (buffers from
+    ``pool``, one per name, reused); the returned handle completes once the result is back
+    in ``output``."""
+    stages = [((name, "in"), pool.take((name, "in")))]
+    host = _to_host(stages[0][1], tensor)
+    if output is tensor:
+        host_out = host
+    else:
+        stages.append(((name, "out"), pool.take((name, "out"))))
+        host_out = stages[1][1].host(host.nbytes).view(host.dtype).reshape(host.shape)
+    try:
+        inner = start(name, host, host_out, **kwargs)
+    except BaseException:
+        for key, stage in stages:
+            pool.give(key, stage)
+        raise
     outer = Handle(inner.name)
 
     def back(done: Handle) -> None:
@@ -496,6 +530,8 @@ def _staged(start: Callable[..., Handle], name: Any, tensor: Any, output: Any,
                 _copy_back(host_out, output)
             except Exception as err:  # a CUDA error must reach the caller, not the engine
                 error = err
+        for key, stage in stages:
+            pool.give(key, stage)
         if error is not None:
             outer.set_error(error)
         else:

@@ -18,6 +18,7 @@ so GPU and CPU results are the same bits.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import numpy as np
@@ -279,3 +280,23 @@ class HostStage:
     @staticmethod
     def to_device(host: np.ndarray, dev: Any) -> None:
         dev.reshape(-1).set(host)
+
+
+class StagingPool:
+    """Pinned host buffers for the CuPy tensors of a backend that moves host memory: one
+    per name, kept between calls and reused, as BytePS keeps a page-locked CPU buffer per
+    key. A name staged again while its buffer is still in flight gets a buffer of its own."""
+
+    def __init__(self) -> None:
+        self._idle: dict[Any, HostStage] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: Any) -> HostStage:
+        with self._lock:
+            stage = self._idle.pop(key, None)
+        return stage if stage is not None else HostStage()
+
+    def give(self, key: Any, stage: HostStage) -> None:
+        with self._lock:
+            self._idle[key] = stage
+

@@ -110,9 +110,18 @@ class _FakeCupy:
     shape = property(lambda self: self.a.shape)
     dtype = property(lambda self: self.a.dtype)
     flags = property(lambda self: self.a.flags)
+    nbytes = property(lambda self: self.a.nbytes)
 
-    def get(self):
-        return self.a.copy()
+    def reshape(self, *shape):
+        view = _FakeCupy.__new__(_FakeCupy)
+        view.a, view.device = self.a.reshape(*shape), self.device
+        return view
+
+    def get(self, out=None):
+        if out is None:
+            return self.a.copy()
+        out[...] = self.a
+        return out
 
     def set(self, host):
         self.a[...] = host
@@ -121,14 +130,27 @@ class _FakeCupy:
 _FakeCupy.__module__ = "cupy._fake"
 
 
-def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory():
+def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory(monkeypatch):
+    from ddpbench import gpu
+
+    allocated = []  # stands in for page-locked memory: the staging buffers, one per allocation
+
+    def host(stage, nbytes):
+        if nbytes > stage._nbytes:
+            stage._mem, stage._nbytes = np.empty(nbytes, np.uint8), nbytes
+            allocated.append(stage._mem)
+        return stage._mem[:nbytes]
+
+    monkeypatch.setattr(gpu.HostStage, "host", host)
     seen = []
+    buffers = []
 
     class Recording(_Echo):
         type = "test-echo-recording"
 
         def _push_pull_async(self, name, tensor, output, **kw):
             seen.append((type(tensor), type(output), output is tensor))
+            buffers.append(tensor)
             return super()._push_pull_async(name, tensor, output, **kw)
 
         def _broadcast(self, names, tensors, root_rank):
@@ -146,3 +168,8 @@ def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory()
     assert seen[-1] == (np.ndarray, np.ndarray, False)
     kv.broadcast(["c"], [y])
     assert y.a.tolist() == [7, 7, 7] and seen[-1] == (np.ndarray,)
+    # One pinned buffer per name (and one for an output apart from the input), reused: a
+    # second push_pull of "a" stages through the memory the first one used.
+    assert len(allocated) == 4
+    assert kv.push_pull("a", x) is x and x.a.tolist() == [2, 4, 6]
+    assert len(allocated) == 4 and np.shares_memory(buffers[-1], buffers[0])
