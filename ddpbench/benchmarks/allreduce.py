@@ -508,6 +508,12 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     if args.ranks < 1 or args.warmup < 0 or args.iters < 1 or args.rounds < 1:
         raise UsageError("need --ranks >= 1, --warmup >= 0, --iters >= 1 and --rounds >= 1")
+    itemsize = np.dtype(args.dtype).itemsize if args.dtype != "bfloat16" else 2
+    if not args.tensors and (not sizes or min(sizes) < itemsize):
+        raise UsageError(f"--sizes: every size must hold at least one {args.dtype} element "
+                         f"({itemsize} bytes), got {args.sizes!r}")
+    if not (math.isfinite(args.scale) and args.scale > 0):
+        raise UsageError(f"--scale must be a finite number > 0, got {args.scale}")
     if args.layout == "flat" and (not args.tensors or args.device != "cpu"):
         raise UsageError("--layout flat needs --tensors and --device cpu")
     if args.device == "gpu":

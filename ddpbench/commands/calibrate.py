@@ -64,6 +64,7 @@ def main(args: argparse.Namespace) -> int:
             earlier = load_machine(args.compare)
         except ValueError as err:
             raise UsageError(str(err)) from None
+    _check_writable(args.output)
     from ddpbench import contract
 
     # One more fit per parameter-server backend where two or more share a bandwidth.
@@ -72,14 +73,18 @@ def main(args: argparse.Namespace) -> int:
              + (len(ps) if len(ps) > 1 else 0))
     from tqdm import tqdm
 
-    bar = tqdm(total=steps, desc="calibrate", unit="step", file=sys.stderr)
-    first = [True]
+    bars: list[Any] = []  # the bar starts with the first step, once the inputs are checked
 
     def tick(step: str) -> None:
-        if not first[0]:
-            bar.update(1)
-        first[0] = False
-        bar.set_postfix_str(step)
+        if bars:
+            bars[0].update(1)
+        else:
+            bars.append(tqdm(total=steps, desc="calibrate", unit="step", file=sys.stderr))
+        bars[0].set_postfix_str(step)
+
+    def close_bar() -> None:
+        if bars:
+            bars[0].close()
 
     t0 = time.perf_counter()
     try:
@@ -90,14 +95,15 @@ def main(args: argparse.Namespace) -> int:
                             step_repeats=args.step_repeats, rounds=args.rounds,
                             progress=tick)
     except ValueError as err:
-        bar.close()
+        close_bar()
         raise UsageError(str(err)) from None
     except RuntimeError as err:  # a real run failed: its message, no traceback
-        bar.close()
+        close_bar()
         print(f"ddpbench calibrate: error: {err}", file=sys.stderr)
         return 1
-    bar.update(1)
-    bar.close()
+    if bars:
+        bars[0].update(1)
+    close_bar()
     try:
         machine.save(args.output)
     except OSError as err:
@@ -140,3 +146,20 @@ def _compare(old: Any, new: Any) -> None:
         within += abs(ratio - 1) <= 0.10
         print(f"  {key:<32} {a[key]:10.3f} {b[key]:10.3f} {ratio:8.3f}")
     print(f"{within} of {len(shared)} fitted values within 10% of the earlier profile")
+
+
+def _check_writable(output: str) -> None:
+    """Refuse an output path that cannot be written before measuring for minutes."""
+    import os
+
+    from ddpbench.cli import UsageError
+
+    path = os.path.abspath(output)
+    folder = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise UsageError(f"-o {output}: is a folder; give the machine profile's file name")
+    if not os.path.isdir(folder):
+        raise UsageError(f"-o {output}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"-o {output}: not writable")
+

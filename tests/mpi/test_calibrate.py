@@ -60,7 +60,15 @@ def test_calibrate_refuses_bad_arguments(tmp_path):
                                str(tmp_path / "m.yaml")], capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        assert "step/s" not in proc.stderr  # no progress bar for a run that never starts
         assert not (tmp_path / "m.yaml").exists()
+    # An output that cannot be written is refused before minutes of measuring, not after.
+    for out, message in [(tmp_path / "no" / "m.yaml", "does not exist"),
+                         (tmp_path, "is a folder")]:
+        proc = subprocess.run([sys.executable, "-m", "ddpbench", "calibrate", "-o", str(out)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr, (out, proc.stderr)
+        assert "step/s" not in proc.stderr
 
 
 def test_paced_real_run_takes_at_least_its_bytes_over_the_pacing_rate(tmp_path):

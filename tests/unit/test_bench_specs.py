@@ -75,3 +75,24 @@ def test_a_size_range_that_would_not_grow_is_refused(factor):
     with pytest.raises(ValueError, match="--factor must be an integer >= 2"):
         parse_sizes("4K:1M", factor)
     assert parse_sizes("4K:16K", 2) == [4096, 8192, 16384]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--sizes", "0"], "every size must hold at least one float32 element (4 bytes)"),
+    (["--sizes", "4K,2"], "every size must hold at least one float32 element"),
+    (["--sizes", "1", "--dtype", "float64"], "at least one float64 element (8 bytes)"),
+    (["--sizes", ","], "every size must hold"),
+    (["--tensors", "resnet50", "--scale", "0"], "--scale must be a finite number > 0, got 0"),
+    (["--tensors", "resnet50", "--scale", "nan"], "--scale must be a finite number > 0"),
+])
+def test_bench_allreduce_bad_size_or_scale_is_a_usage_error(argv, words):
+    import argparse
+
+    from ddpbench.benchmarks import allreduce
+
+    parser = argparse.ArgumentParser()
+    allreduce.configure(parser)
+    with pytest.raises(UsageError) as err:
+        allreduce.main(parser.parse_args(argv))
+    assert words in str(err.value)
+
