@@ -21,6 +21,24 @@ class UsageError(Exception):
     """Bad input from the user: printed without a traceback, exit code 2."""
 
 
+def check_writable_file(path: str, option: str) -> None:
+    """Refuse an output file that cannot be written, before a long run rather than after.
+
+    Raises:
+        UsageError: ``path`` is a folder, its folder does not exist, or it is not writable.
+    """
+    import os
+
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise UsageError(f"{option} {path}: is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(full) and not os.access(full, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpbench",

@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import ddpbench
     from ddpbench.calibration.run import SYNTHETIC, calibrate
-    from ddpbench.cli import UsageError
+    from ddpbench.cli import UsageError, check_writable_file
 
     backends = (ddpbench.available() if args.backends is None
                 else [b.strip() for b in args.backends.split(",") if b.strip()])
@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
             earlier = load_machine(args.compare)
         except ValueError as err:
             raise UsageError(str(err)) from None
-    _check_writable(args.output)
+    check_writable_file(args.output, "-o")
     from ddpbench import contract
 
     # One more fit per parameter-server backend where two or more share a bandwidth.
@@ -146,20 +146,4 @@ def _compare(old: Any, new: Any) -> None:
         within += abs(ratio - 1) <= 0.10
         print(f"  {key:<32} {a[key]:10.3f} {b[key]:10.3f} {ratio:8.3f}")
     print(f"{within} of {len(shared)} fitted values within 10% of the earlier profile")
-
-
-def _check_writable(output: str) -> None:
-    """Refuse an output path that cannot be written before measuring for minutes."""
-    import os
-
-    from ddpbench.cli import UsageError
-
-    path = os.path.abspath(output)
-    folder = os.path.dirname(path)
-    if os.path.isdir(path):
-        raise UsageError(f"-o {output}: is a folder; give the machine profile's file name")
-    if not os.path.isdir(folder):
-        raise UsageError(f"-o {output}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"-o {output}: not writable")
 

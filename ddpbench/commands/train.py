@@ -69,9 +69,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ddpbench.cli import UsageError
+    from ddpbench.cli import UsageError, check_writable_file
     from ddpbench.experiments.accuracy.worker import make_config, run_training
 
+    if args.out:
+        check_writable_file(args.out, "--out")
     knobs = dict(args.knob)
     if args.nrings is not None:
         knobs["nrings"] = args.nrings

@@ -175,3 +175,15 @@ def test_torch_model_trains_on_mnist5k_through_ddpbench_torch():
     assert res["curve"]["step"] == [30, 60]
     assert res["final_test_acc"] > 60.0
     assert res["replica_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("out, words", [("no/such/folder/r.json", "does not exist"),
+                                        (".", "is a folder")])
+def test_train_refuses_an_output_it_could_not_write_before_training(tmp_path, out, words):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "ddpbench", "train", "--out", out],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert "# ddpbench train:" not in proc.stderr  # no rank was started
