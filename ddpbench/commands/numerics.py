@@ -131,7 +131,15 @@ def _sweep(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
-    paths = run_sweep(spec, Path(args.out), jobs=args.jobs, progress=progress, **envelope)
+    try:
+        paths = run_sweep(spec, Path(args.out), jobs=args.jobs, progress=progress, **envelope)
+    except ValueError as err:  # the folder is a file or holds another experiment
+        raise UsageError(str(err)) from None
+    except OSError as err:  # a full disk, a folder that cannot be made: finished cells kept
+        print(f"\nddpbench numerics sweep: error: cannot write the results in {args.out}: "
+              f"{err}; every cell written before is kept: run again to resume",
+              file=sys.stderr)
+        return 1
     print(file=sys.stderr)
     for p in paths:
         print(p)

@@ -118,15 +118,15 @@ def _read_manifest(outdir: Path) -> dict[str, Any] | None:
 def check_outdir(outdir: Path) -> None:
     """Raise :class:`FolderError` when ``outdir`` cannot be a report folder."""
     if outdir.exists() and not outdir.is_dir():
-        raise FolderError(f"--outdir {outdir} is a file, not a folder; name a folder "
+        raise FolderError(f"report folder {outdir} is a file, not a folder; name a folder "
                           f"(it is created if missing)")
     parent = outdir
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise FolderError(f"--outdir {outdir} cannot be created: {parent} is a file")
+        raise FolderError(f"report folder {outdir} cannot be created: {parent} is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise FolderError(f"--outdir {outdir} cannot be written: no permission in {parent}")
+        raise FolderError(f"report folder {outdir} cannot be written: no permission in {parent}")
 
 
 def claim(exp: Any, outdir: Path, keys: Mapping[str, str], store: Any, *,

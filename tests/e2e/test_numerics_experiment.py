@@ -122,3 +122,17 @@ def test_query_command_prints_the_safe_range(capsys):
 def test_bad_command_input_exits_2_with_a_message(argv, words, capsys):
     assert cli.main(["numerics", *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_numerics_sweep_into_a_file_or_an_unmakeable_folder_is_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+
+    afile = tmp_path / "f"
+    afile.write_text("")
+    for out, rc, words in [(afile, 2, "is a file, not a folder"),
+                           (afile / "sub", 2, "cannot be created")]:
+        proc = subprocess.run([sys.executable, "-m", "ddpbench", "numerics", "sweep", "--out",
+                               str(out)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == rc and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
