@@ -266,7 +266,7 @@ class HostStage:
 
     def host(self, nbytes: int) -> np.ndarray:
         cupy = cupy_or_raise()
-        if nbytes > self._nbytes:
+        if self._mem is None or nbytes > self._nbytes:  # (an empty array gets 1 byte)
             self._mem = cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
             self._nbytes = nbytes
         return np.frombuffer(self._mem, np.uint8, nbytes)

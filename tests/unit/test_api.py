@@ -173,3 +173,29 @@ def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory(m
     assert len(allocated) == 4
     assert kv.push_pull("a", x) is x and x.a.tolist() == [2, 4, 6]
     assert len(allocated) == 4 and np.shares_memory(buffers[-1], buffers[0])
+
+
+def test_host_stage_grows_reuses_and_takes_empty_arrays(monkeypatch):
+    import types
+
+    from ddpbench import gpu
+
+    allocations = []
+
+    def alloc_pinned_memory(nbytes):  # stands in for cudaHostAlloc
+        allocations.append(nbytes)
+        return bytearray(nbytes)
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        alloc_pinned_memory=alloc_pinned_memory))
+    monkeypatch.setattr(gpu, "cupy_or_raise", lambda: fake)
+    stage = gpu.HostStage()
+    assert stage.host(0).size == 0 and allocations == [1]  # an empty tensor on a new stage
+    assert stage.host(64).size == 64 and allocations == [1, 64]
+    assert stage.host(16).size == 16 and allocations == [1, 64]  # reused, not shrunk
+    pool = gpu.StagingPool()
+    a = pool.take("w")
+    assert pool.take("w") is not a  # "w" in flight twice: a buffer of its own
+    pool.give("w", a)
+    assert pool.take("w") is a
+
