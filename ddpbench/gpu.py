@@ -284,8 +284,10 @@ class HostStage:
 
 class StagingPool:
     """Pinned host buffers for the CuPy tensors of a backend that moves host memory: one
-    per name, kept between calls and reused, as BytePS keeps a page-locked CPU buffer per
-    key. A name staged again while its buffer is still in flight gets a buffer of its own."""
+    per name, kept between calls and reused, as BytePS keeps one CPU buffer per tensor name,
+    made once and registered with CUDA (byteps/common/operations.cc, ``InitTensor``: the
+    name's context's ``cpubuff``). A name staged again while its buffer is still in flight
+    gets a buffer of its own."""
 
     def __init__(self) -> None:
         self._idle: dict[Any, HostStage] = {}
