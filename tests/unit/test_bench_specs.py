@@ -35,36 +35,29 @@ def test_cache_bit_vector_round_trip(bits, nbits):
     assert _from_words(words) == value and _bits(value) == sorted(bits)
 
 
-@pytest.mark.parametrize("size, words", [
-    ("abc", "size 'abc' is not a number"),
-    ("4K,2", "need --size >= 4 bytes"),
+@pytest.mark.parametrize("bench, argv, words", [
+    ("pushpull", ["--size", "abc"], "size 'abc' is not a number"),
+    ("pushpull", ["--size", "4K,2"], "need --size >= 4 bytes"),
+    ("sim", ["--bandwidth-gbps", "-1"], "--bandwidth-gbps must be a finite number > 0, got -1"),
+    ("sim", ["--bandwidth-gbps", "nan"], "--bandwidth-gbps must be a finite number > 0, got nan"),
+    ("sim", ["--iterations", "1"], "--iterations must be >= 2"),
+    ("allreduce", ["--sizes", "0"], "every size must hold at least one float32 element (4 bytes)"),
+    ("allreduce", ["--sizes", "4K,2"], "every size must hold at least one float32 element"),
+    ("allreduce", ["--sizes", "1", "--dtype", "float64"], "at least one float64 element (8 bytes)"),
+    ("allreduce", ["--sizes", ","], "every size must hold"),
+    ("allreduce", ["--tensors", "resnet50", "--scale", "0"],
+     "--scale must be a finite number > 0, got 0"),
+    ("allreduce", ["--tensors", "resnet50", "--scale", "nan"], "--scale must be a finite number > 0"),
 ])
-def test_bench_pushpull_bad_size_is_a_usage_error(size, words):
+def test_a_bench_setting_out_of_range_is_a_usage_error(bench, argv, words):
     import argparse
+    import importlib
 
-    from ddpbench.benchmarks import pushpull
-
+    module = importlib.import_module(f"ddpbench.benchmarks.{bench}")
     parser = argparse.ArgumentParser()
-    pushpull.configure(parser)
+    module.configure(parser)
     with pytest.raises(UsageError) as err:
-        pushpull.main(parser.parse_args(["--size", size]))
-    assert words in str(err.value)
-
-
-@pytest.mark.parametrize("argv, words", [
-    (["--bandwidth-gbps", "-1"], "--bandwidth-gbps must be a finite number > 0, got -1"),
-    (["--bandwidth-gbps", "nan"], "--bandwidth-gbps must be a finite number > 0, got nan"),
-    (["--iterations", "1"], "--iterations must be >= 2"),
-])
-def test_bench_sim_bad_setting_is_a_usage_error(argv, words):
-    import argparse
-
-    from ddpbench.benchmarks import sim
-
-    parser = argparse.ArgumentParser()
-    sim.configure(parser)
-    with pytest.raises(UsageError) as err:
-        sim.main(parser.parse_args(argv))
+        module.main(parser.parse_args(argv))
     assert words in str(err.value)
 
 
@@ -75,24 +68,3 @@ def test_a_size_range_that_would_not_grow_is_refused(factor):
     with pytest.raises(ValueError, match="--factor must be an integer >= 2"):
         parse_sizes("4K:1M", factor)
     assert parse_sizes("4K:16K", 2) == [4096, 8192, 16384]
-
-
-@pytest.mark.parametrize("argv, words", [
-    (["--sizes", "0"], "every size must hold at least one float32 element (4 bytes)"),
-    (["--sizes", "4K,2"], "every size must hold at least one float32 element"),
-    (["--sizes", "1", "--dtype", "float64"], "at least one float64 element (8 bytes)"),
-    (["--sizes", ","], "every size must hold"),
-    (["--tensors", "resnet50", "--scale", "0"], "--scale must be a finite number > 0, got 0"),
-    (["--tensors", "resnet50", "--scale", "nan"], "--scale must be a finite number > 0"),
-])
-def test_bench_allreduce_bad_size_or_scale_is_a_usage_error(argv, words):
-    import argparse
-
-    from ddpbench.benchmarks import allreduce
-
-    parser = argparse.ArgumentParser()
-    allreduce.configure(parser)
-    with pytest.raises(UsageError) as err:
-        allreduce.main(parser.parse_args(argv))
-    assert words in str(err.value)
-
