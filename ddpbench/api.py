@@ -379,10 +379,10 @@ class KVStore(abc.ABC):
         return handles[0] if single else _ListHandle(handles)
 
     def _staging(self) -> Any:
-        """This store's pinned staging buffers (a :class:`ddpbench.gpu.StagingPool`)."""
+        """This store's pinned staging buffers (a :class:`ddpbench.staging.StagingPool`)."""
         pool = self._stage_pool
         if pool is None:
-            from ddpbench.gpu import StagingPool
+            from ddpbench.staging import StagingPool
 
             pool = self._stage_pool = StagingPool()
         return pool

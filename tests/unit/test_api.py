@@ -131,7 +131,7 @@ _FakeCupy.__module__ = "cupy._fake"
 
 
 def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory(monkeypatch):
-    from ddpbench import gpu
+    from ddpbench import staging
 
     allocated = []  # stands in for page-locked memory: the staging buffers, one per allocation
 
@@ -141,7 +141,7 @@ def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory(m
             allocated.append(stage._mem)
         return stage._mem[:nbytes]
 
-    monkeypatch.setattr(gpu.HostStage, "host", host)
+    monkeypatch.setattr(staging.HostStage, "host", host)
     seen = []
     buffers = []
 
@@ -178,7 +178,7 @@ def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory(m
 def test_host_stage_grows_reuses_and_takes_empty_arrays(monkeypatch):
     import types
 
-    from ddpbench import gpu
+    from ddpbench import staging
 
     allocations = []
 
@@ -188,12 +188,12 @@ def test_host_stage_grows_reuses_and_takes_empty_arrays(monkeypatch):
 
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
         alloc_pinned_memory=alloc_pinned_memory))
-    monkeypatch.setattr(gpu, "cupy_or_raise", lambda: fake)
-    stage = gpu.HostStage()
+    monkeypatch.setattr(staging, "_cupy", lambda: fake)
+    stage = staging.HostStage()
     assert stage.host(0).size == 0 and allocations == [1]  # an empty tensor on a new stage
     assert stage.host(64).size == 64 and allocations == [1, 64]
     assert stage.host(16).size == 16 and allocations == [1, 64]  # reused, not shrunk
-    pool = gpu.StagingPool()
+    pool = staging.StagingPool()
     a = pool.take("w")
     assert pool.take("w") is not a  # "w" in flight twice: a buffer of its own
     pool.give("w", a)
