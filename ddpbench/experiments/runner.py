@@ -354,9 +354,28 @@ def load_saved_experiment(outdir: Path) -> Experiment:
 
 
 def render(exp: Experiment, outdir: Path) -> list[Path]:
-    """Render the report of ``exp`` in ``outdir`` from its results.csv."""
+    """Render the report of ``exp`` in ``outdir`` from its results.csv.
+
+    Where ``exp`` has exactly the points the folder was run with but other prose (``ddpbench
+    report DIR --experiment FILE`` after the file's description was edited), the stored
+    experiment takes the file's description, so the report shows it; a file with other
+    points leaves the stored experiment alone (its rows were not made with that file).
+    """
+    _refresh_prose(exp, outdir)
     df = read_results(outdir / "results.csv")
     return list(load_kind(exp.kind).render(df, outdir, exp.spec))
+
+
+def _refresh_prose(exp: Experiment, outdir: Path) -> None:
+    try:
+        doc = json.loads((outdir / manifest.MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if doc.get("description") == exp.description or doc.get("name") != exp.name:
+        return
+    keys = point_keys(exp)
+    if doc.get("points") == dict(sorted(keys.items())):
+        manifest.write_manifest(exp, outdir, keys)
 
 
 def run_experiment(

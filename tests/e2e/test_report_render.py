@@ -122,3 +122,24 @@ def test_a_point_left_at_an_axis_default_keeps_its_rows_and_its_own_plot_line(tm
     assert "| w<1> | 30 | default | 1 |" in speedups and "| w<1> | 30 | V100 | 1 |" in speedups
     sim = throughput_report._prepare(rows)
     assert throughput_report._series(sim, "bandwidth_gbps") == ["variant", "device"]
+
+
+def test_rerendering_with_the_edited_file_shows_its_description_if_the_points_are_the_same(
+        tmp_path):
+    from ddpbench.experiments import runner, schema
+
+    path, out = tmp_path / "tiny.yaml", tmp_path / "out"
+    base = ("name: tiny\nmode: simulate\nworkloads: [resnet50]\nbackends: {mpi: {}}\n"
+            "iterations: 3\nwarmup: 1\n")
+    path.write_text(f"description: first words\n{base}workers: [2]\n")
+    runner.run_experiment(schema.load_experiment(path), out, progress=False)
+    assert "first words" in (out / "report.md").read_text()
+    # `ddpbench report out --experiment tiny.yaml` after the prose was edited: shown.
+    path.write_text(f"description: second words\n{base}workers: [2]\n")
+    runner.render(schema.load_experiment(path), out)
+    assert "second words" in (out / "report.md").read_text()
+    # A file with other points did not make these rows: the stored experiment stays.
+    path.write_text(f"description: third words\n{base}workers: [2, 3]\n")
+    runner.render(schema.load_experiment(path), out)
+    assert "second words" in (out / "report.md").read_text()
+    assert "third words" not in (out / "experiment.json").read_text()
