@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from ddpbench.contract import Knobs
+from ddpbench.staging import HostStage, StagingPool
 
 __all__ = [
     "BackendOptions",
@@ -228,7 +229,7 @@ class KVStore(abc.ABC):
     def __init__(self, **options: Any) -> None:
         self.options = self.parse_options(options)
         self._key_type: type | None = None
-        self._stage_pool: Any = None  # pinned buffers for CuPy tensors, made on first use
+        self._stage_pool: StagingPool | None = None  # for CuPy tensors, made on first use
 
     @classmethod
     def parse_options(cls, options: dict[str, Any]) -> BackendOptions:
@@ -283,19 +284,18 @@ class KVStore(abc.ABC):
             )
         for n, t in zip(names, tensors):
             self._check_tensor(n, t)
-        pool = self._staging() if not self.takes_cupy else None
-        stages = [(n, "in", pool.take((n, "in"))) if pool is not None and is_cupy(t) else None
-                  for n, t in zip(names, tensors)]
-        staged = [_to_host(s[2], t) if s is not None else t for s, t in zip(stages, tensors)]
+        pool = self._staging()
+        stages = {i: pool.take((n, "in")) for i, (n, t) in enumerate(zip(names, tensors))
+                  if is_cupy(t) and not self.takes_cupy}
+        staged = [_to_host(stages[i], t) if i in stages else t for i, t in enumerate(tensors)]
         try:
             self._broadcast(names, staged, root_rank)
             for t, h in zip(tensors, staged):
                 if h is not t:
                     _copy_back(h, t)
         finally:
-            for s in stages:
-                if s is not None and pool is not None:
-                    pool.give(s[:2], s[2])
+            for i, stage in stages.items():
+                pool.give((names[i], "in"), stage)
         return tensors[0] if single else tensors
 
     def push_pull(
@@ -378,14 +378,11 @@ class KVStore(abc.ABC):
                 handles.append(start(n, t, o, **kwargs))
         return handles[0] if single else _ListHandle(handles)
 
-    def _staging(self) -> Any:
-        """This store's pinned staging buffers (a :class:`ddpbench.staging.StagingPool`)."""
-        pool = self._stage_pool
-        if pool is None:
-            from ddpbench.staging import StagingPool
-
-            pool = self._stage_pool = StagingPool()
-        return pool
+    def _staging(self) -> StagingPool:
+        """This store's pinned staging buffers (allocated only once a CuPy tensor comes)."""
+        if self._stage_pool is None:
+            self._stage_pool = StagingPool()
+        return self._stage_pool
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Run ``optimizer`` on the servers, so ``push_pull`` returns updated weights.
@@ -498,13 +495,13 @@ def _copy_back(host: np.ndarray, device_array: Any) -> None:
         device_array.set(host)
 
 
-def _to_host(stage: Any, tensor: Any) -> np.ndarray:
+def _to_host(stage: HostStage, tensor: Any) -> np.ndarray:
     """Copy CuPy ``tensor`` into ``stage``'s pinned buffer; a host array of its shape."""
     return stage.to_host(tensor).reshape(tensor.shape)
 
 
 def _staged(start: Callable[..., Handle], name: Any, tensor: Any, output: Any,
-            kwargs: dict[str, Any], pool: Any) -> Handle:
+            kwargs: dict[str, Any], pool: StagingPool) -> Handle:
     """Run ``start`` on pinned host copies of CuPy ``tensor``/``output`` (buffers from
     ``pool``, one per name, reused); the returned handle completes once the result is back
     in ``output``."""

@@ -155,8 +155,8 @@ def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory(m
 
         def _broadcast(self, names, tensors, root_rank):
             seen.append(tuple(type(t) for t in tensors))
-            for t in tensors:
-                t[...] = 7
+            for k, t in enumerate(tensors):
+                t[...] = 7 + k
 
     kv = Recording()
     x = _FakeCupy([1, 2, 3])
@@ -173,6 +173,10 @@ def test_backends_without_gpu_paths_get_cupy_arrays_staged_through_host_memory(m
     assert len(allocated) == 4
     assert kv.push_pull("a", x) is x and x.a.tolist() == [2, 4, 6]
     assert len(allocated) == 4 and np.shares_memory(buffers[-1], buffers[0])
+    # One name given twice in one call: each tensor is staged through a buffer of its own.
+    z = _FakeCupy([0, 0, 0])
+    kv.broadcast(["d", "d"], [y, z])
+    assert y.a.tolist() == [7, 7, 7] and z.a.tolist() == [8, 8, 8]
 
 
 def test_host_stage_grows_reuses_and_takes_empty_arrays(monkeypatch):
