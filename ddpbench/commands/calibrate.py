@@ -73,18 +73,21 @@ def main(args: argparse.Namespace) -> int:
              + (len(ps) if len(ps) > 1 else 0))
     from tqdm import tqdm
 
-    bars: list[Any] = []  # the bar starts with the first step, once the inputs are checked
+    bar: Any = None  # drawn from the first step on, once calibrate has checked its inputs
 
     def tick(step: str) -> None:
-        if bars:
-            bars[0].update(1)
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=steps, desc="calibrate", unit="step", file=sys.stderr)
         else:
-            bars.append(tqdm(total=steps, desc="calibrate", unit="step", file=sys.stderr))
-        bars[0].set_postfix_str(step)
+            bar.update(1)
+        bar.set_postfix_str(step)
 
-    def close_bar() -> None:
-        if bars:
-            bars[0].close()
+    def close_bar(done: bool = False) -> None:
+        if bar is not None:
+            if done:
+                bar.update(1)
+            bar.close()
 
     t0 = time.perf_counter()
     try:
@@ -101,9 +104,7 @@ def main(args: argparse.Namespace) -> int:
         close_bar()
         print(f"ddpbench calibrate: error: {err}", file=sys.stderr)
         return 1
-    if bars:
-        bars[0].update(1)
-    close_bar()
+    close_bar(done=True)
     try:
         machine.save(args.output)
     except OSError as err:
@@ -146,4 +147,3 @@ def _compare(old: Any, new: Any) -> None:
         within += abs(ratio - 1) <= 0.10
         print(f"  {key:<32} {a[key]:10.3f} {b[key]:10.3f} {ratio:8.3f}")
     print(f"{within} of {len(shared)} fitted values within 10% of the earlier profile")
-
