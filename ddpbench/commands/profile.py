@@ -55,14 +55,13 @@ def _shape(text: str) -> tuple[int, ...]:
 def main(args: argparse.Namespace) -> int:
 
     from ddpbench import profiling
-    from ddpbench.cli import UsageError
+    from ddpbench.cli import UsageError, check_writable_file
     from ddpbench.simulator import Workload, load_workload
 
     out = Path(args.output)
     if out.suffix not in (".yaml", ".yml"):
         raise UsageError(f"--output {args.output!r}: a workload file ends in .yaml or .yml")
-    if not out.parent.is_dir():
-        raise UsageError(f"--output {args.output!r}: folder {str(out.parent)!r} does not exist")
+    check_writable_file(args.output, "--output")
     other = None
     if args.compare:
         try:
