@@ -7,8 +7,9 @@ The launcher owns its job:
 
 - Python ranks run under :mod:`ddpbench.rank`, so an uncaught exception or a non-zero
   ``sys.exit`` ends the job at once, with or without ``ddpbench.create``;
-- a rank that vanishes (a signal, ``os._exit``) ends the job (``mpiexec`` does that), and a
-  rank that ends cleanly while others never do ends it after ``exit_grace`` seconds;
+- a rank that vanishes (a signal, C code's ``_exit``) ends the job (``mpiexec`` does that;
+  Python's ``os._exit`` is reported by the rank with its code), and a rank that ends
+  cleanly while others never do ends it after ``exit_grace`` seconds;
 - SIGTERM, SIGINT and SIGHUP take down ``mpiexec`` and every rank (the job runs in a
   process group of its own) and the launcher exits with 128 + the signal;
 - the message names the first failing rank, its exit code or how it vanished, and its
@@ -152,7 +153,7 @@ class _Job:
             who = (f"rank {ranks[0]} failed first" if len(ranks) == 1 else
                    f"ranks {ranks} ended at the same moment, one of them first")
             events.append((when, who, "vanished without an exit status (killed by a signal "
-                           "or os._exit)", None, []))
+                           "or ended by C code)", None, []))
         return min(events)[1:] if events else None
 
     def clean_exits(self) -> list[float]:

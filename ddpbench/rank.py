@@ -14,8 +14,11 @@ It runs the program in this process (MPI and all) and watches how it ends:
 
 Before it ends, the rank writes ``rank<R>.json`` into ``$DDPBENCH_JOB_DIR`` (set by the
 launcher): its exit code, the time, and the last lines it wrote to stderr, which the
-launcher quotes when it names the first failing rank. A rank killed by a signal or by
-``os._exit`` writes nothing; the launcher says so.
+launcher quotes when it names the first failing rank. ``os._exit(code)`` called from Python
+in the rank's own process writes it too (how: ``os._exit``; a forked child's ``os._exit`` is
+left alone). A rank killed by a signal, or ended by C code, writes nothing; the launcher
+says so and falls back on ``mpiexec``'s exit code, which for ranks ended together can be
+the signal ``mpiexec`` sent the others.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 import traceback
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 TAIL_LINES = 20
 
@@ -97,6 +101,21 @@ def _write_status(code: int, how: str, tail: list[str]) -> None:
         pass  # the job folder is gone: the launcher has already ended the job
 
 
+def _report_os_exit(tail: StderrTail | None) -> None:
+    """Make ``os._exit`` in this process write the rank's status before it ends."""
+    real_exit, pid = os._exit, os.getpid()
+
+    def _exit(status: int) -> NoReturn:
+        if os.getpid() == pid:  # not a forked child (a data loader's worker, say)
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+                lines = list(tail.lines)[-TAIL_LINES:] if tail is not None else []
+                _write_status(status, "os._exit", lines)
+        real_exit(status)
+
+    os._exit = _exit
+
+
 def _run(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m ddpbench.rank (SCRIPT | -m MODULE | -c CODE) [ARGS]")
@@ -139,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(OSError):
             (Path(folder) / f"rank{rank_id()}.pid").write_text(str(os.getpid()))
     tail = StderrTail() if folder else None
+    real_exit = os._exit
+    if folder:
+        _report_os_exit(tail)
     code, how = 0, "returned"
     try:
         _run(argv)
@@ -149,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[ddpbench rank {rank_id()}] {name}:", file=sys.stderr)
         traceback.print_exception(type(err), err, _user_frames(err.__traceback__))
         code, how = (130 if isinstance(err, KeyboardInterrupt) else 1), "exception"
+    os._exit = real_exit
     lines = tail.close() if tail is not None else []
     _write_status(code, how, lines)
     if code != 0:

@@ -55,7 +55,7 @@ PLAIN = """\
     ("raise RuntimeError('rank one gives up')", 1,
      "rank 1 failed first: exit code 1 (an uncaught exception)"),
     ("sys.exit(3)", 3, "rank 1 failed first: exit code 3 (sys.exit)"),
-    ("os._exit(3)", 3, "vanished without an exit status"),
+    ("os._exit(3)", 3, "rank 1 failed first: exit code 3 (os._exit)"),
     ("os.kill(os.getpid(), 9)", 9, "vanished without an exit status"),
 ])
 def test_plain_mpi4py_rank_failure_ends_the_job(tmp_path, action, code, message):
