@@ -288,8 +288,10 @@ class BackendContract:
 
 BACKENDS: dict[str, BackendContract] = {
     c.name: c for c in (
-        BackendContract("mpi", MpiKnobs, "one native MPI_Allreduce/MPI_Bcast per tensor: the "
-                        "baseline", "ddpbench.backends.mpi"),
+        BackendContract("mpi", MpiKnobs, "one native MPI_Allreduce/MPI_Bcast per tensor (over "
+                        "16 MiB in equal chunks, the same bits: glibc maps MPICH's per-call "
+                        "temporary buffer afresh above 32 MiB; `horovod` does the same with "
+                        "its fused buffer): the baseline", "ddpbench.backends.mpi"),
         BackendContract("horovod", HorovodKnobs, "negotiated ring allreduce with tensor "
                         "fusion, prescale/postscale on the fused buffer",
                         "ddpbench.backends.horovod"),

@@ -22,6 +22,16 @@ def test_every_op_dtype_shape_scaling_broadcast_fusion_mismatch(backend, n):
     assert len(set(done.values())) == 1 and done[0] > 590
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_chunked_mpi_allreduce_gives_the_bits_of_one_call(n):
+    # Buffers over ALLREDUCE_CHUNK_BYTES go to MPI in chunks (glibc would mmap MPICH's
+    # temporary buffer afresh on every call): byte for byte what one bare call gives.
+    out = run_mpi(n, SCRIPTS / "chunked_allreduce.py", timeout=180)
+    done = results(out, "chunked", size=n)
+    assert sorted(r["rank"] for r in done) == list(range(n)), out[-3000:]
+    assert all(r["compared"] == 32 and r["differ"] == 0 and r["chunks"] == 2 for r in done)
+
+
 @pytest.mark.parametrize("backend", ["horovod", "horovod:wait"])
 def test_horovod_stall_warning_names_tensor_and_missing_rank(backend):
     out = run_mpi(2, SCRIPTS / "check_collectives.py", backend, "stall", timeout=60)
