@@ -36,7 +36,7 @@ hanging.
 from __future__ import annotations
 
 import collections
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,8 +57,13 @@ _Options = CollectiveKnobs  # knobs and bounds: ddpbench.contract
 _Steps = Generator[list, None, None]
 
 
-def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int]) -> _Steps:
+def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int],
+                scratch: Callable[[int], np.ndarray] | None = None) -> _Steps:
     """Reduce the 1-D ``buf`` in place over ``comm``; yield the requests of each ring step.
+
+    ``scratch(nbytes)`` gives the receive buffer (a uint8 array of at least ``nbytes``, kept
+    by the caller between calls: a fresh one of over 32 MiB would be mapped, and its pages
+    faulted in, anew on every call); None allocates one.
 
     The order of the chunking of :func:`ddpbench.tensor_ops.ring_chunks`: in reduce-scatter step s rank r sends chunk (r - s)
     mod p to the right and combines chunk (r - s - 1) mod p from the left into its own;
@@ -73,8 +78,9 @@ def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int])
     right, left = (r + 1) % p, (r - 1) % p
     ufunc = reduce_ufunc(op)
     raw, size = buf.view(np.uint8), buf.itemsize
-    tmp = np.empty(chunks[0][1], buf.dtype)
-    tmp_raw = tmp.view(np.uint8)
+    need = chunks[0][1] * size
+    tmp_raw = scratch(need)[:need] if scratch is not None else np.empty(need, np.uint8)
+    tmp = tmp_raw.view(buf.dtype)
     for s in range(p - 1):
         so, sc = chunks[(r - s) % p]
         ro, rc = chunks[(r - s - 1) % p]
@@ -102,6 +108,13 @@ class _Ring:
         self.steps: _Steps | None = None
         self.reqs: list = []
         self.stats: dict[str, Any] = {"ops": 0, "bytes_sent": 0, "names": []}
+        self._scratch = np.empty(0, np.uint8)
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """The ring's receive buffer, grown to the largest chunk seen (one op at a time)."""
+        if self._scratch.size < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch
 
 
 class _CollectiveProtocol(Protocol):
@@ -178,7 +191,7 @@ class _CollectiveProtocol(Protocol):
             buf[...] = req.tensor
         flat = buf.reshape(-1)
         scale_(flat, meta.prescale)
-        yield from _ring_steps(comm, flat, ReduceOp(meta.op), ring.stats)
+        yield from _ring_steps(comm, flat, ReduceOp(meta.op), ring.stats, ring.scratch)
         scale_(flat, meta.postscale)
 
     def fail(self, error: BaseException) -> None:
