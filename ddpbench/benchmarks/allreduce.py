@@ -7,10 +7,11 @@ and the slowest rank's time kept; the row reports the median with min and max. E
 result is checked against the closed-form reference (#wrong counts differing elements).
 The ratios compare each row (on CPU) with a bare ``comm.Allreduce`` of the same size timed
 right before each of its calls, so both see the same phase of a shared machine; the
-``native`` row is that baseline timed on its own. ``native`` is one call whatever the size,
-as a user's own code makes it, while the backends hand MPI a buffer over 16 MiB in equal
-chunks (``backends._common.ALLREDUCE_CHUNK_BYTES``: glibc would map MPICH's temporary
-buffer afresh on every call), so from 32 MiB up a backend can run faster than native.
+``native`` row is that baseline timed on its own. Above 16 MiB native makes its calls in
+the equal chunks the backends make (``backends._common.ALLREDUCE_CHUNK_BYTES``: glibc would
+map MPICH's temporary buffer afresh on every call), so the ratios measure the engines, not
+the allocator; a ``native:one_call`` row, added where a size (or the tensor set) is larger,
+times one bare call of the whole buffer, as a user's own code would make it.
 
 ``--tensors resnet50`` reduces the 161 gradient tensors of ResNet-50 as one set, in
 backward order, with ``mpi`` (the baseline), ``horovod`` fused and ``horovod`` unfused;
@@ -173,8 +174,12 @@ class _Native:
     a copy back with ``host``.
     """
 
-    def __init__(self, comm: Any, cfg: dict[str, Any] | None = None) -> None:
+    def __init__(self, comm: Any, cfg: dict[str, Any] | None = None, *,
+                 one_call: bool = False) -> None:
+        from ddpbench.backends._common import ALLREDUCE_CHUNK_BYTES
+
         self.comm = comm.Dup()
+        self.chunk_bytes = 0 if one_call else ALLREDUCE_CHUNK_BYTES
         self.nccl: Any = None
         self.stage = False
         self._pinned: dict[tuple[int, str], tuple[Any, Any]] = {}
@@ -206,11 +211,12 @@ class _Native:
                                      cupyx.empty_pinned(x.size, x.dtype))
             host, out = self._pinned[key]
             x.reshape(-1).get(out=host)
-            mpi_allreduce(self.comm, out, reduce_op, source=host, chunk_bytes=0)
+            mpi_allreduce(self.comm, out, reduce_op, source=host,
+                          chunk_bytes=self.chunk_bytes)
             output.reshape(-1).set(out)
         else:
             mpi_allreduce(self.comm, output.reshape(-1), reduce_op, source=x.reshape(-1),
-                          chunk_bytes=0)  # one bare call, as a user's own code makes
+                          chunk_bytes=self.chunk_bytes)
         if op == "average":
             output /= self.comm.size
         return _Done()
@@ -295,7 +301,7 @@ def _open(spec: str, cfg: dict[str, Any], comm: Any) -> tuple[str, Any]:
 
     label, name, options = _backend_spec(spec)
     if name == "native":
-        return label, _Native(comm, cfg)
+        return label, _Native(comm, cfg, one_call=bool(options.get("one_call")))
     if name == "gloo":
         return label, _Gloo(comm)
     if cfg.get("device") == "gpu" and "gpu_transport" in ddpbench.api.backend_class(
@@ -418,8 +424,9 @@ def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[s
             ys[i] = y_flat[off:off + c].reshape(ys[i].shape)
             ys[i][...] = xs[i]
             off += c
-    if label == "native":
-        # The floor: one MPI_Allreduce of every gradient at once, already packed.
+    if label in ("native", "native:one_call"):
+        # The floor: an MPI_Allreduce of every gradient at once, already packed (in the
+        # backends' chunks; native:one_call in one call).
         x_all = np.concatenate([x.reshape(-1) for x in xs])
         y_all = x_all.copy()
 
@@ -503,6 +510,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ddpbench.backends._common import ALLREDUCE_CHUNK_BYTES
     from ddpbench.cli import UsageError
     from ddpbench.launch import launch
 
@@ -540,6 +548,10 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError("--peers gloo needs PyTorch: pip install 'ddpbench[torch]'")
     check_backend_specs(backends)
     native = ["native"] + (["native:per_tensor"] if args.tensors else [])
+    largest = (sum(max(1, int(c * args.scale)) for c in profile_tensor_sizes(args.tensors))
+               * itemsize if args.tensors else max(sizes))
+    if args.device == "cpu" and largest > ALLREDUCE_CHUNK_BYTES:
+        native.append("native:one_call")  # what chunking saves: one call of the whole
     specs = native + backends + peers
     with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
         out = Path(tmp) / "rows.jsonl"
@@ -592,7 +604,7 @@ def _print(rows: list[dict[str, Any]], fmt: str) -> None:
     base = {r["size"]: r for r in rows if r["backend"] == "native"}
     gloo = {r["size"]: r for r in rows if r["backend"] == "gloo"}
     paired = any("paired_native_time_us" in r for r in rows)
-    print("\n# ratios against native (bare comm.Allreduce" + (
+    print("\n# ratios against native (bare comm.Allreduce, above 16 MiB in the backends' chunks" + (
           ", timed right before each call of the row, so the machine's slow and fast phases "
           "hit both alike" if paired else ", same run") + "): busbw ratio >= 1 and "
           "time ratio <= 1 mean as fast as native" + ("; last column: time / gloo's" if gloo
@@ -630,7 +642,8 @@ def _print_set(rows: list[dict[str, Any]]) -> None:
         return
     n = next(r["tensors"] for r in rows if r["backend"] != "native")
     print(f"\n# {n} tensors, {human(floor['size'])}: time against the floor (native: one "
-          f"MPI_Allreduce of all of it) and against native:per_tensor ({n} bare calls)")
+          f"MPI_Allreduce of all of it, in the backends' chunks; native:one_call: in one call) and "
+          f"against native:per_tensor ({n} bare calls)")
     for r in rows:
         if r["backend"] == "native":
             continue

@@ -114,6 +114,22 @@ def test_bench_allreduce_runs_and_checks_results():
             assert r["paired_native_time_us"] == pytest.approx(float(np.median(paired)))
 
 
+def test_bench_allreduce_adds_one_call_native_above_the_chunk_size():
+    # Above ALLREDUCE_CHUNK_BYTES native goes in the backends' chunks and native:one_call
+    # times one bare call of the whole buffer; both checked against the reference.
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddpbench", "bench", "allreduce", "-n", "2", "--sizes", "4K,20M",
+         "--backends", "mpi", "--warmup", "1", "--iters", "2", "--format", "json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [(r["backend"], r["size"]) for r in rows] == [
+        ("native", 4096), ("native", 20 << 20), ("native:one_call", 4096),
+        ("native:one_call", 20 << 20), ("mpi", 4096), ("mpi", 20 << 20)]
+    assert all(r["wrong"] == 0 for r in rows)
+
+
 @pytest.mark.parametrize("layout", ["flat", "separate"])
 def test_bench_allreduce_tensor_set_checks_results_and_reduces_flat_gradients_in_place(layout):
     proc = subprocess.run(
