@@ -2,7 +2,7 @@
 
 Read it bottom up; each module imports only those above it in this list:
 
-- :mod:`.wire`: the message format (a 48-byte header, then the payload);
+- :mod:`.wire`: the message format (a 56-byte header, then the payload);
 - :mod:`.placement`: where each part of an array goes (pure functions, shared with the
   simulator's strategies so both place every byte alike);
 - :mod:`.sockets`: P3's sending thread and sockets as one clock-free rule (shared with

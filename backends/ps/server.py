@@ -27,6 +27,7 @@ from ddpbench.api import Handle, ReduceOp
 from ddpbench.backends.ps.transport import SendRecord, Transport
 from ddpbench.backends.ps.wire import (
     ACK,
+    ALIGN,
     BCAST,
     BYE,
     CONFIG,
@@ -57,7 +58,8 @@ __all__ = ["Server", "dedicated_host_name", "serve", "wait_idle", "write_trace"]
 class _Slot:
     """A server's state for one part: this round's pushes, stored weights, pulls waiting."""
 
-    __slots__ = ("pushes", "store", "mom", "waiting", "bcast", "error", "inbox", "acc")
+    __slots__ = ("pushes", "store", "mom", "waiting", "bcast", "error", "inbox", "acc",
+                 "moved")
 
     def __init__(self) -> None:
         self.pushes: dict[int, Msg] = {}
@@ -66,6 +68,9 @@ class _Slot:
         # this round's answer, so no round overwrites what an earlier one still sends.
         self.inbox: dict[int, np.ndarray] = {}
         self.acc: np.ndarray | None = None
+        # Who (a worker, -1 for the sum) once had a buffer re-placed to a new offset: not
+        # again, so a worker whose arrays lie at changing offsets cannot grow the arena.
+        self.moved: set[int] = set()
         self.store: np.ndarray | None = None
         self.mom: np.ndarray | None = None
         self.waiting: list[Msg] = []
@@ -100,13 +105,31 @@ class Server:
         transport.sinks[PUSH] = transport.sinks[PUSHPULL] = self._push_sink
 
     def _push_sink(self, msg: Msg) -> np.ndarray:
-        """The buffer a worker's push of a part is received into (reused every round)."""
+        """The buffer a worker's push of a part is received into (reused every round), at
+        the push's own offset within a cache line (the wire's ``src_align``)."""
         slot = self._slot(msg)
         buf = slot.inbox.get(msg.src)
         dtype = np_dtype(msg.dtype)
-        if buf is None or buf.size != msg.count or buf.dtype != dtype:
-            buf = slot.inbox[msg.src] = self.arena.empty(msg.count, dtype)
+        if buf is None or not self._keep(slot, msg.src, buf, msg.count, dtype, msg.src_align):
+            buf = slot.inbox[msg.src] = self._buffer(msg.count, dtype, msg.src_align)
         return buf
+
+    def _keep(self, slot: _Slot, who: int, buf: np.ndarray, count: int, dtype: np.dtype,
+              align: int) -> bool:
+        """True when ``buf`` can be reused: the right size and type, and at offset ``align``
+        within a cache line where an arena buffer would be (re-placed once at most)."""
+        if buf.size != count or buf.dtype != dtype:
+            return False
+        if (who in slot.moved or buf.nbytes < self.arena.min_bytes or not 0 <= align < ALIGN
+                or align % buf.itemsize or buf.ctypes.data % ALIGN == align):
+            return True
+        slot.moved.add(who)
+        return False
+
+    def _buffer(self, count: int, dtype: np.dtype, align: int) -> np.ndarray:
+        """A long-lived buffer at offset ``align`` within a cache line (where it can be)."""
+        ok = 0 <= align < ALIGN and align % dtype.itemsize == 0
+        return self.arena.empty(count, dtype, align if ok else 0)
 
     def _slot(self, msg: Msg) -> _Slot:
         slot = self.slots.get((msg.key, msg.part))
@@ -192,9 +215,10 @@ class Server:
         if self.w == 1 and pushes[0].sunk:
             acc = first  # this server's inbox, rewritten only by the worker it answers
         else:
-            acc = slot.acc
-            if acc is None or acc.shape != first.shape or acc.dtype != first.dtype:
-                acc = slot.acc = self.arena.empty(first.size, first.dtype)
+            # The sum is sent to every worker: placed where the lowest rank wants it.
+            acc, align = slot.acc, pushes[min(pushes)].dst_align
+            if acc is None or not self._keep(slot, -1, acc, first.size, first.dtype, align):
+                acc = slot.acc = self._buffer(first.size, first.dtype, align)
             if self.w == 1:
                 np.copyto(acc, first)
             else:

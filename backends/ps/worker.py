@@ -33,6 +33,7 @@ from ddpbench.backends.ps.server import (
 from ddpbench.backends.ps.transport import Gate, SendRecord, Transport
 from ddpbench.backends.ps.wire import (
     ACK,
+    ALIGN,
     BCAST,
     BYE,
     CONFIG,
@@ -60,6 +61,11 @@ KICK_EVERY = 8
 """Unpaced, the queued parts of one push go to the wire every this many parts."""
 
 __all__ = ["PSStore"]
+
+
+def _address(array: Any) -> int:
+    """The address of a NumPy array's first element (0 for anything else)."""
+    return array.ctypes.data if isinstance(array, np.ndarray) else 0
 
 
 @dataclass
@@ -280,6 +286,9 @@ class PSStore(EngineStore):
 
         def send(o: _Op) -> None:
             merged = self.merged()
+            # Where each part lies and where its sum goes, modulo a cache line (the wire).
+            size = source.itemsize
+            src_at, dst_at = _address(source), _address(flat)
             for i, p in enumerate(o.plan.parts):
                 dst = self._server_rank(p.server)
                 chunk = source[p.offset:p.offset + p.count]
@@ -294,6 +303,8 @@ class PSStore(EngineStore):
                           payload=chunk, dtype=o.plan.dtype, op=op.value,
                           postscale=postscale, flags=flags)
                 msg.gate, msg.cost = gate, cost
+                msg.src_align = (src_at + p.offset * size) % ALIGN
+                msg.dst_align = (dst_at + p.offset * size) % ALIGN
                 self.dispatch(msg, p)
                 if i % KICK_EVERY == KICK_EVERY - 1:
                     self._transport.kick()  # the wire starts while the rest are queued

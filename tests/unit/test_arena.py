@@ -1,6 +1,7 @@
 """The server's receive-buffer arena: distinct, aligned, correctly typed buffers."""
 
 import numpy as np
+import pytest
 
 from ddpbench.tensor_ops import Arena
 
@@ -33,3 +34,15 @@ def test_arena_gives_a_buffer_larger_than_a_chunk_its_own_chunk():
     a[...] = 1.0
     b[...] = 2.0
     assert a.size == 10_000 and np.all(a == 1.0) and np.all(b == 2.0)
+
+
+def test_arena_places_a_buffer_at_an_offset_past_a_page():
+    arena = Arena(chunk_bytes=1 << 20, min_bytes=1024)
+    bufs = [arena.empty(10_000, np.float32, offset) for offset in (16, 0, 48, 4)]
+    assert [b.ctypes.data % Arena.ALIGN for b in bufs] == [16, 0, 48, 4]
+    for i, b in enumerate(bufs):
+        b[...] = i
+    assert all(np.all(b == i) for i, b in enumerate(bufs))
+    for bad in (2, -16, Arena.ALIGN):
+        with pytest.raises(ValueError, match="offset"):
+            arena.empty(10_000, np.float32, bad)

@@ -137,6 +137,43 @@ def test_message_round_trip_keeps_header_and_payload():
     assert ctrl.payload is None and ctrl.nbytes == 0
 
 
+def test_a_push_says_where_its_elements_lie_and_the_server_places_its_buffers_there():
+    # MPICH's copy between processes runs at half speed between buffers at different
+    # offsets within a cache line: the push carries both offsets, the server follows them.
+    from types import SimpleNamespace
+
+    from ddpbench.backends.ps.server import Server
+
+    msg = wire.Msg(wire.PUSHPULL, 1, key=1, flags=wire.FLAG_DATA)
+    msg.src_align, msg.dst_align = 16, 48
+    back = wire.Msg.decode(np.frombuffer(msg.encode(), np.uint8), src=0, dst=1)
+    assert (back.src_align, back.dst_align) == (16, 48)
+
+    server = Server(transport.Transport(SimpleNamespace(rank=2), str), 2, "server0", True)
+
+    def push(src, align, dst_align=0, count=1 << 16):
+        m = wire.Msg(wire.PUSHPULL, 2, key=5, flags=wire.FLAG_DATA, dtype="float32")
+        m.src, m.count, m.src_align, m.dst_align = src, count, align, dst_align
+        buf = server._push_sink(m)
+        m.payload, m.sunk = buf, True
+        return m, buf
+
+    first = push(0, 16)[1]
+    assert first.ctypes.data % wire.ALIGN == 16 and first.size == 1 << 16
+    assert push(0, 16)[1] is first  # reused while the push stays where it was
+    moved = push(0, 32)[1]
+    assert moved is not first and moved.ctypes.data % wire.ALIGN == 32
+    assert push(0, 48)[1] is moved  # re-placed once at most: the arena cannot grow
+    other = push(1, 0)[1]
+    assert other.ctypes.data % wire.ALIGN == 0
+    assert push(1, 2)[1] is other  # an offset that float32 cannot start at is ignored
+    a, b = push(0, 32, dst_align=48)[0], push(1, 0, dst_align=16)[0]
+    a.payload[...], b.payload[...] = 1.0, 2.0
+    acc = server._combine(server._slot(a), {0: a, 1: b})
+    assert acc.ctypes.data % wire.ALIGN == 48 and np.all(acc == 3.0)  # where rank 0 wants it
+    assert push(0, 56, count=10)[1].size == 10  # small buffers are ordinary arrays
+
+
 def test_gate_lets_one_oversized_message_through_alone():
     g = transport.Gate(100)
     assert g.fits(500)  # nothing in flight
