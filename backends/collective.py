@@ -56,6 +56,9 @@ _Options = CollectiveKnobs  # knobs and bounds: ddpbench.contract
 
 _Steps = Generator[list, None, None]
 
+_LINE = 64
+"""A cache line: a ring step's receive buffer starts at the sender's offset within one."""
+
 
 def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int],
                 scratch: Callable[[int], np.ndarray] | None = None) -> _Steps:
@@ -78,17 +81,21 @@ def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int],
     right, left = (r + 1) % p, (r - 1) % p
     ufunc = reduce_ufunc(op)
     raw, size = buf.view(np.uint8), buf.itemsize
-    need = chunks[0][1] * size
-    tmp_raw = scratch(need)[:need] if scratch is not None else np.empty(need, np.uint8)
-    tmp = tmp_raw.view(buf.dtype)
+    need = chunks[0][1] * size + _LINE
+    space = scratch(need)[:need] if scratch is not None else np.empty(need, np.uint8)
+    at, there = raw.ctypes.data, space.ctypes.data
     for s in range(p - 1):
         so, sc = chunks[(r - s) % p]
         ro, rc = chunks[(r - s - 1) % p]
-        reqs = [comm.Irecv([tmp_raw[:rc * size], MPI.BYTE], left, TAG_RING),
+        # Received where the left neighbour's chunk lies within a cache line (its buffer is
+        # laid out as this one): MPICH copies between processes at half speed otherwise.
+        k = (at + ro * size - there) % _LINE
+        tmp_raw = space[k:k + rc * size]
+        reqs = [comm.Irecv([tmp_raw, MPI.BYTE], left, TAG_RING),
                 comm.Isend([raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING)]
         stats["bytes_sent"] += sc * size
         yield reqs
-        ufunc(tmp[:rc], buf[ro:ro + rc], out=buf[ro:ro + rc])
+        ufunc(tmp_raw.view(buf.dtype), buf[ro:ro + rc], out=buf[ro:ro + rc])
     for s in range(p - 1):
         so, sc = chunks[(r + 1 - s) % p]
         ro, rc = chunks[(r - s) % p]
