@@ -131,15 +131,16 @@ def mpi_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp, source: np.ndarray |
     # whole buffer would: a short tail could take another, with another summation order).
     chunks = (-(-flat.nbytes // chunk_bytes) or 1) if chunk_bytes > 0 else 1
     step = -(-flat.size // chunks) or 1
+    half = flat.dtype in HALF_DTYPES
+    mpitype, mpiop = _half_op(op, flat.dtype.name) if half else (None, _mpi_op(op))
     for start in range(0, max(flat.size, 1), step):
         out = flat[start:start + step] if chunks > 1 else flat
         into = None if src is None else (src[start:start + step] if chunks > 1 else src)
-        if flat.dtype in HALF_DTYPES:
-            mpitype, mpiop = _half_op(op, flat.dtype.name)
-            half: Any = MPI.IN_PLACE if into is None else [byte_view(into), into.size, mpitype]
-            comm.Allreduce(half, [byte_view(out), out.size, mpitype], op=mpiop)
+        if half:
+            send: Any = MPI.IN_PLACE if into is None else [byte_view(into), into.size, mpitype]
+            comm.Allreduce(send, [byte_view(out), out.size, mpitype], op=mpiop)
         else:
-            comm.Allreduce(MPI.IN_PLACE if into is None else into, out, op=_mpi_op(op))
+            comm.Allreduce(MPI.IN_PLACE if into is None else into, out, op=mpiop)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,11 @@ from ddpbench.tensor_ops import Arena, reduce_ufunc, scale_
 __all__ = ["Server", "dedicated_host_name", "serve", "wait_idle", "write_trace"]
 
 
+def _offset(align: int, dtype: np.dtype) -> int:
+    """``align`` where a ``dtype`` array can start there within a cache line, else 0."""
+    return align if 0 <= align < ALIGN and align % dtype.itemsize == 0 else 0
+
+
 class _Slot:
     """A server's state for one part: this round's pushes, stored weights, pulls waiting."""
 
@@ -120,16 +125,15 @@ class Server:
         within a cache line where an arena buffer would be (re-placed once at most)."""
         if buf.size != count or buf.dtype != dtype:
             return False
-        if (who in slot.moved or buf.nbytes < self.arena.min_bytes or not 0 <= align < ALIGN
-                or align % buf.itemsize or buf.ctypes.data % ALIGN == align):
+        if (who in slot.moved or buf.nbytes < self.arena.min_bytes
+                or buf.ctypes.data % ALIGN == _offset(align, buf.dtype)):
             return True
         slot.moved.add(who)
         return False
 
     def _buffer(self, count: int, dtype: np.dtype, align: int) -> np.ndarray:
         """A long-lived buffer at offset ``align`` within a cache line (where it can be)."""
-        ok = 0 <= align < ALIGN and align % dtype.itemsize == 0
-        return self.arena.empty(count, dtype, align if ok else 0)
+        return self.arena.empty(count, dtype, _offset(align, dtype))
 
     def _slot(self, msg: Msg) -> _Slot:
         slot = self.slots.get((msg.key, msg.part))

@@ -575,6 +575,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _print(rows: list[dict[str, Any]], fmt: str) -> None:
+    from ddpbench.backends._common import ALLREDUCE_CHUNK_BYTES
+
     if fmt == "json":
         print(json.dumps(rows, indent=1))
         return
@@ -604,7 +606,8 @@ def _print(rows: list[dict[str, Any]], fmt: str) -> None:
     base = {r["size"]: r for r in rows if r["backend"] == "native"}
     gloo = {r["size"]: r for r in rows if r["backend"] == "gloo"}
     paired = any("paired_native_time_us" in r for r in rows)
-    print("\n# ratios against native (bare comm.Allreduce, above 16 MiB in the backends' chunks" + (
+    print(f"\n# ratios against native (bare comm.Allreduce, above "
+          f"{human(ALLREDUCE_CHUNK_BYTES)} in the backends' chunks" + (
           ", timed right before each call of the row, so the machine's slow and fast phases "
           "hit both alike" if paired else ", same run") + "): busbw ratio >= 1 and "
           "time ratio <= 1 mean as fast as native" + ("; last column: time / gloo's" if gloo
