@@ -118,8 +118,6 @@ class Transport(Protocol):
         self._status: Any = None
         self.arrived: list[tuple[float, int, Msg]] = []
         self.local: collections.deque[Msg] = collections.deque()
-        # Unpaced, every message is delivered as it is received, in receive order.
-        self.delivered: collections.deque[Msg] = collections.deque()
         self.last_delivery: dict[int, float] = {}
         # The downlink (switch output port): paced data received but not yet carried, by
         # arrival time, and those waiting at the port at its next choice, by priority.
@@ -323,23 +321,24 @@ class Transport(Protocol):
             head = np.empty(status.Get_count(MPI.BYTE), np.uint8)
             m.Recv(head)  # matched and small: already here
             msg = Msg.decode(head, src, self.me)
-            req = None
             did = True
-            if msg.flags & FLAG_DATA:
-                if unpaced:
+            if unpaced:
+                if msg.flags & FLAG_DATA:
                     # The elements were sent right behind the header, so this receive
-                    # ends: MPI moves them at its own speed (on one host the receive itself
-                    # copies them) instead of one chunk per poll, and it shows the
+                    # ends: MPI moves them at its own speed (on one host the receive
+                    # itself copies them) instead of one chunk per poll, and it shows the
                     # sender's next header only once they are in. A burst of slices is
-                    # received in one go, for up to BATCH_S. Paced, the engine must keep
-                    # its clock, so the receives complete by polling.
+                    # received in one go, for up to BATCH_S, each handled as it comes (a
+                    # server answers a slice while the next is on its way).
                     self.comm.Recv(self._sink(msg), src, TAG_DATA)
                     misses = 0
-                    self.recvs[src].append((None, msg))
-                    if time.monotonic() > until:
-                        break
-                    continue
-                req = self.comm.Irecv(self._sink(msg), src, TAG_DATA)
+                self.handlers[msg.kind](msg)  # no latency, no port: in receive order
+                if time.monotonic() > until:
+                    break
+                continue
+            # Paced, the engine must keep its clock, so the receives complete by polling.
+            req = (self.comm.Irecv(self._sink(msg), src, TAG_DATA) if msg.flags & FLAG_DATA
+                   else None)
             self.recvs[src].append((req, msg))
         for queue in self.recvs.values():
             # Complete in order per source: MPI's non-overtaking order is what keeps a
@@ -363,13 +362,11 @@ class Transport(Protocol):
         return (out if out.ndim == 1 else out.reshape(-1)).view(np.uint8)
 
     def _arrive(self, msg: Msg, now: float) -> None:
-        if self.bytes_per_s is None:  # no latency, no port: the order it was received in
-            self.delivered.append(msg)
-            return
+        # Paced only (unpaced, :meth:`_receive` hands each message over as it comes).
         if msg.kind == ACK:  # no order to keep: the ack handler looks the part up by key
             heapq.heappush(self.arrived, (now + self.latency_s, next(self.seq), msg))
             return
-        if self.bytes_per_s is not None and msg.flags & FLAG_DATA:
+        if msg.flags & FLAG_DATA:
             entry: list[Any] = [msg, None, True]
             # Cut-through: the message reached the port when its sender started it (the
             # MPI message itself may be received a little later).
@@ -428,18 +425,13 @@ class Transport(Protocol):
     def busy(self) -> bool:
         return bool(self.keep_polling or self.ready or self.queued or self.sends
                     or self.arrived or not self._sockets_idle()
-                    or self.local or self.delivered or self.port_new or self.port_queue
+                    or self.local or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
     def progress(self) -> bool:
         now = time.monotonic()
         did = self._receive(now)
         did |= self._serve_port(now)
-        delivered = self.delivered
-        while delivered:
-            msg = delivered.popleft()
-            self.handlers[msg.kind](msg)
-            did = True
         while self.arrived and self.arrived[0][0] <= now:
             msg = heapq.heappop(self.arrived)[2]
             self.handlers[msg.kind](msg)
@@ -465,7 +457,7 @@ class Transport(Protocol):
     def idle(self) -> bool:
         """True when nothing is queued, in flight or waiting for delivery."""
         return not (self.ready or self.queued or self.sends or self.arrived
-                    or not self._sockets_idle() or self.local or self.delivered
+                    or not self._sockets_idle() or self.local
                     or self.port_new or self.port_queue
                     or any(self.recvs.values()))
 
