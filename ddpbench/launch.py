@@ -13,7 +13,9 @@ The launcher owns its job:
 - SIGTERM, SIGINT and SIGHUP take down ``mpiexec`` and every rank (the job runs in a
   process group of its own) and the launcher exits with 128 + the signal;
 - the message names the first failing rank, its exit code or how it vanished, and its
-  last lines of stderr; the exit code is that rank's, not ``mpiexec``'s.
+  last lines of stderr; the exit code is that rank's, not ``mpiexec``'s;
+- the shared-memory segments MPICH leaves in /dev/shm when its ranks are killed are
+  removed (those the job made that no live process maps).
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
         for sig in _SIGNALS:
             previous[sig] = signal.signal(sig, lambda signum, _frame: got.append(signum))
     job = _Job(folder, nranks)
+    segments = _mpich_segments()
     proc = subprocess.Popen(args, env=env, start_new_session=True, stdout=stdout,
                             stderr=stderr)
     start = time.monotonic()
@@ -261,6 +264,7 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
         # Ranks that outlived the job's end (a daemon thread stuck in MPI) must not linger.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        _remove_orphaned_segments(segments, proc.pid)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     rc = proc.returncode
@@ -294,6 +298,60 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
         what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         _say(f"the job failed ({what} from mpiexec; no rank reported a failure)")
     return rc
+
+
+_SHM_DIR = Path("/dev/shm")
+_SHM_PREFIX = "mpich_shm_"
+
+
+def _mpich_segments() -> set[str]:
+    """The names of MPICH's shared-memory segments in /dev/shm now (empty off Linux)."""
+    try:
+        return {p.name for p in _SHM_DIR.iterdir() if p.name.startswith(_SHM_PREFIX)}
+    except OSError:
+        return set()
+
+
+def _mapped_segments() -> set[str]:
+    """The names of the /dev/shm files some live process has mapped (from /proc/*/maps)."""
+    prefix = f"{_SHM_DIR}/"
+    found = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        for line in text.splitlines():
+            at = line.find(prefix)
+            if at >= 0:
+                found.add(line[at + len(prefix):].removesuffix(" (deleted)"))
+    return found
+
+
+def _remove_orphaned_segments(before: set[str], group: int) -> None:
+    """Unlink the MPICH segments this job left in /dev/shm.
+
+    A job whose ranks were killed leaves its shared-memory segments behind (MPICH removes
+    them only when its ranks finish), a few MiB each that /dev/shm keeps until reboot.
+    Removed: a segment that appeared while the job ran, is ours, and no live process maps
+    (a job running beside this one keeps its own, which its ranks map).
+    """
+    new = _mpich_segments() - before
+    if not new:
+        return
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:  # killed ranks unmap as they exit
+        try:
+            os.killpg(group, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.02)
+    in_use = _mapped_segments()
+    for name in new - in_use:
+        path = _SHM_DIR / name
+        with contextlib.suppress(OSError):
+            if path.stat().st_uid == os.getuid():
+                path.unlink()
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> bool:

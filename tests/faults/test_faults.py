@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from mpiutil import REPO, assert_no_processes
 
+from ddpbench.launch import _mapped_segments, _mpich_segments
+
 pytestmark = [pytest.mark.faults, pytest.mark.mpi]
 
 BACKENDS = ["mpi", "horovod", "collective", "kvstore", "p3", "byteps"]
@@ -27,15 +29,22 @@ BACKENDS = ["mpi", "horovod", "collective", "kvstore", "p3", "byteps"]
 
 def launch(tmp_path: Path, body: str, *args: str, n: int = 2, timeout: float = 60,
            env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, str]:
-    """Launch ``body`` (a Python script) on ``n`` ranks; return the result and its marker."""
+    """Launch ``body`` (a Python script) on ``n`` ranks; return the result and its marker.
+
+    Also checks that the job left no MPICH shared-memory segment in /dev/shm (a killed
+    rank's segments are the launcher's to remove).
+    """
     marker = f"fault{uuid.uuid4().hex[:10]}"
     script = tmp_path / f"{marker}.py"
     script.write_text(textwrap.dedent(body))
+    before = _mpich_segments()
     proc = subprocess.run(
         [sys.executable, "-m", "ddpbench", "launch", "-n", str(n), *args, "--",
          sys.executable, str(script)],
         capture_output=True, text=True, timeout=timeout, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    left = _mpich_segments() - before - _mapped_segments()
+    assert not left, f"the job left MPICH segments in /dev/shm: {sorted(left)}"
     return proc, marker
 
 
