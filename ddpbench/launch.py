@@ -233,7 +233,7 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
         for sig in _SIGNALS:
             previous[sig] = signal.signal(sig, lambda signum, _frame: got.append(signum))
     job = _Job(folder, nranks)
-    segments = _mpich_segments()
+    segments = mpich_segments()
     proc = subprocess.Popen(args, env=env, start_new_session=True, stdout=stdout,
                             stderr=stderr)
     start = time.monotonic()
@@ -264,7 +264,7 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
         # Ranks that outlived the job's end (a daemon thread stuck in MPI) must not linger.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        _remove_orphaned_segments(segments, proc.pid)
+        remove_orphaned_segments(segments, proc.pid)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     rc = proc.returncode
@@ -304,7 +304,7 @@ _SHM_DIR = Path("/dev/shm")
 _SHM_PREFIX = "mpich_shm_"
 
 
-def _mpich_segments() -> set[str]:
+def mpich_segments() -> set[str]:
     """The names of MPICH's shared-memory segments in /dev/shm now (empty off Linux)."""
     try:
         return {p.name for p in _SHM_DIR.iterdir() if p.name.startswith(_SHM_PREFIX)}
@@ -312,7 +312,7 @@ def _mpich_segments() -> set[str]:
         return set()
 
 
-def _mapped_segments() -> set[str]:
+def mapped_segments() -> set[str]:
     """The names of the /dev/shm files some live process has mapped (from /proc/*/maps)."""
     prefix = f"{_SHM_DIR}/"
     found = set()
@@ -328,7 +328,7 @@ def _mapped_segments() -> set[str]:
     return found
 
 
-def _remove_orphaned_segments(before: set[str], group: int) -> None:
+def remove_orphaned_segments(before: set[str], group: int) -> None:
     """Unlink the MPICH segments this job left in /dev/shm.
 
     A job whose ranks were killed leaves its shared-memory segments behind (MPICH removes
@@ -336,7 +336,7 @@ def _remove_orphaned_segments(before: set[str], group: int) -> None:
     Removed: a segment that appeared while the job ran, is ours, and no live process maps
     (a job running beside this one keeps its own, which its ranks map).
     """
-    new = _mpich_segments() - before
+    new = mpich_segments() - before
     if not new:
         return
     deadline = time.monotonic() + 2.0
@@ -346,7 +346,7 @@ def _remove_orphaned_segments(before: set[str], group: int) -> None:
         except (ProcessLookupError, PermissionError):
             break
         time.sleep(0.02)
-    in_use = _mapped_segments()
+    in_use = mapped_segments()
     for name in new - in_use:
         path = _SHM_DIR / name
         with contextlib.suppress(OSError):

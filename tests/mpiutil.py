@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpbench.launch import mpich_segments, remove_orphaned_segments
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 
@@ -52,6 +54,7 @@ def run_mpi(
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.setdefault("PYTHONPATH", str(REPO))
     rerun = " ".join(shlex.quote(c) for c in cmd)
+    segments = mpich_segments()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
         cwd=str(REPO), start_new_session=True,
@@ -65,6 +68,7 @@ def run_mpi(
                     f"{(stdout + stderr)[-4000:]}")
     finally:
         _kill_group(proc)  # every rank of the job, not only mpiexec
+        remove_orphaned_segments(segments, proc.pid)  # what an aborted job left in /dev/shm
     out = stdout + stderr
     if expect_fail and proc.returncode == 0:
         pytest.fail(f"expected a failure, got exit 0\nre-run: {rerun}\n{out[-4000:]}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mpiutil import REPO, assert_no_processes
 
-from ddpbench.launch import _mapped_segments, _mpich_segments
+from ddpbench.launch import mapped_segments, mpich_segments
 
 pytestmark = [pytest.mark.faults, pytest.mark.mpi]
 
@@ -37,13 +37,13 @@ def launch(tmp_path: Path, body: str, *args: str, n: int = 2, timeout: float = 6
     marker = f"fault{uuid.uuid4().hex[:10]}"
     script = tmp_path / f"{marker}.py"
     script.write_text(textwrap.dedent(body))
-    before = _mpich_segments()
+    before = mpich_segments()
     proc = subprocess.run(
         [sys.executable, "-m", "ddpbench", "launch", "-n", str(n), *args, "--",
          sys.executable, str(script)],
         capture_output=True, text=True, timeout=timeout, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
-    left = _mpich_segments() - before - _mapped_segments()
+    left = mpich_segments() - before - mapped_segments()
     assert not left, f"the job left MPICH segments in /dev/shm: {sorted(left)}"
     return proc, marker
 
