@@ -328,6 +328,12 @@ def mapped_segments() -> set[str]:
     return found
 
 
+def orphaned_segments(before: set[str]) -> set[str]:
+    """The MPICH segments that appeared since ``before`` and no live process maps."""
+    new = mpich_segments() - before
+    return new - mapped_segments() if new else new
+
+
 def remove_orphaned_segments(before: set[str], group: int) -> None:
     """Unlink the MPICH segments this job left in /dev/shm.
 
@@ -336,8 +342,7 @@ def remove_orphaned_segments(before: set[str], group: int) -> None:
     Removed: a segment that appeared while the job ran, is ours, and no live process maps
     (a job running beside this one keeps its own, which its ranks map).
     """
-    new = mpich_segments() - before
-    if not new:
+    if not mpich_segments() - before:
         return
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:  # killed ranks unmap as they exit
@@ -346,8 +351,7 @@ def remove_orphaned_segments(before: set[str], group: int) -> None:
         except (ProcessLookupError, PermissionError):
             break
         time.sleep(0.02)
-    in_use = mapped_segments()
-    for name in new - in_use:
+    for name in orphaned_segments(before):
         path = _SHM_DIR / name
         with contextlib.suppress(OSError):
             if path.stat().st_uid == os.getuid():

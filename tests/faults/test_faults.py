@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mpiutil import REPO, assert_no_processes
 
-from ddpbench.launch import mapped_segments, mpich_segments
+from ddpbench.launch import mpich_segments, orphaned_segments
 
 pytestmark = [pytest.mark.faults, pytest.mark.mpi]
 
@@ -43,7 +43,7 @@ def launch(tmp_path: Path, body: str, *args: str, n: int = 2, timeout: float = 6
          sys.executable, str(script)],
         capture_output=True, text=True, timeout=timeout, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
-    left = mpich_segments() - before - mapped_segments()
+    left = orphaned_segments(before)
     assert not left, f"the job left MPICH segments in /dev/shm: {sorted(left)}"
     return proc, marker
 
