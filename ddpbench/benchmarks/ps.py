@@ -48,9 +48,10 @@ def _stamp(times: list[float]) -> Any:
 def worker(cfg: dict[str, Any]) -> None:
     import ddpbench
     from ddpbench.backends.ps.worker import PSStore
-    from ddpbench.comm import engine, world
+    from ddpbench.comm import engine, precise_timers, world
 
     ddpbench.init()  # a server rank serves here and exits
+    precise_timers()  # the layers' sleeps take what they ask (comm.precise_timers)
     wl = scaled_workload(cfg["workload"], cfg["model_scale"]).scaled(cfg["compute_scale"])
     kv = ddpbench.create(cfg["backend"], bandwidth_gbps=cfg["bandwidth_gbps"],
                          latency_us=cfg["latency_us"], trace=True, **cfg["knobs"])

@@ -182,8 +182,10 @@ def copy_and_sum(nbytes: int = 64 << 20, reps: int = 5) -> dict[str, float]:
 def compute_rule(workload: str, compute_scale: float, size_scale: float,
                  reps: int = 3) -> dict[str, Any]:
     """Return the sleep rule (rate, overhead) and the workload's sequence timed against it."""
+    from ddpbench.comm import precise_timers
     from ddpbench.experiments.throughput.worker import load_workload
 
+    precise_timers()  # as the trainer's worker sleeps (its main thread's timer slack)
     requested = [5e-5, 2e-4, 1e-3, 5e-3]
     medians = []
     for t in requested:

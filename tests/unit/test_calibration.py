@@ -3,6 +3,7 @@ point uses a profile (closed forms of the simulator's ring on a calibrated machi
 
 import copy
 import math
+import sys
 import textwrap
 
 import pytest
@@ -300,3 +301,26 @@ def test_a_shared_bandwidth_is_kept_and_the_message_cost_solved_against_it(tmp_p
     assert fit.bandwidth_gbps == 12.0
     assert fit.per_message_us == pytest.approx(150.0, rel=0.02)
     assert fit.large_sim_ms == pytest.approx(large * 1e3, rel=0.02)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_precise_timers_sets_the_calling_threads_timer_slack_to_1us() -> None:
+    # The trainer's compute emulation sleeps on its main thread and the calibration times
+    # those sleeps on its own: both must run with the slack the engine thread has (1 us),
+    # not Linux's default 50 us, or every emulated layer oversleeps by it.
+    import ctypes
+    import threading
+
+    from ddpbench.comm import precise_timers
+
+    libc = ctypes.CDLL(None)
+    got: list[int] = []
+
+    def probe() -> None:
+        precise_timers()
+        got.append(libc.prctl(30, 0, 0, 0, 0))  # PR_GET_TIMERSLACK, nanoseconds
+
+    t = threading.Thread(target=probe)  # a thread of its own: the test runner's keeps its slack
+    t.start()
+    t.join()
+    assert got == [1000]
