@@ -9,6 +9,14 @@ over blocks of the median over ranks of each rank's mean step time (the slowest 
 steps left out) to ``--out``. On a machine with fewer cores than processes the step time
 grows with P: the calibration's software costs are stretched by its ratio
 (:meth:`ddpbench.calibration.machine.Machine.contention`).
+
+The same job also times a hand-off with the engines idle (:func:`_handoff`): each rank's main
+thread sleeps 0.2 ms, as the trainer's compute emulation does, then has its engine run an
+empty call and waits for it, while no engine has anything in flight, as the ``mpi`` and
+``horovod`` engines sit between their calls (on a condition variable, or asleep until the
+next cycle). Its mean excess over the sleep is written as ``handoff_us``: how a worker's
+compute beside an idle engine stretches as processes outnumber cores
+(:meth:`~ddpbench.calibration.machine.Machine.compute_contention`).
 """
 
 from __future__ import annotations
@@ -65,6 +73,25 @@ def _trimmed_mean(times: list[float]) -> float:
     return statistics.fmean(kept)
 
 
+HANDOFF_SLEEP_S = 2e-4
+"""The sleep before each timed hand-off (a layer's compute, as the trainer emulates it)."""
+
+
+def _handoff(eng: Any, loops: int) -> list[float]:
+    """Return ``loops`` times of (sleep, empty engine call, wait) less the sleep asked."""
+    times = []
+    for _ in range(loops):
+        t0 = time.perf_counter()
+        time.sleep(HANDOFF_SLEEP_S)
+        eng.call(_noop).wait()
+        times.append(time.perf_counter() - t0 - HANDOFF_SLEEP_S)
+    return times
+
+
+def _noop() -> None:
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ring steps on this rank; return the exit code."""
     p = argparse.ArgumentParser(prog="python -m ddpbench.calibration.ringstep")
@@ -74,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from mpi4py import MPI
 
-    from ddpbench.comm import engine  # noqa: PLC0415 - MPI starts here, not at import
+    from ddpbench.comm import engine, precise_timers  # noqa: PLC0415 - MPI starts here
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -101,23 +128,27 @@ def main(argv: list[str] | None = None) -> int:
             times.append(time.perf_counter() - t0)
         return times
 
+    precise_timers()  # the main thread sleeps as the trainer's worker does
     comm.Barrier()
     for style in STYLES:
         run(style, 30)  # warm-up steps
+    _handoff(eng, 30)
     # Blocks of the two styles alternate, so that drift of a shared machine during the job
     # falls on both alike; each block gives the median over ranks of the ranks' trimmed
     # means, and the job the median over its blocks.
-    blocks: dict[str, list[float]] = {s: [] for s in STYLES}
+    blocks: dict[str, list[float]] = {s: [] for s in (*STYLES, "handoff")}
     for _ in range(max(1, args.blocks)):
-        for style in STYLES:
+        for style in (*STYLES, "handoff"):
             comm.Barrier()
-            means = comm.gather(_trimmed_mean(run(style, args.steps)), root=0)
+            times = _handoff(eng, args.steps) if style == "handoff" else run(style, args.steps)
+            means = comm.gather(_trimmed_mean(times), root=0)
             if means is not None:
                 blocks[style].append(statistics.median(means))
     if rank == 0:
         Path(args.out).write_text(json.dumps({
             "processes": size,
-            "step_us": {s: statistics.median(v) * 1e6 for s, v in blocks.items()},
+            "step_us": {s: statistics.median(blocks[s]) * 1e6 for s in STYLES},
+            "handoff_us": statistics.median(blocks["handoff"]) * 1e6,
             "blocks_us": {s: [round(x * 1e6, 2) for x in v] for s, v in blocks.items()}}))
     return 0
 

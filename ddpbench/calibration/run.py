@@ -7,7 +7,8 @@ Steps (each a tick of the progress bar):
    the half round trip at 0 bytes, bandwidth the least-squares slope over the three
    largest sizes (256 KiB to 32 MiB).
 2. Ring steps through an engine thread at 2 to 8 processes (:mod:`.ringstep`): how much a
-   message's software cost stretches as processes outnumber cores.
+   message's software cost stretches as processes outnumber cores; in the same jobs, a
+   sleep and a hand-off to an idle engine (how compute beside an idle engine stretches).
 3. Copy and summation throughput of NumPy on 64 MiB float32 arrays (one core).
 4. Compute emulation: one ``time.sleep`` per layer and pass is what the trainer's worker
    does (:mod:`ddpbench.experiments.throughput.worker`); the median time of calls of 0.05
@@ -127,23 +128,28 @@ def pingpong(timeout_s: float = 120.0) -> dict[str, Any]:
 
 def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5
                ) -> dict[str, dict[int, float]]:
-    """Return style -> process count -> ring step time, microseconds (:mod:`.ringstep`).
+    """Return style -> process count -> ring step time, microseconds (:mod:`.ringstep`),
+    and under ``"handoff"`` process count -> hand-off time beside idle engines.
 
     One job per count measures both styles in ``repeats`` alternating blocks and keeps each
     style's median block: with more processes than cores the time depends on how the
     scheduler happens to interleave them, and one job per count (rather than one per
-    repeat) also spares the launches. Counts up to the cores run twice (first and last);
-    the faster run is kept.
+    repeat) also spares the launches. Counts up to the cores run three times (first, in
+    the middle and last); the fastest run is kept.
     """
     from ddpbench.calibration.ringstep import STYLES
 
-    out: dict[str, dict[int, float]] = {s: {} for s in STYLES}
-    # A count within the cores runs again at the end and keeps its faster run: there the
-    # step is the uncontended one (the law's s0), and a slow run is interference from
-    # outside the job (a first job after another has sometimes measured 4x).
+    out: dict[str, dict[int, float]] = {s: {} for s in (*STYLES, "handoff")}
+    # A count within the cores runs again in the middle and at the end and keeps its
+    # fastest run: there the step is the uncontended one (the law's s0), and a slow run is
+    # interference from outside the job (a first job after another has sometimes measured
+    # 4x; in one calibration the first and the last run at 2 processes both measured 2.7x
+    # blocking and 3.9x polled, the VM's slow phase lasting seconds).
     within = [n for n in counts if n <= _cores()]
+    mid = len(counts) // 2
+    order = [*counts[:mid], *within, *counts[mid:], *within]
     with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
-        for i, n in enumerate([*counts, *within]):
+        for i, n in enumerate(order):
             path = Path(tmp) / f"ringstep-{n}-{i}.json"
             cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(n),
                    "--timeout", str(timeout_s), "--", sys.executable, "-m",
@@ -154,9 +160,9 @@ def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5
                 tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
                 raise RuntimeError(f"ring steps at {n} processes failed "
                                    f"(exit {proc.returncode}): {tail}")
-            step = json.loads(path.read_text())["step_us"]
-            for style in STYLES:
-                value = round(float(step[style]), 2)
+            data = json.loads(path.read_text())
+            for style, us in (*data["step_us"].items(), ("handoff", data["handoff_us"])):
+                value = round(float(us), 2)
                 out[style][n] = min(value, out[style].get(n, value))
     return out
 
@@ -418,6 +424,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
     pp = pingpong(timeout_s)
     tick("ring steps")
     steps = ring_steps(sorted(set(step_processes)), timeout_s, step_repeats)
+    handoff = steps.pop("handoff")
     tick("copy and sum")
     cs = copy_and_sum()
     tick("compute")
@@ -480,6 +487,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         bandwidth_gbps=round(pp["bandwidth_gbps"], 3), copy_gbps=round(cs["copy_gbps"], 2),
         sum_gbps=round(cs["sum_gbps"], 2), compute_rate=round(comp["rate"], 5),
         compute_overhead_us=round(comp["overhead_us"], 2), ring_step_us=steps,
+        handoff_us=handoff,
         backends=fits,
         measurements={"pingpong": {k: pp[k] for k in ("sizes_bytes", "half_round_trip_us")},
                       "compute": {k: (round(v, 3) if isinstance(v, float) else v)

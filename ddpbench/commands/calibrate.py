@@ -131,6 +131,11 @@ def fitted_values(machine: Any) -> dict[str, float]:
         s0, k = (machine.step_us(style, machine.cores),
                  machine.step_us(style, machine.cores + 1) - machine.step_us(style, machine.cores))
         out[f"ring_step.{style}.s0_us"], out[f"ring_step.{style}.k_us"] = s0, k
+    from ddpbench.calibration.machine import contention_law
+
+    if machine.handoff_us is not None:
+        s0, k = contention_law(machine.handoff_us, machine.cores)
+        out["handoff.s0_us"], out["handoff.k_us"] = s0, k
     for name, fit in machine.backends.items():
         for field in ("per_message_us", "bandwidth_gbps", "compute_factor"):
             out[f"{name}.{field}"] = getattr(fit, field)

@@ -26,6 +26,7 @@ def test_calibrate_writes_a_profile_whose_fits_reproduce_its_runs(tmp_path):
     assert set(m.backends) == {"mpi", "kvstore"} and m.workers == 2 and m.servers == 2
     assert set(m.ring_step_us) == {"blocking", "polled"}
     assert all(set(t) == {2, 3} for t in m.ring_step_us.values())
+    assert m.handoff_us is not None and set(m.handoff_us) == {2, 3}
     assert yaml.safe_load(out.read_text())["kind"] == "ddpbench-machine"
     for name, fit in m.backends.items():
         # Each fitted constant reproduces its own measurement through the simulator

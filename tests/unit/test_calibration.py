@@ -43,6 +43,8 @@ def machine(**changes):
     ({"set": ("backends", {"gloo": {"per_message_us": 1.0, "bandwidth_gbps": 1.0}})},
      "unknown backend(s) ['gloo']"),
     ({"set": ("ring_step_us", {"blocking": {1: 3.0}})}, "process counts >= 2"),
+    ({"set": ("handoff_us", {2: -1.0})}, "field 'handoff_us': Value error, handoff: expected"),
+    ({"set": ("handoff_us", {})}, "field 'handoff_us': Value error, handoff: expected"),
 ])
 def test_bad_profile_names_the_field(change, message):
     data = copy.deepcopy(BASE)
@@ -112,6 +114,29 @@ def test_adjust_at_the_calibration_and_beyond():
                      latency_us=20.0)
     assert paced["bandwidth_gbps"] == 1.0 and paced["latency_us"] == 22.0
     assert paced["per_message_us"] == 150.0
+
+
+def test_blocking_compute_stretches_by_the_handoffs_beside_idle_engines():
+    """``mpi``'s and ``horovod``'s engines sit idle between calls: their compute excess
+    stretches by the hand-off law; the polled backends' keeps the ring step's; a profile
+    without hand-offs stretches every style's by the ring step."""
+    m = machine(handoff_us={2: 100.0, 3: 110.0, 4: 130.0, 6: 180.0})
+    # on 2 cores: s0 = 100; (1, 10), (1, 30), (2, 80) -> k = (10 + 30 + 160) / 6
+    k = 200 / 6
+    assert m.compute_contention("blocking", 4, calibration_processes=2) == pytest.approx(
+        (100 + k) / 100)
+    assert m.compute_contention("blocking", 2, calibration_processes=2) == 1.0
+    assert m.compute_contention("polled", 6, calibration_processes=4) == pytest.approx(
+        m.contention("polled", 6, calibration_processes=4))
+    assert machine().compute_contention("blocking", 4, calibration_processes=2) == 3.0
+    more = M.adjust(m, "mpi", workers=3, servers=0, paced=False, bandwidth_gbps=1.0,
+                    latency_us=20.0)
+    assert more["compute_rate"] == pytest.approx(1 + 0.5 * (100 + k) / 100)
+    assert more["per_message_us"] == pytest.approx(15 * 3.0)  # still the ring step's
+    kv = M.adjust(m, "kvstore", workers=3, servers=3, paced=False, bandwidth_gbps=1.0,
+                  latency_us=20.0)
+    assert kv["compute_rate"] == pytest.approx(
+        1 + 1.0 * m.contention("polled", 6, calibration_processes=4))
 
 
 def _profile(tmp_path, layers):

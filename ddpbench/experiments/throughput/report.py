@@ -676,7 +676,10 @@ def _calibration_section(doc: Document, pairs: Any) -> None:
                  f"{m.compute_overhead_us:.0f} us. A 1 KiB ring step through the engine "
                  "thread takes " + "; ".join(
                      f"{style}: " + ", ".join(f"{v:.0f} us at {k}" for k, v in t.items())
-                     for style, t in m.ring_step_us.items()) + " processes.")
+                     for style, t in m.ring_step_us.items()) + " processes." + (
+                 "" if m.handoff_us is None else " A 0.2 ms sleep and a call handed to an "
+                 "idle engine take beyond the sleep " + ", ".join(
+                     f"{v:.0f} us at {k}" for k, v in m.handoff_us.items()) + " processes."))
         rows = [{"backend": b, "per_message_us": f.per_message_us,
                  "bandwidth_gbps": (f"{f.bandwidth_gbps:,.2f} (shared)" if f.bandwidth_shared
                                     else f.bandwidth_gbps if f.bandwidth_fitted
