@@ -14,7 +14,9 @@ The same job also times a hand-off with the engines idle (:func:`_handoff`): eac
 thread sleeps 0.2 ms, as the trainer's compute emulation does, then has its engine run an
 empty call and waits for it, while no engine has anything in flight, as the ``mpi`` and
 ``horovod`` engines sit between their calls (on a condition variable, or asleep until the
-next cycle). Its mean excess over the sleep is written as ``handoff_us``: how a worker's
+next cycle), in blocks of their own after the ring steps' (interleaved with them, the hand-off
+blocks slowed the steps at 2 processes 3-4x: 65-92 against 22-23 us blocking, measured in
+alternating jobs). Its mean excess over the sleep is written as ``handoff_us``: how a worker's
 compute beside an idle engine stretches as processes outnumber cores
 (:meth:`~ddpbench.calibration.machine.Machine.compute_contention`).
 """
@@ -132,18 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     comm.Barrier()
     for style in STYLES:
         run(style, 30)  # warm-up steps
-    _handoff(eng, 30)
     # Blocks of the two styles alternate, so that drift of a shared machine during the job
     # falls on both alike; each block gives the median over ranks of the ranks' trimmed
     # means, and the job the median over its blocks.
     blocks: dict[str, list[float]] = {s: [] for s in (*STYLES, "handoff")}
     for _ in range(max(1, args.blocks)):
-        for style in (*STYLES, "handoff"):
+        for style in STYLES:
             comm.Barrier()
-            times = _handoff(eng, args.steps) if style == "handoff" else run(style, args.steps)
-            means = comm.gather(_trimmed_mean(times), root=0)
+            means = comm.gather(_trimmed_mean(run(style, args.steps)), root=0)
             if means is not None:
                 blocks[style].append(statistics.median(means))
+    for _ in range(max(1, args.blocks)):
+        comm.Barrier()
+        means = comm.gather(_trimmed_mean(_handoff(eng, args.steps)), root=0)
+        if means is not None:
+            blocks["handoff"].append(statistics.median(means))
     if rank == 0:
         Path(args.out).write_text(json.dumps({
             "processes": size,
