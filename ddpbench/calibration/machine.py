@@ -190,8 +190,7 @@ class Machine(_Strict):
         except KeyError:
             raise ValueError(f"machine profile has no ring steps of style {style!r} (it has: "
                              f"{sorted(self.ring_step_us)})") from None
-        s0, k = contention_law(table, self.cores)
-        return s0 + k * _sharers(processes, self.cores)
+        return _law_at(table, self.cores, processes)
 
     def contention(self, style: str, processes: int, *, calibration_processes: int) -> float:
         """Return the factor on software costs at ``processes`` against the calibration's:
@@ -206,9 +205,8 @@ class Machine(_Strict):
         engines (``handoff_us``, by the law of :meth:`step_us`), else :meth:`contention`."""
         if style != "blocking" or self.handoff_us is None:
             return self.contention(style, processes, calibration_processes=calibration_processes)
-        s0, k = contention_law(self.handoff_us, self.cores)
-        ratio = ((s0 + k * _sharers(processes, self.cores))
-                 / (s0 + k * _sharers(calibration_processes, self.cores)))
+        ratio = (_law_at(self.handoff_us, self.cores, processes)
+                 / _law_at(self.handoff_us, self.cores, calibration_processes))
         return _bounded(ratio, processes, calibration_processes)
 
 
@@ -225,6 +223,12 @@ def _check_table(table: dict[int, float], name: str) -> dict[int, float]:
             raise ValueError(f"{name}: expected process counts >= 2 mapped to "
                              f"times > 0, got {k}: {v}")
     return table
+
+
+def _law_at(table: dict[int, float], cores: int, processes: int) -> float:
+    """Return the law through ``table`` (:func:`contention_law`) at ``processes``."""
+    s0, k = contention_law(table, cores)
+    return s0 + k * _sharers(processes, cores)
 
 
 def _sharers(processes: int, cores: int) -> int:
