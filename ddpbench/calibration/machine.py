@@ -31,8 +31,9 @@ How a simulated point uses a profile (:func:`adjust`):
   the hand-off times beside idle engines instead (``handoff_us``, the same law;
   :meth:`Machine.compute_contention`). The ring step keeps every engine busy, which a worker
   computing beside an idle engine does not see: with it, ``horovod`` at 3 and 4 workers on 2
-  cores ran 0.72-0.85x the simulated time in all of ten real_local runs. The polled style's
-  engines poll between messages as the ring step's do, so theirs keeps the ring step.
+  cores ran 0.72-0.99x the simulated time, below 1 in all of ten real_local runs. The
+  polled style's engines poll between messages as the ring step's do, so theirs keeps the
+  ring step.
 """
 
 from __future__ import annotations
