@@ -568,7 +568,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "device": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
     "server_update_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
-    "priority": True, "precision": "fp32",
+    "priority": True, "precision": "fp32", "bind": "none",
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed

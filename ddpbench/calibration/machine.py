@@ -118,6 +118,9 @@ class Machine(_Strict):
             polls, as ``collective`` and the parameter-server backends do) -> process count
             -> median time of one 1 KiB ring step made through an engine thread
             (:mod:`ddpbench.calibration.ringstep`), microseconds.
+        bind: how the calibration's ranks were placed on cores (``ddpbench launch --bind``):
+            "core" (one core each, round robin) or "none" (the OS's choice; profiles written
+            before it was recorded). A real run compared with this profile must use the same.
         handoff_us: process count -> mean time a 0.2 ms sleep and an empty call handed to an
             idle engine take beyond the sleep, all ranks alike (:mod:`.ringstep`),
             microseconds; None in profiles written before it was measured (then the
@@ -140,6 +143,7 @@ class Machine(_Strict):
     compute_overhead_us: float = Field(ge=0, allow_inf_nan=False)
     ring_step_us: dict[Literal["blocking", "polled"], dict[int, float]]
     handoff_us: dict[int, float] | None = None
+    bind: Literal["none", "core"] = "none"
     backends: dict[str, BackendFit]
     measurements: dict[str, Any] = Field(default_factory=dict)
 

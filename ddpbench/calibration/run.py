@@ -108,12 +108,14 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def pingpong(timeout_s: float = 120.0) -> dict[str, Any]:
-    """Return the ping-pong sizes, half round trips, and the fitted latency and bandwidth."""
+def pingpong(timeout_s: float = 120.0, bind: str = "none") -> dict[str, Any]:
+    """Return the ping-pong sizes, half round trips, and the fitted latency and bandwidth
+    (ranks placed by ``bind``, as ``ddpbench launch --bind``)."""
     with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
         out = Path(tmp) / "pingpong.json"
         cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", "2", "--timeout",
-               str(timeout_s), "--", sys.executable, "-m", "ddpbench.calibration.pingpong",
+               str(timeout_s), "--bind", bind, "--", sys.executable, "-m",
+               "ddpbench.calibration.pingpong",
                "--out", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 30)
         if proc.returncode != 0 or not out.exists():
@@ -126,8 +128,8 @@ def pingpong(timeout_s: float = 120.0) -> dict[str, Any]:
             "latency_us": secs[0] * 1e6, "bandwidth_gbps": 8e-9 / slope}
 
 
-def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5
-               ) -> dict[str, dict[int, float]]:
+def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5,
+               bind: str = "none") -> dict[str, dict[int, float]]:
     """Return style -> process count -> ring step time, microseconds (:mod:`.ringstep`),
     and under ``"handoff"`` process count -> hand-off time beside idle engines.
 
@@ -152,7 +154,7 @@ def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5
         for i, n in enumerate(order):
             path = Path(tmp) / f"ringstep-{n}-{i}.json"
             cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(n),
-                   "--timeout", str(timeout_s), "--", sys.executable, "-m",
+                   "--timeout", str(timeout_s), "--bind", bind, "--", sys.executable, "-m",
                    "ddpbench.calibration.ringstep", "--blocks", str(repeats), "--out",
                    str(path)]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 30)
@@ -222,9 +224,10 @@ def compute_rule(workload: str, compute_scale: float, size_scale: float,
 
 def real_iteration(backend: str, profile: Path | str, workers: int, servers: int,
                    iterations: int, timeout_s: float, compute_scale: float = 1.0,
-                   size_scale: float = 1.0, knobs: dict[str, Any] | None = None) -> list[float]:
+                   size_scale: float = 1.0, knobs: dict[str, Any] | None = None,
+                   bind: str = "none") -> list[float]:
     """Return a real run's timed iteration times (seconds) of ``profile`` with ``backend``
-    (and its ``knobs``)."""
+    (and its ``knobs``), its ranks placed by ``bind``."""
     from ddpbench.experiments.throughput.points import run_point
 
     row = run_point({"mode": "real", "backend": backend, "workload": str(profile),
@@ -232,7 +235,7 @@ def real_iteration(backend: str, profile: Path | str, workers: int, servers: int
                      "servers": servers if servers != workers else "colocated",
                      "iterations": iterations, "warmup": 3, "compute_scale": compute_scale,
                      "size_scale": size_scale, "compute": "sleep", "timeout_s": timeout_s,
-                     **(knobs or {})})
+                     "bind": bind, **(knobs or {})})
     return [float(x) for x in row["samples_s"]]
 
 
@@ -372,7 +375,8 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
               workload: str = "resnet50", compute_scale: float = 0.05,
               size_scale: float = 0.01, iterations: int = 20, timeout_s: float = 120.0,
               step_processes: Sequence[int] = STEP_PROCESSES, step_repeats: int = 5,
-              rounds: int = 2, progress: Callable[[str], None] | None = None) -> Machine:
+              rounds: int = 2, bind: str = "none",
+              progress: Callable[[str], None] | None = None) -> Machine:
     """Measure this machine and return its fitted :class:`Machine` (steps: module doc).
 
     Args:
@@ -390,6 +394,8 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
             launch's median iteration time is taken and the smallest of them kept, so that
             a launch that lands in a slow phase of a shared machine does not move the fit
             (pooling the launches' samples moved it by up to 1.9x between two runs).
+        bind: how every job's ranks are placed on cores (``ddpbench launch --bind``); the
+            profile records it, and a real run compared with it must use the same.
         progress: called with each step's name before it runs.
 
     Raises:
@@ -418,12 +424,16 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         raise ValueError(f"step_repeats: expected >= 1, got {step_repeats}")
     if rounds < 1:
         raise ValueError(f"rounds: expected >= 1, got {rounds}")
+    from ddpbench.launch import BINDINGS
+
+    if bind not in BINDINGS:
+        raise ValueError(f"bind: expected one of {', '.join(BINDINGS)}, got {bind!r}")
     tick = progress or (lambda _step: None)
     cores = _cores()
     tick("ping-pong")
-    pp = pingpong(timeout_s)
+    pp = pingpong(timeout_s, bind)
     tick("ring steps")
-    steps = ring_steps(sorted(set(step_processes)), timeout_s, step_repeats)
+    steps = ring_steps(sorted(set(step_processes)), timeout_s, step_repeats, bind)
     handoff = steps.pop("handoff")
     tick("copy and sum")
     cs = copy_and_sum()
@@ -447,11 +457,11 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
                     tick(f"{b} {name}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
                     samples[b][name].append(real_iteration(
                         b, paths[name], workers, s, 2 * iterations, timeout_s,
-                        knobs=SYNTHETIC_KNOBS.get(b, {}).get(name)))
+                        knobs=SYNTHETIC_KNOBS.get(b, {}).get(name), bind=bind))
                 tick(f"{b} {workload}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
                 samples[b][workload].append(real_iteration(
                     b, workload, workers, s, iterations + iterations // 2, timeout_s,
-                    compute_scale, size_scale))
+                    compute_scale, size_scale, bind=bind))
         measured = {b: {name: min(statistics.median(launch) for launch in v)
                         for name, v in samples[b].items()} for b in backends}
         for b in backends:
@@ -487,7 +497,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         bandwidth_gbps=round(pp["bandwidth_gbps"], 3), copy_gbps=round(cs["copy_gbps"], 2),
         sum_gbps=round(cs["sum_gbps"], 2), compute_rate=round(comp["rate"], 5),
         compute_overhead_us=round(comp["overhead_us"], 2), ring_step_us=steps,
-        handoff_us=handoff,
+        handoff_us=handoff, bind=bind,
         backends=fits,
         measurements={"pingpong": {k: pp[k] for k in ("sizes_bytes", "half_round_trip_us")},
                       "compute": {k: (round(v, 3) if isinstance(v, float) else v)

@@ -38,6 +38,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="launches of each backend's runs, interleaved across backends; "
                              "their iteration times are pooled (default 2)")
+    parser.add_argument("--bind", choices=("none", "core"), default="none",
+                        help="how every job's ranks are placed: none (the OS's choice; "
+                             "default, as real runs' default) or core (one core each, round "
+                             "robin); recorded in the profile, and real runs compared with "
+                             "it must use the same (real: {bind: ...})")
     parser.add_argument("--compare", metavar="PROFILE", default=None,
                         help="an earlier profile: print each fitted value's change against it")
 
@@ -96,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
                             size_scale=args.size_scale, iterations=args.iterations,
                             timeout_s=args.timeout, step_processes=counts,
                             step_repeats=args.step_repeats, rounds=args.rounds,
-                            progress=tick)
+                            bind=args.bind, progress=tick)
     except ValueError as err:
         close_bar()
         raise UsageError(str(err)) from None

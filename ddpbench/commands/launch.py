@@ -17,6 +17,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exit-grace", type=float, default=None, metavar="S",
                         help="once a rank has ended cleanly, end the job if the others have "
                              "not ended within S seconds (default 10)")
+    parser.add_argument("--bind", choices=("none", "core"), default="none",
+                        help="none: the OS places the ranks (default, as MPICH and Horovod "
+                             "do); core: each rank on one core, round robin (mpiexec "
+                             "-bind-to core)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                         help="the program to run on every rank")
 
@@ -31,6 +35,6 @@ def main(args: argparse.Namespace) -> int:
 
         grace = DEFAULT_EXIT_GRACE_S if args.exit_grace is None else args.exit_grace
         return launch(cmd, args.workers, args.servers, hostfile=args.hostfile,
-                      timeout=args.timeout, exit_grace=grace)
+                      timeout=args.timeout, exit_grace=grace, bind=args.bind)
     except ValueError as err:
         raise UsageError(str(err)) from None

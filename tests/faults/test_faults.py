@@ -174,3 +174,37 @@ def test_results_under_a_file_size_limit_lose_no_written_row(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     with open(out / "results.csv", newline="") as f:
         assert len(list(csv.DictReader(f))) == 6
+
+
+AFFINITY = """\
+    import json, os, sys
+    from mpi4py import MPI
+    rank = MPI.COMM_WORLD.rank
+    print(json.dumps([rank, sorted(os.sched_getaffinity(0))]), flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_bind_core_puts_each_rank_on_one_core_round_robin(tmp_path):
+    import json
+
+    ours = os.sched_getaffinity(0)
+    proc, _ = launch(tmp_path, AFFINITY, "--bind", "core", n=3)
+    assert proc.returncode == 0, proc.stderr
+    got = dict(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+    sets = [set(got[r]) for r in range(3)]
+    width = len(sets[0])  # the processing units of one core (2 with hyper-threads)
+    cores = len(ours) // width
+    assert all(s <= ours and len(s) == width for s in sets)
+    for r in range(3):
+        for s in range(r + 1, 3):
+            same = (s - r) % cores == 0
+            assert (sets[r] == sets[s]) if same else not (sets[r] & sets[s]), (r, s, sets)
+    proc, _ = launch(tmp_path, AFFINITY, n=2)  # the default leaves placement to the OS
+    assert proc.returncode == 0, proc.stderr
+    assert all(set(json.loads(line)[1]) == ours
+               for line in proc.stdout.splitlines() if line.startswith("["))
+    with pytest.raises(ValueError, match="bind must be one of none, core, got 'socket'"):
+        from ddpbench.launch import launch as run_job
+
+        run_job([sys.executable, "-c", "pass"], 1, bind="socket")

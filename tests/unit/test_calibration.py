@@ -45,6 +45,7 @@ def machine(**changes):
     ({"set": ("ring_step_us", {"blocking": {1: 3.0}})}, "process counts >= 2"),
     ({"set": ("handoff_us", {2: -1.0})}, "field 'handoff_us': Value error, handoff: expected"),
     ({"set": ("handoff_us", {})}, "field 'handoff_us': Value error, handoff: expected"),
+    ({"set": ("bind", "socket")}, "field 'bind': Input should be 'none' or 'core'"),
 ])
 def test_bad_profile_names_the_field(change, message):
     data = copy.deepcopy(BASE)
@@ -349,3 +350,36 @@ def test_precise_timers_sets_the_calling_threads_timer_slack_to_1us() -> None:
     t.start()
     t.join()
     assert got == [1000]
+
+
+def test_real_runs_must_bind_ranks_as_the_calibration_did(tmp_path):
+    from ddpbench.experiments.schema import load_experiment
+
+    assert machine().bind == "none"  # a profile written before the field: the OS placed them
+    machine().save(tmp_path / "none.yaml")
+    machine(bind="core").save(tmp_path / "core.yaml")
+    text = ("name: x\nmode: both\nworkloads: [resnet50]\nworkers: 2\nmachine: none.yaml\n"
+            "backends: [mpi]\n")
+    (tmp_path / "x.yaml").write_text(text)
+    assert load_experiment(tmp_path / "x.yaml").spec.real.bind == "none"  # the default
+    (tmp_path / "x.yaml").write_text(text.replace("none.yaml", "core.yaml"))
+    with pytest.raises(ValueError, match=r"x.yaml:5: .*calibrated with bind: core, but this "
+                                         r"experiment's real runs use bind: none"):
+        load_experiment(tmp_path / "x.yaml")
+    (tmp_path / "x.yaml").write_text(text.replace("none.yaml", "core.yaml")
+                                     + "real: {bind: core}\n")
+    assert load_experiment(tmp_path / "x.yaml").spec.real.bind == "core"
+    # A simulated-only experiment runs nothing real: any profile will do.
+    (tmp_path / "x.yaml").write_text(text.replace("mode: both", "mode: simulate")
+                                     .replace("none.yaml", "core.yaml"))
+    load_experiment(tmp_path / "x.yaml")
+
+
+def test_a_real_point_is_keyed_on_its_binding_unless_it_is_the_os_default():
+    from ddpbench.experiments.throughput.points import key_params
+
+    base = {"mode": "real", "backend": "mpi", "workload": "resnet50", "workers": 2,
+            "compute": "sleep", "timeout_s": 300.0}
+    # Rows run before the field existed were placed by the OS: they stay valid at "none".
+    assert "bind" not in key_params({**base, "bind": "none"})
+    assert key_params({**base, "bind": "core"})["bind"] == "core"

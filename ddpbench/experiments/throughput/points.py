@@ -33,7 +33,7 @@ _NAME_DEFAULTS = {
     **{k: f.default for k, f in contract.Cluster.model_fields.items()
        if k not in ("workers", "hosts", "servers", "bandwidth_gbps", "latency_us")},
 }
-_REAL_KEYS = ("compute", "timeout_s")
+_REAL_KEYS = ("compute", "timeout_s", "bind")
 
 
 def _grid(axes: dict[str, tuple[Any, ...]], groups: Sequence[Sequence[str]]) -> list[dict]:
@@ -246,7 +246,8 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
             "--out", str(out),
         ]
         cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(workers),
-               "--servers", str(servers), "--timeout", repr(timeout), "--", *worker_cmd]
+               "--servers", str(servers), "--timeout", repr(timeout),
+               "--bind", str(params.get("bind", "none")), "--", *worker_cmd]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
         except subprocess.TimeoutExpired:

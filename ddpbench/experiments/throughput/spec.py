@@ -49,6 +49,10 @@ class RealOptions(Frozen):
 
     compute: Literal["sleep", "spin"] = "sleep"
     timeout_s: float = Field(300.0, gt=0)
+    bind: Literal["none", "core"] = Field(
+        "none", description="none: the OS places the ranks (as MPICH and Horovod do); core: "
+        "each rank on one core, round robin (`ddpbench launch --bind core`), so that the "
+        "scheduler cannot move a rank onto a core another rank of the job is using")
 
 
 class GanttOptions(Frozen):
@@ -284,6 +288,12 @@ def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
                          f"for backend(s) {missing} (it has: {sorted(profile.backends)}); "
                          f"calibrate them: ddpbench calibrate --backends "
                          f"{','.join(spec.backends)} -o {m}")
+        if spec.mode != "simulate" and profile.bind != spec.real.bind:
+            # The simulated twin of a real point must describe the same placement of ranks.
+            raise err_at(file, raw, where_of(i), f"machine profile {m!r} was calibrated with "
+                         f"bind: {profile.bind}, but this experiment's real runs use bind: "
+                         f"{spec.real.bind}; calibrate with `ddpbench calibrate --bind "
+                         f"{spec.real.bind} -o {m}` or set real: {{bind: {profile.bind}}}")
         machines.append(_from_cwd(path))
     if tuple(machines) != spec.machine:
         spec = spec.model_copy(update={"machine": tuple(machines)})
