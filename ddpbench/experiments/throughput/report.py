@@ -669,7 +669,8 @@ def _calibration_section(doc: Document, pairs: Any) -> None:
     doc.bullets(lines)
     for path, m in profiles:
         doc.heading(f"Machine profile {path}", level=3)
-        doc.text(f"Measured by `ddpbench calibrate -n {m.workers}` on {m.host} at "
+        bind = "" if m.bind == "none" else f" --bind {m.bind}"
+        doc.text(f"Measured by `ddpbench calibrate -n {m.workers}{bind}` on {m.host} at "
                  f"{m.measured_at} ({m.cores} cores): MPI latency {m.latency_us:.1f} us, "
                  f"bandwidth {m.bandwidth_gbps:.1f} Gbit/s; NumPy copy {m.copy_gbps:.0f} and "
                  f"sum {m.sum_gbps:.0f} Gbit/s; one sleep of t takes {m.compute_rate:.3f} t + "
