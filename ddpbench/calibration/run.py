@@ -23,9 +23,11 @@ Steps (each a tick of the progress bar):
    counts them: alternating one-dimensional solves (bisection; the simulated time grows
    with the per-message cost and falls with bandwidth) until both workloads' simulated
    iteration times equal the measured times (each run is launched ``rounds`` times, every
-   backend once per round; the measured time is the smallest of the launches' median
-   iteration times: this machine has phases of seconds in which everything runs up to
-   2.4x slower, and a launch that lands in one says nothing about the backend). When bytes
+   backend once per round; the measured time is the smallest of the launches' lower
+   quartiles of their iteration times, :func:`~ddpbench.calibration.machine.launch_time`:
+   this machine has phases of seconds in which everything runs up to 2.4x slower, which
+   only ever add time, and a launch, or the part of one, that lands in one says nothing
+   about the backend). When bytes
    take under a tenth of the large run (``p3``'s slices: it is all message costs) no
    bandwidth can be told from infinite: the ping-pong's is kept (``bandwidth_fitted:
    false``). ``horovod``'s small run is unfused (:data:`SYNTHETIC_KNOBS`). Then the
@@ -54,7 +56,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ddpbench.calibration.machine import KIND, BackendFit, Machine
+from ddpbench.calibration.machine import KIND, BackendFit, Machine, launch_time
 
 __all__ = ["SYNTHETIC", "SYNTHETIC_KNOBS", "calibrate", "fit_backend", "shared_bandwidth",
            "synthetic_profile"]
@@ -289,7 +291,7 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
 
     Args:
         backend: the backend.
-        small: (profile path, measured median seconds) of the many-small-tensors workload.
+        small: (profile path, measured seconds) of the many-small-tensors workload.
         large: the same for the few-large-tensors workload.
         workers: worker processes of the runs.
         servers: server processes of the runs (0 for allreduce backends).
@@ -298,7 +300,7 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
             when the large run cannot pin one down (``BackendFit.bandwidth_fitted``).
         cores: the machine's cores.
         rounds: alternations of the two solves.
-        workload: (profile, measured median seconds, (compute rate, overhead us), schedule
+        workload: (profile, measured seconds, (compute rate, overhead us), schedule
             keywords) of the workload's own run with compute: fits ``compute_factor``.
         shared_bandwidth: a bandwidth fitted jointly with other backends
             (:func:`shared_bandwidth`): kept as it is, and only the per-message cost (and
@@ -391,9 +393,12 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         step_processes: process counts of the ring-step measurement (at least one).
         step_repeats: blocks per style and count (the median is kept).
         rounds: launches of each backend's runs, every backend once per round; each
-            launch's median iteration time is taken and the smallest of them kept, so that
-            a launch that lands in a slow phase of a shared machine does not move the fit
-            (pooling the launches' samples moved it by up to 1.9x between two runs).
+            launch's lower quartile of its iteration times is taken
+            (:func:`~ddpbench.calibration.machine.launch_time`) and the smallest of them
+            kept, so that a launch that lands in a slow phase of a shared machine does not
+            move the fit (pooling the launches' samples moved it by up to 1.9x between two
+            runs; each launch's median instead of its lower quartile moved the
+            parameter-server backends' compute factors by up to 1.35x).
         bind: how every job's ranks are placed on cores (``ddpbench launch --bind``); the
             profile records it, and a real run compared with it must use the same.
         progress: called with each step's name before it runs.
@@ -462,7 +467,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
                 samples[b][workload].append(real_iteration(
                     b, workload, workers, s, iterations + iterations // 2, timeout_s,
                     compute_scale, size_scale, bind=bind))
-        measured = {b: {name: min(statistics.median(launch) for launch in v)
+        measured = {b: {name: min(launch_time(launch) for launch in v)
                         for name, v in samples[b].items()} for b in backends}
         for b in backends:
             runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]

@@ -383,3 +383,11 @@ def test_a_real_point_is_keyed_on_its_binding_unless_it_is_the_os_default():
     # Rows run before the field existed were placed by the OS: they stay valid at "none".
     assert "bind" not in key_params({**base, "bind": "none"})
     assert key_params({**base, "bind": "core"})["bind"] == "core"
+
+
+def test_a_launch_stands_for_its_lower_quartile():
+    assert M.launch_time([4.0, 1.0, 3.0, 2.0]) == 2.0  # index 4 // 4 = 1 of 1, 2, 3, 4
+    assert M.launch_time([5.0]) == 5.0
+    assert M.launch_time([float(x) for x in range(40, 0, -1)]) == 11.0  # index 10
+    with pytest.raises(ValueError, match="no iteration times"):
+        M.launch_time([])

@@ -59,13 +59,18 @@ def _num(value: Any) -> Any:
 
 def _prepare(df: Any, aggregate: str = "median") -> Any:
     """Return the ok rows with a ``variant`` column, one per point: the median over its
-    repetitions (a real run stretched by a busy machine does not move it), or with
-    ``aggregate="fastest"`` the repetition with the shortest iteration time."""
+    repetitions (a real run stretched by a busy machine does not move it), with
+    ``aggregate="fastest"`` the repetition with the shortest iteration time, or with
+    ``aggregate="quartile"`` the smallest of the real repetitions' lower quartiles of their
+    iteration times (:func:`~ddpbench.calibration.machine.launch_time`, what ``ddpbench
+    calibrate`` fits; simulated rows keep their iteration time)."""
     import pandas as pd
 
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
         return ok
+    if aggregate == "quartile" and "samples_s" in ok.columns:
+        ok = _real_quartiles(ok)
     # Rows made before a field existed lack its column: they ran at its neutral value.
     for col, neutral in contract.NEUTRAL_AT_DEFAULT.items():
         if col in ok.columns and neutral is not None:
@@ -78,7 +83,7 @@ def _prepare(df: Any, aggregate: str = "median") -> Any:
     keys = ["mode", "variant", "backend", "workload",
             *[a for a in POINT_AXES if a in ok.columns]]
     ok["servers"] = ok["servers"].astype(str)
-    fastest = aggregate == "fastest"
+    fastest = aggregate in ("fastest", "quartile")
     agg = ok.groupby(keys, dropna=False, sort=False).agg(
         iteration_time_s=("iteration_time_s", "min" if fastest else "median"),
         throughput=("throughput", "max" if fastest else "median"),
@@ -86,6 +91,26 @@ def _prepare(df: Any, aggregate: str = "median") -> Any:
     ).reset_index()
     agg["iteration_time_ms"] = agg["iteration_time_s"] * 1e3
     return pd.DataFrame(agg)
+
+
+def _real_quartiles(ok: Any) -> Any:
+    """Return ``ok`` with each real row's iteration time its lower quartile of
+    ``samples_s`` and its throughput scaled to match (rows without samples unchanged)."""
+    from ddpbench.calibration.machine import launch_time
+
+    times, rates = [], []
+    for _, row in ok.iterrows():
+        t, rate = row["iteration_time_s"], row["throughput"]
+        raw = row["samples_s"]
+        if row["mode"] == "real" and isinstance(raw, str) and raw.startswith("["):
+            samples = [float(x) for x in json.loads(raw)]
+            if samples:
+                q = launch_time(samples)
+                rate, t = rate * t / q, q
+        times.append(t)
+        rates.append(rate)
+    ok["iteration_time_s"], ok["throughput"] = times, rates
+    return ok
 
 
 def _is_default(value: Any) -> bool:
@@ -403,6 +428,10 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
         doc.text(f"A point with repetitions (up to {most}) shows "
                  + ("the fastest of them (the shortest iteration time: the run least "
                     "disturbed by a shared machine)." if opts.aggregate == "fastest"
+                    else "the smallest of the real runs' lower quartiles of their timed "
+                    "iterations (as `ddpbench calibrate` estimates each of its runs: a "
+                    "shared machine's slow phases only add time, and they begin and end "
+                    "inside runs)." if opts.aggregate == "quartile"
                     else "their median."))
     plots = list(opts.plots) if opts.plots is not None else _auto_plots(agg, spec)
     sim = agg[agg["mode"] == "simulate"] if (agg["mode"] == "simulate").any() else agg

@@ -70,10 +70,11 @@ class ReportOptions(Frozen):
     ] | None = None
     gantt: tuple[dict[str, Any], ...] = ()
     title: str | None = None
-    aggregate: Literal["median", "fastest"] = Field(
-        "median", description="one value per point from its repetitions: their median, or "
-        "the fastest (shortest iteration time): the run least disturbed by a shared machine, "
-        "as `ddpbench calibrate` keeps the fastest of its launches")
+    aggregate: Literal["median", "fastest", "quartile"] = Field(
+        "median", description="one value per point from its repetitions: their median; the "
+        "fastest (shortest iteration time): the run least disturbed by a shared machine; or "
+        "quartile: the smallest of the real runs' lower quartiles of their timed iterations, "
+        "the estimator `ddpbench calibrate` fits (simulated points keep their time)")
 
     @field_validator("gantt", mode="before")
     @classmethod
