@@ -61,11 +61,11 @@ def launch_time(samples: Sequence[float]) -> float:
     iterations (the ``floor(n / 4)``-th smallest, counting from 0).
 
     A shared machine's slow phases (seconds long, everything up to 2.4x slower) only ever
-    add time, and they begin and end inside launches: a launch's median moves with the
-    share of its iterations they catch (the parameter-server backends' compute factors
-    moved by up to 1.35x between two calibrations), its lower quartile much less. Both
-    ``ddpbench calibrate`` (its fits) and a report with ``aggregate: quartile`` (the real
-    points) take it, so that the two estimate the same thing.
+    add time, and they begin and end inside a workload's launches (1-4 s): a launch's
+    median moves with the share of its iterations they catch, its lower quartile less.
+    ``ddpbench calibrate`` fits each backend's compute factor to it, and a report with
+    ``aggregate: quartile`` takes it for the real points, so that the two estimate the
+    same thing.
     """
     if not samples:
         raise ValueError("launch_time: no iteration times")
@@ -97,12 +97,12 @@ class BackendFit(_Strict):
             value at the backend's own fit is its weight in the shared fit.
         compute_factor: how much slower the trainer's compute emulation runs beside this
             backend's communication threads than alone (fitted on the workload's own run).
-        workload_ms: measured iteration time of the calibration workload (with compute).
+        workload_ms: measured iteration time of the calibration workload (with compute;
+            the fastest launch's lower quartile, :func:`launch_time`, in profiles written
+            since it was introduced, the median before).
         workload_sim_ms: the fitted simulator's time for it.
-        small_ms: measured iteration time of the many-small-tensors workload (the fastest
-            launch's lower quartile, :func:`launch_time`; the median in profiles written
-            before).
-        large_ms: the same for the few-large-tensors workload.
+        small_ms: measured iteration time of the many-small-tensors workload (median).
+        large_ms: measured iteration time of the few-large-tensors workload (median).
         small_sim_ms: the fitted simulator's time for the small workload.
         large_sim_ms: the fitted simulator's time for the large workload.
     """

@@ -23,17 +23,18 @@ Steps (each a tick of the progress bar):
    counts them: alternating one-dimensional solves (bisection; the simulated time grows
    with the per-message cost and falls with bandwidth) until both workloads' simulated
    iteration times equal the measured times (each run is launched ``rounds`` times, every
-   backend once per round; the measured time is the smallest of the launches' lower
-   quartiles of their iteration times, :func:`~ddpbench.calibration.machine.launch_time`:
-   this machine has phases of seconds in which everything runs up to 2.4x slower, which
-   only ever add time, and a launch, or the part of one, that lands in one says nothing
-   about the backend). When bytes
+   backend once per round; the measured time is the smallest of the launches' median
+   iteration times: this machine has phases of seconds in which everything runs up to
+   2.4x slower, and a launch that lands in one says nothing about the backend). When bytes
    take under a tenth of the large run (``p3``'s slices: it is all message costs) no
    bandwidth can be told from infinite: the ping-pong's is kept (``bandwidth_fitted:
    false``). ``horovod``'s small run is unfused (:data:`SYNTHETIC_KNOBS`). Then the
    workload itself (with compute, as the experiment runs it) gives the backend's
    ``compute_factor``: how much slower the sleeps run beside that backend's threads, solved
-   the same way with the two costs fixed.
+   the same way with the two costs fixed; its launches (1-4 s) span the slow phases, which
+   begin and end inside them, so each stands for its lower quartile
+   (:func:`~ddpbench.calibration.machine.launch_time`, as a report with ``aggregate:
+   quartile`` takes the real points).
 """
 
 from __future__ import annotations
@@ -393,12 +394,11 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         step_processes: process counts of the ring-step measurement (at least one).
         step_repeats: blocks per style and count (the median is kept).
         rounds: launches of each backend's runs, every backend once per round; each
-            launch's lower quartile of its iteration times is taken
-            (:func:`~ddpbench.calibration.machine.launch_time`) and the smallest of them
+            launch's median iteration time is taken (the workload's: its lower quartile,
+            :func:`~ddpbench.calibration.machine.launch_time`) and the smallest of them
             kept, so that a launch that lands in a slow phase of a shared machine does not
             move the fit (pooling the launches' samples moved it by up to 1.9x between two
-            runs; each launch's median instead of its lower quartile moved the
-            parameter-server backends' compute factors by up to 1.35x).
+            runs).
         bind: how every job's ranks are placed on cores (``ddpbench launch --bind``); the
             profile records it, and a real run compared with it must use the same.
         progress: called with each step's name before it runs.
@@ -467,8 +467,14 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
                 samples[b][workload].append(real_iteration(
                     b, workload, workers, s, iterations + iterations // 2, timeout_s,
                     compute_scale, size_scale, bind=bind))
-        measured = {b: {name: min(launch_time(launch) for launch in v)
-                        for name, v in samples[b].items()} for b in backends}
+        # The workload's launches (1-4 s) span the VM's slow phases, which begin and end
+        # inside them: each stands for its lower quartile, as the reports' real points do.
+        # The synthetic launches (0.1-0.4 s of 1-10 ms iterations) sit inside one phase,
+        # where a low quantile only picks the luckiest iterations: each stands for its
+        # median.
+        measured = {b: {name: min((launch_time if name == workload else statistics.median)(
+                        launch) for launch in v) for name, v in samples[b].items()}
+                    for b in backends}
         for b in backends:
             runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]
                        for name, v in samples[b].items()}
