@@ -38,7 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="launches of each backend's runs, interleaved across backends; "
                              "their iteration times are pooled (default 2)")
-    parser.add_argument("--bind", choices=("none", "core"), default="none",
+    from ddpbench.launch import BINDINGS
+
+    parser.add_argument("--bind", choices=BINDINGS, default="none",
                         help="how every job's ranks are placed: none (the OS's choice; "
                              "default, as real runs' default) or core (one core each, round "
                              "robin); recorded in the profile, and real runs compared with "

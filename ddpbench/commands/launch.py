@@ -17,7 +17,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exit-grace", type=float, default=None, metavar="S",
                         help="once a rank has ended cleanly, end the job if the others have "
                              "not ended within S seconds (default 10)")
-    parser.add_argument("--bind", choices=("none", "core"), default="none",
+    from ddpbench.launch import BINDINGS
+
+    parser.add_argument("--bind", choices=BINDINGS, default="none",
                         help="none: the OS places the ranks (default, as MPICH and Horovod "
                              "do); core: each rank on one core, round robin (mpiexec "
                              "-bind-to core)")
