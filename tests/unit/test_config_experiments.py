@@ -47,7 +47,7 @@ def error_of(text: str) -> schema.ExperimentError:
         ("name: x\nworkloads: [resnet50]\nbackends: [p3]\nbandwith_gbps: 10\n", 4,
          "bandwith_gbps", "valid keys: ['backends', 'bandwidth_gbps'"),
         ("name: x\nworkloads: [resnet50]\nbackends: [p3]\nreal:\n  timeout: 3\n", 5,
-         "real.timeout", "valid keys: ['compute', 'timeout_s']"),
+         "real.timeout", "valid keys: ['bind', 'compute', 'timeout_s']"),
         # a missing workload: the key, or a name that does not exist
         ("name: x\nbackends: [p3]\n", 1, "workloads", "required key is missing"),
         ("name: x\nworkloads:\n  - resnet50\n  - resnet5\nbackends: [p3]\n", 4,
