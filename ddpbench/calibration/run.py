@@ -472,8 +472,10 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         # The synthetic launches (0.1-0.4 s of 1-10 ms iterations) sit inside one phase,
         # where a low quantile only picks the luckiest iterations: each stands for its
         # median.
-        measured = {b: {name: min((launch_time if name == workload else statistics.median)(
-                        launch) for launch in v) for name, v in samples[b].items()}
+        def stands_for(name: str) -> Callable[[list[float]], float]:
+            return launch_time if name == workload else statistics.median
+
+        measured = {b: {name: min(map(stands_for(name), v)) for name, v in samples[b].items()}
                     for b in backends}
         for b in backends:
             runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]
