@@ -177,10 +177,13 @@ def test_results_under_a_file_size_limit_lose_no_written_row(tmp_path):
 
 
 AFFINITY = """\
-    import json, os, sys
+    import json, os
+    from pathlib import Path
     from mpi4py import MPI
     rank = MPI.COMM_WORLD.rank
-    print(json.dumps([rank, sorted(os.sched_getaffinity(0))]), flush=True)
+    # One file per rank: mpiexec may interleave lines that ranks print at once.
+    out = Path(__file__).with_name(f"{Path(__file__).stem}.affinity{rank}")
+    out.write_text(json.dumps(sorted(os.sched_getaffinity(0))))
 """
 
 
@@ -188,11 +191,14 @@ AFFINITY = """\
 def test_bind_core_puts_each_rank_on_one_core_round_robin(tmp_path):
     import json
 
+    def affinities(marker: str, n: int) -> list[set[int]]:
+        return [set(json.loads((tmp_path / f"{marker}.affinity{r}").read_text()))
+                for r in range(n)]
+
     ours = os.sched_getaffinity(0)
-    proc, _ = launch(tmp_path, AFFINITY, "--bind", "core", n=3)
+    proc, marker = launch(tmp_path, AFFINITY, "--bind", "core", n=3)
     assert proc.returncode == 0, proc.stderr
-    got = dict(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
-    sets = [set(got[r]) for r in range(3)]
+    sets = affinities(marker, 3)
     width = len(sets[0])  # the processing units of one core (2 with hyper-threads)
     cores = len(ours) // width
     assert all(s <= ours and len(s) == width for s in sets)
@@ -200,10 +206,9 @@ def test_bind_core_puts_each_rank_on_one_core_round_robin(tmp_path):
         for s in range(r + 1, 3):
             same = (s - r) % cores == 0
             assert (sets[r] == sets[s]) if same else not (sets[r] & sets[s]), (r, s, sets)
-    proc, _ = launch(tmp_path, AFFINITY, n=2)  # the default leaves placement to the OS
+    proc, marker = launch(tmp_path, AFFINITY, n=2)  # the default leaves placement to the OS
     assert proc.returncode == 0, proc.stderr
-    assert all(set(json.loads(line)[1]) == ours
-               for line in proc.stdout.splitlines() if line.startswith("["))
+    assert affinities(marker, 2) == [ours, ours]
     with pytest.raises(ValueError, match="bind must be one of none, core, got 'socket'"):
         from ddpbench.launch import launch as run_job
 
