@@ -29,7 +29,7 @@ import numpy as np
 from ddpbench import trace
 from ddpbench.backends._common import mpi_module
 from ddpbench.backends.ps.sockets import Sockets
-from ddpbench.backends.ps.wire import ACK, FLAG_DATA, TAG, TAG_DATA, Msg, np_dtype
+from ddpbench.backends.ps.wire import ACK, FLAG_DATA, HEADER, TAG, TAG_DATA, Msg, np_dtype
 from ddpbench.comm import Protocol
 
 __all__ = ["Gate", "SendRecord", "Transport"]
@@ -116,6 +116,7 @@ class Transport(Protocol):
         # Per source, in order: (element receive or None, its message).
         self.recvs: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._status: Any = None
+        self._head = np.empty(HEADER.size, np.uint8)  # a bare header is received here
         self.arrived: list[tuple[float, int, Msg]] = []
         self.local: collections.deque[Msg] = collections.deque()
         self.last_delivery: dict[int, float] = {}
@@ -163,9 +164,12 @@ class Transport(Protocol):
     def send(self, msg: Msg, direct: bool = False) -> None:
         """Send ``msg``: data through the priority queue, control at once (engine thread).
 
-        ``direct``: with sockets (:meth:`use_sockets`), a server's reply goes straight onto
-        the wire behind what is there (ps-lite's ``KVServer::Response``), not through the
-        sending thread's queue.
+        ``direct``: a server's reply. With sockets (:meth:`use_sockets`) it goes straight
+        onto the wire behind what is there (ps-lite's ``KVServer::Response``), not through
+        the sending thread's queue. Unpaced, a reply for an empty queue goes out at once,
+        with or without sockets, as the queue would send it: the link is free (MPI's
+        ``Isend`` does not wait), so nothing could overtake it. (Queued instead, it waited
+        for the end of the receive batch it was answered in, up to ``BATCH_S``.)
         """
         msg.src = self.me
         msg.direct = direct and self.sockets is not None
@@ -176,10 +180,12 @@ class Transport(Protocol):
                 msg.after_send()
         elif msg.flags & FLAG_DATA:
             msg.t_enq = time.monotonic()
-            if (msg.direct and self.bytes_per_s is None and not self.queued
-                    and self._sockets_idle()):
-                # Unpaced, a reply for an empty wire goes out at once, as the queue would.
-                self._transmit(msg, msg.t_enq, wire_priority=0)
+            if (direct and self.bytes_per_s is None and msg.gate is None and not self.queued
+                    and not self.ready and self._sockets_idle()):
+                # On the wire every message is equal (sockets); a variant's prioritised
+                # reply keeps its priority in the header.
+                self._transmit(msg, msg.t_enq,
+                               wire_priority=0 if self.sockets is not None else None)
                 return
             heapq.heappush(self.queued, (msg.t_enq, msg.seq, (-msg.priority, msg.seq, msg)))
         else:
@@ -318,7 +324,10 @@ class Transport(Protocol):
                     break
                 continue
             src = status.Get_source()
-            head = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            size = status.Get_count(MPI.BYTE)
+            # A bare header (every data message's) is decoded into fields, so its buffer
+            # is reused; a control message's payload stays a view of its own.
+            head = self._head if size == HEADER.size else np.empty(size, np.uint8)
             m.Recv(head)  # matched and small: already here
             msg = Msg.decode(head, src, self.me)
             did = True

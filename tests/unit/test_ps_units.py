@@ -174,6 +174,59 @@ def test_a_push_says_where_its_elements_lie_and_the_server_places_its_buffers_th
     assert push(0, 56, count=10)[1].size == 10  # small buffers are ordinary arrays
 
 
+def test_an_unpaced_server_answers_each_push_at_once():
+    # ps-lite's server answers from its receiving thread straight into the socket
+    # (KVServer::Response): unpaced, the reply is on MPI before the handler returns, not
+    # held until the receive batch it came in ends; paced, it waits for the uplink's turn.
+    from types import SimpleNamespace
+
+    from ddpbench.backends.ps.server import Server
+
+    class Req:
+        def Test(self):  # noqa: N802 - mpi4py's name
+            return True
+
+    posted = []
+    comm = SimpleNamespace(rank=1, Isend=lambda buf, dst, tag: posted.append((dst, tag)) or Req())
+    for pacing, at_once in ((None, True), (8.0, False)):
+        posted.clear()
+        t = transport.Transport(comm, str, bandwidth_gbps=pacing)
+        t.serving = True  # a dedicated server rank: no sockets
+        server = Server(t, 1, "server0", True)
+        for part in range(2):
+            m = wire.Msg(wire.PUSHPULL, 1, key=3, part=part, flags=wire.FLAG_DATA,
+                         dtype="float32")
+            m.src, m.count = 0, 40_000
+            m.payload = server._push_sink(m)
+            m.sunk = True
+            t.handlers[m.kind](m)
+            assert (posted == [(0, wire.TAG), (0, wire.TAG_DATA)] * (part + 1)) is at_once
+            assert bool(t.queued) is not at_once
+
+
+def test_a_server_keeps_a_workers_buffer_without_reading_its_address_again():
+    # The same push again (size, type, offset) reuses the placed buffer from a table; a
+    # new offset still goes through the placement rule (and is re-placed once at most).
+    from types import SimpleNamespace
+
+    from ddpbench.backends.ps.server import Server
+
+    server = Server(transport.Transport(SimpleNamespace(rank=2), str), 1, "server0", True)
+
+    def push(align):
+        m = wire.Msg(wire.PUSHPULL, 2, key=5, flags=wire.FLAG_DATA, dtype="float32")
+        m.src, m.count, m.src_align = 0, 1 << 16, align
+        return server._push_sink(m)
+
+    first = push(16)
+    assert push(16) is first
+    assert server._slot(wire.Msg(wire.PUSH, 2, key=5)).kept[0][0] is first
+    assert push(16) is first
+    moved = push(32)
+    assert moved is not first and moved.ctypes.data % wire.ALIGN == 32
+    assert push(48) is moved and push(32) is moved
+
+
 def test_gate_lets_one_oversized_message_through_alone():
     g = transport.Gate(100)
     assert g.fits(500)  # nothing in flight
