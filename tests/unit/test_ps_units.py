@@ -14,6 +14,13 @@ from ddpbench.backends.ps.kvstore import KVStoreBackend
 from ddpbench.backends.ps.p3 import P3Store
 
 
+class _Sent:
+    """A fake MPI request that has completed (for transports on a fake communicator)."""
+
+    def Test(self):  # noqa: N802 - mpi4py's name
+        return True
+
+
 def test_even_split_matches_array_split():
     for n, s in [(10, 3), (7, 7), (1_000_001, 4)]:
         parts = placement.even_split(n, s)
@@ -182,12 +189,8 @@ def test_an_unpaced_server_answers_each_push_at_once():
 
     from ddpbench.backends.ps.server import Server
 
-    class Req:
-        def Test(self):  # noqa: N802 - mpi4py's name
-            return True
-
     posted = []
-    comm = SimpleNamespace(rank=1, Isend=lambda buf, dst, tag: posted.append((dst, tag)) or Req())
+    comm = SimpleNamespace(rank=1, Isend=lambda buf, dst, tag: posted.append((dst, tag)) or _Sent())
     for pacing, at_once in ((None, True), (8.0, False)):
         posted.clear()
         t = transport.Transport(comm, str, bandwidth_gbps=pacing)
@@ -332,11 +335,7 @@ def test_real_sockets_send_like_the_simulated_sockets():
     sends = [(0.0, 1, -1, k) for k in range(5)] + [(0.0, 2, -1, 10 + k) for k in range(2)]
     sends += [(1.5e-6, 1, 0, 99), (2.5e-6, 2, 5, 98)]
 
-    class Req:
-        def Test(self):  # noqa: N802 - mpi4py's name
-            return True
-
-    comm = SimpleNamespace(rank=0, Isend=lambda buf, dst, tag: Req())
+    comm = SimpleNamespace(rank=0, Isend=lambda buf, dst, tag: _Sent())
     t = transport.Transport(comm, str, bandwidth_gbps=8, trace=True)
     t.use_sockets(1)
     for i, (at, dst, prio, key) in enumerate(sends):
