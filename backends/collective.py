@@ -43,7 +43,7 @@ import numpy as np
 
 from ddpbench.api import ReduceOp, register
 from ddpbench.backends._common import MismatchError, Request, RequestStore, mismatch_message
-from ddpbench.comm import Protocol
+from ddpbench.comm import POLL_TESTS, Protocol
 from ddpbench.contract import CollectiveKnobs
 from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
 
@@ -142,7 +142,21 @@ class _CollectiveProtocol(Protocol):
     def busy(self) -> bool:
         return any(r.current is not None or r.queue for r in self.rings)
 
+    def moving(self) -> bool:
+        return any(r.reqs for r in self.rings)  # a ring step's Isend/Irecv under way
+
     def progress(self) -> bool:
+        # While every ring waits on a transfer, pass over them again a few times (each
+        # test calls into MPI, which moves a large message only then where it has no
+        # single-copy path: Engine); a pass that steps a ring ends the poll.
+        for _ in range(POLL_TESTS):
+            if self._pass():
+                return True
+            if not self.moving():
+                break
+        return False
+
+    def _pass(self) -> bool:
         from mpi4py import MPI
 
         did = False

@@ -68,15 +68,22 @@ if [ "$WHAT" != cpu ]; then
         --gpu-transport host -n 2 --sizes 4K,1M,16M,64M
 fi
 if [ "$WHAT" != gpu ]; then
+    H0=horovod:cycle_time=0:idle=wait  # Horovod with HOROVOD_CYCLE_TIME=0, ddpbench's idle rule
     for n in 2 3 4; do
-        step 60 "allreduce cpu $n ranks" ddpbench bench allreduce -n "$n" \
-            --sizes 4K,1M,16M,64M --peers gloo
+        step 90 "allreduce cpu $n ranks" ddpbench bench allreduce -n "$n" \
+            --sizes 4K,1M,16M,64M --peers gloo --backends "mpi,horovod,$H0"
     done
     for n in 2 3 4; do
-        step 60 "resnet50 tensors cpu $n ranks" ddpbench bench allreduce -n "$n" \
-            --tensors resnet50 --rounds 2
+        step 90 "resnet50 tensors cpu $n ranks" ddpbench bench allreduce -n "$n" \
+            --tensors resnet50 --rounds 1 \
+            --backends "mpi,horovod,horovod:fusion_threshold=0,$H0,$H0:fusion_threshold=0"
     done
     step 45 "pushpull 1+1" ddpbench bench pushpull --workers 1 --servers 1
     step 45 "pushpull 2+2" ddpbench bench pushpull --workers 2 --servers 2
+    # without MPICH's single-copy path (as where ptrace_scope is not 0): README, Reliability
+    step 45 "pushpull 1+1 without CMA" env MPIR_CVAR_CH4_CMA_ENABLE=0 \
+        ddpbench bench pushpull --workers 1 --servers 1
+    step 60 "collective 2 ranks without CMA" env MPIR_CVAR_CH4_CMA_ENABLE=0 \
+        ddpbench bench allreduce -n 2 --sizes 1M,16M --backends mpi,collective
 fi
 echo "=== done $(date +%T)" | tee -a "$LOG"

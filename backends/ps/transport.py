@@ -30,7 +30,7 @@ from ddpbench import trace
 from ddpbench.backends._common import mpi_module
 from ddpbench.backends.ps.sockets import Sockets
 from ddpbench.backends.ps.wire import ACK, FLAG_DATA, HEADER, TAG, TAG_DATA, Msg, np_dtype
-from ddpbench.comm import Protocol
+from ddpbench.comm import Protocol, test_all
 
 __all__ = ["Gate", "SendRecord", "Transport"]
 
@@ -431,6 +431,10 @@ class Transport(Protocol):
         return (self.serving or bool(self.sends) or self.expecting()
                 or any(self.recvs.values()))
 
+    def moving(self) -> bool:
+        # Sends, and paced receives, that MPI advances only while this process polls.
+        return bool(self.sends) or any(self.recvs.values())
+
     def busy(self) -> bool:
         return bool(self.keep_polling or self.ready or self.queued or self.sends
                     or self.arrived or not self._sockets_idle()
@@ -456,7 +460,7 @@ class Transport(Protocol):
             # Sends complete about in the order they were started: test from the oldest
             # and stop at the first still in flight (a burst has hundreds).
             n = 0
-            while n < len(sends) and sends[n][0].Test():
+            while n < len(sends) and (sends[n][0].Test() or (n == 0 and test_all([sends[0][0]]))):
                 n += 1
             if n:
                 del sends[:n]

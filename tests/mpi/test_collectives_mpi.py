@@ -153,3 +153,16 @@ def test_bench_allreduce_tensor_set_checks_results_and_reduces_flat_gradients_in
         assert fused["zero_copy_groups"] >= 1
     else:
         assert fused["zero_copy_groups"] == 0
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_large_transfers_without_single_copy_shared_memory(n):
+    """MPICH without cross-memory attach (its default before 5.0, and wherever ptrace is
+    restricted) moves a large message only while its sender calls into MPI: every backend
+    whose engine polls transfers still sums 4 MiB tensors exactly there."""
+    out = run_mpi(n, SCRIPTS / "large_transfers.py", timeout=120,
+                  env={"MPIR_CVAR_CH4_CMA_ENABLE": "0"})
+    done = results(out, "large")
+    assert [r["backend"] for r in done] == ["collective", "kvstore", "p3", "byteps"]
+    assert all(r["workers"] == n and r["steps"] == 3 for r in done)
