@@ -66,6 +66,9 @@ class _PolledStep(Protocol):
     def busy(self) -> bool:
         return self.handle is not None
 
+    def moving(self) -> bool:
+        return self.handle is not None  # polled as the backends poll their transfers
+
 
 def _trimmed_mean(times: list[float]) -> float:
     # The mean cost of a step (what throughput pays), without the slowest 5% of steps that
