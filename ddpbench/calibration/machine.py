@@ -373,7 +373,12 @@ def adjust(machine: Machine, backend: str, *, workers: int, servers: int, paced:
     if paced:
         bw = min(bw, bandwidth_gbps)
         lat += latency_us
-    slow = 1.0 + (fit.compute_factor - 1.0) * compute
+    # compute_factor - 1 is the compute's excess beside this backend's threads, which
+    # contention stretches. A factor below 1 (a fit at the bottom of its range: the model
+    # over-predicts the workload run's communication) is no excess: kept as fitted, never
+    # stretched, which at 4 processes against 2 made compute times negative.
+    excess = fit.compute_factor - 1.0
+    slow = 1.0 + excess * (compute if excess > 0 else 1.0)
     return {"bandwidth_gbps": bw, "latency_us": lat,
             "per_message_us": fit.per_message_us * factor,
             "sum_gbps": machine.sum_gbps, "compute_rate": machine.compute_rate * slow,

@@ -117,6 +117,19 @@ def test_adjust_at_the_calibration_and_beyond():
     assert paced["per_message_us"] == 150.0
 
 
+def test_a_compute_factor_below_1_is_kept_not_stretched():
+    """A fit at the bottom of its range (0.5: the model over-predicts the workload run) is no
+    excess for contention to stretch: kept as fitted, so compute never turns negative."""
+    backends = copy.deepcopy(BASE["backends"])
+    backends["kvstore"]["compute_factor"] = 0.5
+    m = machine(backends=backends)
+    for workers in (2, 3, 4):
+        kv = M.adjust(m, "kvstore", workers=workers, servers=2, paced=False,
+                      bandwidth_gbps=1.0, latency_us=20.0)
+        assert kv["compute_rate"] == pytest.approx(0.5)
+        assert kv["compute_overhead_s"] == pytest.approx(70e-6 * 0.5)
+
+
 def test_blocking_compute_stretches_by_the_handoffs_beside_idle_engines():
     """``mpi``'s and ``horovod``'s engines sit idle between calls: their compute excess
     stretches by the hand-off law; the polled backends' keeps the ring step's; a profile
