@@ -43,7 +43,15 @@ parameter-server backends)."""
 
 
 class _PolledStep(Protocol):
-    """One ring step as the polling backends make it: ``Isend``/``Irecv``, then ``Test``."""
+    """One ring step as the polling backends make it: ``Isend``/``Irecv``, then ``Test``.
+
+    It does not declare :meth:`~ddpbench.comm.Protocol.moving`: its 1 KiB completes at
+    once unless a rank is descheduled, and spinning through that at 2 processes only (the
+    engine spins where every rank has a core) put two polling regimes in one contention
+    ratio (22 us at 2 processes against 183 at 3 in one calibration, a ratio of 8.3 where
+    the runs before gave 5.1), and the polled backends' predictions at 3 and 4 workers
+    went 2.4x over their real runs.
+    """
 
     def __init__(self, comm: Any, right: int, left: int) -> None:
         self.comm, self.right, self.left = comm, right, left
@@ -65,9 +73,6 @@ class _PolledStep(Protocol):
 
     def busy(self) -> bool:
         return self.handle is not None
-
-    def moving(self) -> bool:
-        return self.handle is not None  # polled as the backends poll their transfers
 
 
 def _trimmed_mean(times: list[float]) -> float:
