@@ -12,24 +12,53 @@ from ddpbench.comm import Engine, Protocol
 
 
 class _Transfer(Protocol):
-    """A transfer under way until ``seconds`` have passed: busy and moving, and progress
-    reports nothing until then (as ``Testall`` of a large message moving in chunks)."""
+    """A transfer under way for ``seconds`` from the engine's first poll of it: busy and
+    moving until then, and progress reports nothing (as ``Testall`` of a large message
+    moving in chunks)."""
 
     def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
+        self.seconds = seconds
+        self.end: float | None = None  # set by the first poll
         self.done = threading.Event()
 
     def busy(self) -> bool:
-        return not self.done.is_set()
+        return self.end is not None and not self.done.is_set()
 
     def moving(self) -> bool:
-        return not self.done.is_set()
+        return self.busy()
 
     def progress(self) -> bool:
-        if not self.done.is_set() and time.monotonic() >= self.end:
+        now = time.monotonic()
+        if self.end is None:
+            self.end = now + self.seconds
+            return True
+        if not self.done.is_set() and now >= self.end:
             self.done.set()
             return True
         return False
+
+
+def _waits_while_busy(monkeypatch, hot_spin_s: float, proto: _Transfer) -> list[float | None]:
+    """Run ``proto`` on a fresh engine until it is done; return the timeout of every wait
+    the engine made while ``proto`` was busy."""
+    waits: list[float | None] = []
+
+    class Recording(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            if proto.busy():
+                waits.append(timeout)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(comm.threading, "Condition", Recording)
+    eng = Engine(hot_spin_s=hot_spin_s)
+    monkeypatch.undo()
+    eng.register(proto)
+    try:
+        assert proto.done.wait(10)
+    finally:
+        eng.unregister(proto)
+        eng.stop()
+    return waits
 
 
 @pytest.mark.parametrize("hot_spin_s", [2e-3, 1e-4], ids=["core_per_rank", "oversubscribed"])
@@ -37,26 +66,8 @@ def test_the_engine_keeps_polling_while_a_transfer_is_under_way(monkeypatch, hot
     """Without single-copy shared memory a large message moves only while its sender polls:
     the engine never backs off to its 1 ms idle poll then (it did after 10 ms of no
     completions, which made a 16 MiB allreduce of ``collective`` 100x slower)."""
-    transfer = _Transfer(0.0)
-    transfer.done.set()
-    waits: list[float | None] = []  # the timeout of every wait made while it was moving
-
-    class Recording(threading.Condition):
-        def wait(self, timeout: float | None = None) -> bool:
-            if transfer.moving():
-                waits.append(timeout)
-            return super().wait(timeout)
-
-    monkeypatch.setattr(comm.threading, "Condition", Recording)
-    eng = Engine(hot_spin_s=hot_spin_s)
-    monkeypatch.undo()
-    transfer = _Transfer(0.03)  # well past the 10 ms after which an idle poll is 1 ms
-    eng.register(transfer)
-    try:
-        assert transfer.done.wait(10)
-    finally:
-        eng.unregister(transfer)
-        eng.stop()
+    # 30 ms: well past the 10 ms after which an idle engine polls every 1 ms
+    waits = _waits_while_busy(monkeypatch, hot_spin_s, _Transfer(0.03))
     if hot_spin_s > 1e-4:
         assert waits == []  # a core of its own: it spins
     else:
@@ -71,24 +82,4 @@ def test_an_idle_engine_still_backs_off(monkeypatch):
         def moving(self) -> bool:
             return False
 
-    waits: list[float | None] = []
-    proto = Waiting(0.0)
-    proto.done.set()
-
-    class Recording(threading.Condition):
-        def wait(self, timeout: float | None = None) -> bool:
-            if proto.busy():
-                waits.append(timeout)
-            return super().wait(timeout)
-
-    monkeypatch.setattr(comm.threading, "Condition", Recording)
-    eng = Engine(hot_spin_s=1e-4)
-    monkeypatch.undo()
-    proto = Waiting(0.05)
-    eng.register(proto)
-    try:
-        assert proto.done.wait(10)
-    finally:
-        eng.unregister(proto)
-        eng.stop()
-    assert 1e-3 in waits
+    assert 1e-3 in _waits_while_busy(monkeypatch, 1e-4, Waiting(0.05))
