@@ -458,7 +458,9 @@ class Transport(Protocol):
         sends = self.sends
         if sends:
             # Sends complete about in the order they were started: test from the oldest
-            # and stop at the first still in flight (a burst has hundreds).
+            # and stop at the first still in flight (a burst has hundreds). While the
+            # oldest is under way it is tested a few times more (test_all): each call into
+            # MPI moves a piece of a large message where MPI has no single-copy path.
             n = 0
             while n < len(sends) and (sends[n][0].Test() or (n == 0 and test_all([sends[0][0]]))):
                 n += 1
