@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BINDINGS", "DEFAULT_EXIT_GRACE_S", "launch", "mpiexec_path"]
+__all__ = ["BINDINGS", "DEFAULT_EXIT_GRACE_S", "launch", "launch_logged", "mpiexec_path"]
 
 # How ranks are placed on cores: left to the OS, or one core each (``mpiexec -bind-to``).
 BINDINGS = ("none", "core")
@@ -235,6 +235,28 @@ def launch(
                           stdout, stderr)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def launch_logged(cmd: Sequence[str], workers: int, servers: int = 0, *, log: Path,
+                  timeout: float | None = None, bind: str = "none") -> int:
+    """Run ``cmd`` as :func:`launch` does, everything the ranks and the launcher say going
+    to the file ``log``; return the job's exit code (124 on timeout).
+
+    For callers that run jobs in their own process (an experiment's real points,
+    ``ddpbench calibrate``'s runs), where a ``ddpbench launch`` subprocess per job cost
+    0.4 s of imports. A job stopped by SIGINT raises KeyboardInterrupt here, and one
+    stopped by SIGTERM or SIGHUP passes that signal on to this process, as if it had had
+    no job running: the launcher has already ended the job.
+    """
+    with open(log, "a") as fh, contextlib.redirect_stderr(fh):
+        fh.flush()
+        rc = launch(cmd, workers, servers, timeout=timeout, bind=bind, stdout=fh.fileno(),
+                    stderr=fh.fileno())
+    if rc > 128 and rc - 128 in {int(s) for s in _SIGNALS}:
+        if rc - 128 == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.raise_signal(signal.Signals(rc - 128))
+    return rc
 
 
 def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,

@@ -243,20 +243,51 @@ def real_iteration(backend: str, profile: Path | str, workers: int, servers: int
 
 
 def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, *,
-           increasing: bool, steps: int = 22) -> float:
-    """Return x in [lo, hi] with f(x) = target for a monotone f (clamped to the ends)."""
+           increasing: bool, inverse: bool = False, rtol: float = 1e-6,
+           steps: int = 40) -> float:
+    """Return x in [lo, hi] with f(x) = target for a monotone f (clamped to the ends).
+
+    Bracketed false position with the Illinois rule, on ``1 / x`` when ``inverse`` (a
+    simulated time is close to linear in a per-message cost and a compute factor, and in
+    the inverse of a bandwidth), stopping once f is within ``rtol`` of the target: 4-8
+    simulations per solve where bisection took 24 for the same accuracy, which made the
+    fits a quarter of ``calibrate``'s time. Every step keeps the root bracketed, so a
+    simulated time with steps in it (events reordering) still converges.
+    """
     flo, fhi = f(lo), f(hi)
     if increasing and target <= flo or not increasing and target >= flo:
         return lo
     if increasing and target >= fhi or not increasing and target <= fhi:
         return hi
+
+    def to_u(x: float) -> float:
+        return 1.0 / x if inverse else x
+
+    a, b = to_u(lo), to_u(hi)
+    ga, gb = flo - target, fhi - target  # opposite signs
+    side = 0
+    x = lo
     for _ in range(steps):
-        mid = (lo * hi) ** 0.5 if lo > 0 else (lo + hi) / 2
-        if (f(mid) < target) == increasing:
-            lo = mid
+        u = (a * gb - b * ga) / (gb - ga)
+        if not min(a, b) < u < max(a, b):  # rounding: fall back to the midpoint
+            u = (a + b) / 2
+        x = 1.0 / u if inverse else u
+        g = f(x) - target
+        if abs(g) <= rtol * target:
+            return x
+        if (g < 0) == (ga < 0):
+            a, ga = u, g
+            if side == -1:
+                gb /= 2  # Illinois: the end that stayed twice counts half
+            side = -1
         else:
-            hi = mid
-    return (lo * hi) ** 0.5 if lo > 0 else (lo + hi) / 2
+            b, gb = u, g
+            if side == 1:
+                ga /= 2
+            side = 1
+        if abs(b - a) <= 1e-12 * max(abs(a), abs(b)):
+            break
+    return x
 
 
 def _sim_time(backend: str, profile: Path | str, workers: int, servers: int, latency_us: float,
@@ -326,7 +357,7 @@ def fit_backend(backend: str, small: tuple[Path, float], large: tuple[Path, floa
         for _ in range(rounds):
             per_msg = solve_per_msg(bw)
             bw = _solve(functools.partial(lambda p, b: sim(large[0], p, b), per_msg),
-                        large[1], 0.01, _BW_MAX, increasing=False)
+                        large[1], 0.01, _BW_MAX, increasing=False, inverse=True)
     # Bytes must explain a share of the large run for its time to pin a bandwidth down.
     share = min(1.0, max(0.0, 1.0 - sim(large[0], per_msg, _BW_MAX) / large[1]))
     fitted = share >= _BYTES_SHARE or shared_bandwidth is not None

@@ -147,6 +147,53 @@ def test_signal_to_launch_takes_down_the_whole_job(tmp_path, sig):
     assert_no_processes(f"{marker}.py", grace=10.0)
 
 
+
+def test_in_process_launch_logs_the_failure_and_passes_signals_on(tmp_path):
+    """launch_logged (experiments' real points, calibrate): a failing rank's message lands
+    in the log; Ctrl-C while a job runs raises KeyboardInterrupt in the caller, SIGTERM
+    ends it as SIGTERM would; either way no rank is left."""
+    marker = f"fault{uuid.uuid4().hex[:10]}"
+    failing = tmp_path / f"{marker}fail.py"
+    failing.write_text("from mpi4py import MPI\nraise RuntimeError('rank gives up')\n")
+    sleeping = tmp_path / f"{marker}.py"
+    sleeping.write_text("import time\nfrom mpi4py import MPI\ntime.sleep(120)\n")
+    caller = tmp_path / "caller.py"
+    caller.write_text(textwrap.dedent("""\
+        import sys
+        from pathlib import Path
+        from ddpbench.launch import launch_logged
+        log = Path(sys.argv[2])
+        rc = launch_logged([sys.executable, sys.argv[1]], 2, log=log, timeout=60)
+        print("rc", rc, flush=True)
+    """))
+    log = tmp_path / "fail.log"
+    done = subprocess.run([sys.executable, str(caller), str(failing), str(log)],
+                          capture_output=True, text=True, timeout=90, cwd=REPO)
+    assert done.returncode == 0 and "rc 1" in done.stdout, done.stderr
+    text = log.read_text()
+    assert "RuntimeError: rank gives up" in text and "failed first" in text, text
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen([sys.executable, str(caller), str(sleeping),
+                                 str(tmp_path / f"{sig.name}.log")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=REPO)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # wait for the ranks to be up
+            up = subprocess.run(["pgrep", "-f", f"{marker}.py"], capture_output=True,
+                                text=True)
+            if len(up.stdout.split()) >= 3:  # mpiexec and two ranks
+                break
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+        assert "rc" not in out, out
+        if sig == signal.SIGINT:
+            # An uncaught KeyboardInterrupt ends Python by SIGINT (3.8+).
+            assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err
+        else:
+            assert proc.returncode == -signal.SIGTERM, (proc.returncode, err)
+        assert_no_processes(f"{marker}.py", grace=10.0)
+
 def test_results_under_a_file_size_limit_lose_no_written_row(tmp_path):
     """A full disk or quota mid-run: the run fails with a message, written rows stay."""
     exp = tmp_path / "tiny.yaml"

@@ -404,3 +404,33 @@ def test_a_launch_stands_for_its_lower_quartile():
     assert M.launch_time([float(x) for x in range(40, 0, -1)]) == 11.0  # index 10
     with pytest.raises(ValueError, match="no iteration times"):
         M.launch_time([])
+
+
+def test_solve_meets_the_target_in_few_simulations_and_keeps_the_root_bracketed():
+    from ddpbench.calibration.run import _solve
+
+    calls = []
+
+    def linear(p: float) -> float:  # a time linear in a per-message cost
+        calls.append(p)
+        return 2e-3 + 64 * p * 1e-6
+
+    p = _solve(linear, 5e-3, 0.0, 1e5, increasing=True)
+    assert p == pytest.approx(3e-3 / 64e-6, rel=1e-6)
+    assert len(calls) <= 4  # the two ends, then false position lands on it
+
+    def bandwidth(b: float) -> float:  # 16 MiB at b Gbit/s plus a fixed cost
+        return 1e-3 + 16 * 2**20 * 8 / (b * 1e9)
+
+    b = _solve(bandwidth, 1e-3 + 16 * 2**20 * 8 / 12.5e9, 0.01, 1e4, increasing=False,
+               inverse=True)
+    assert b == pytest.approx(12.5, rel=1e-6)
+    # Outside the range: clamped to the ends.
+    assert _solve(linear, 1e-3, 0.0, 1e5, increasing=True) == 0.0
+    assert _solve(linear, 1e3, 0.0, 1e5, increasing=True) == 1e5
+
+    def steps(x: float) -> float:  # no exact root: converges to the jump
+        return float(int(x * 10)) / 10
+
+    x = _solve(steps, 0.55, 0.0, 1.0, increasing=True)
+    assert x == pytest.approx(0.6, abs=1e-6)

@@ -104,18 +104,14 @@ def run_training(cfg: dict[str, Any], *, timeout: float = 600.0) -> dict[str, An
         RuntimeError: the job failed (the failing rank's message is included).
         TimeoutError: it ran past ``timeout`` seconds.
     """
-    import subprocess
-
-    from ddpbench.launch import launch
+    from ddpbench.launch import launch_logged
 
     servers = cfg["servers"] if isinstance(cfg["servers"], int) else 0
     with tempfile.TemporaryDirectory(prefix="ddpbench-train-") as tmp:
         out = Path(tmp) / "result.json"
         log = Path(tmp) / "log.txt"
         cmd = [sys.executable, "-m", "ddpbench.experiments.accuracy.worker", json.dumps(cfg), str(out)]
-        with open(log, "w") as f:
-            rc = launch(cmd, int(cfg["workers"]), servers, timeout=timeout,
-                        stdout=f.fileno(), stderr=subprocess.STDOUT)
+        rc = launch_logged(cmd, int(cfg["workers"]), servers, log=log, timeout=timeout)
         text = log.read_text(errors="replace")
         if rc == 124:
             raise TimeoutError(f"training did not finish in {timeout:g} s: {_tail(text)}")

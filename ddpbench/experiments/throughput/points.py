@@ -1,7 +1,7 @@
 """The ``throughput`` kind's points: the sweep grid, point names, and running one point.
 
 A simulated point calls :func:`ddpbench.simulator.simulate` in the runner's worker
-process; a real point starts ``ddpbench launch`` with the worker program
+process; a real point runs :func:`ddpbench.launch.launch_logged` with the worker program
 :mod:`ddpbench.experiments.throughput.worker` and reads back its JSON result.
 """
 
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shlex
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -22,6 +20,7 @@ from ddpbench.contract import COMMON_AXES
 from ddpbench.experiments.naming import format_value, make_name, public
 from ddpbench.experiments.throughput.spec import ThroughputSpec
 from ddpbench.experiments.throughput.timeline import compact_timeline, span_dict, timeline_file
+from ddpbench.launch import launch_logged
 
 __all__ = ["expand", "key_params", "point_name", "run_point"]
 
@@ -245,18 +244,16 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
             "--compute", str(params.get("compute", "sleep")),
             "--out", str(out),
         ]
-        cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", str(workers),
-               "--servers", str(servers), "--timeout", repr(timeout),
-               "--bind", str(params.get("bind", "none")), "--", *worker_cmd]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"real run did not finish in {timeout + 60:.0f} s: "
-                               f"{shlex.join(cmd)}") from None
-        if not out.exists() or proc.returncode != 0:
+        log = Path(tmp) / "launch.log"
+        rc = launch_logged(worker_cmd, workers, servers, log=log, timeout=timeout,
+                           bind=str(params.get("bind", "none")))
+        if not out.exists() or rc != 0:
             errs = sorted(Path(tmp).glob("result.json.rank*.err"))
-            detail = errs[0].read_text().strip() if errs else _tail(proc.stderr or proc.stdout)
-            raise RuntimeError(f"real run failed (exit {proc.returncode}): {detail}")
+            text = log.read_text(errors="replace")
+            detail = errs[0].read_text().strip() if errs else _tail(text)
+            if rc == 124:
+                raise TimeoutError(f"real run did not finish in {timeout:g} s: {_tail(text)}")
+            raise RuntimeError(f"real run failed (exit {rc}): {detail}")
         result = json.loads(out.read_text())
     return {
         "iteration_time_s": result["iteration_time_s"],
