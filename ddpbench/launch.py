@@ -180,6 +180,7 @@ def launch(
     stdout: int | None = None,
     stderr: int | None = None,
     bind: str = "none",
+    signals: list[int] | None = None,
 ) -> int:
     """Run ``cmd`` on ``workers`` + ``servers`` ranks and return the job's exit code.
 
@@ -194,6 +195,8 @@ def launch(
         stdout, stderr: passed to ``subprocess.Popen`` (default: inherit).
         bind: "none" (the OS places the ranks) or "core" (each rank on one core, round
             robin: ``mpiexec -bind-to core``).
+        signals: a list the signal that stopped the job is appended to (so that a caller
+            can tell 128 + N from a rank's own exit code).
 
     Returns:
         0, the first failing rank's exit code, 124 on timeout, 128 + N on signal N.
@@ -232,7 +235,7 @@ def launch(
     }
     try:
         return _supervise(args, full_env, folder, workers + servers, timeout, exit_grace,
-                          stdout, stderr)
+                          stdout, stderr, signals)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -248,20 +251,20 @@ def launch_logged(cmd: Sequence[str], workers: int, servers: int = 0, *, log: Pa
     stopped by SIGTERM or SIGHUP passes that signal on to this process, as if it had had
     no job running: the launcher has already ended the job.
     """
+    got: list[int] = []
     with open(log, "a") as fh, contextlib.redirect_stderr(fh):
-        fh.flush()
         rc = launch(cmd, workers, servers, timeout=timeout, bind=bind, stdout=fh.fileno(),
-                    stderr=fh.fileno())
-    if rc > 128 and rc - 128 in {int(s) for s in _SIGNALS}:
-        if rc - 128 == signal.SIGINT:
+                    stderr=fh.fileno(), signals=got)
+    if got:  # (a rank's own exit code 130 is a failed job, not a Ctrl-C)
+        if got[0] == signal.SIGINT:
             raise KeyboardInterrupt
-        signal.raise_signal(signal.Signals(rc - 128))
+        signal.raise_signal(signal.Signals(got[0]))
     return rc
 
 
 def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
                timeout: float | None, exit_grace: float, stdout: int | None,
-               stderr: int | None) -> int:
+               stderr: int | None, signals: list[int] | None = None) -> int:
     got: list[int] = []
     previous: dict[int, Any] = {}
     if _in_main_thread():
@@ -306,6 +309,8 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
     if ended_by is None:
         job.poll()  # what the ranks said before mpiexec ended (not the ranks we killed)
     if ended_by == "signal":
+        if signals is not None:
+            signals.append(got[0])
         name = signal.Signals(got[0]).name
         _say(f"stopped by {name}: mpiexec and every rank were ended")
         return 128 + got[0]

@@ -172,6 +172,12 @@ def test_in_process_launch_logs_the_failure_and_passes_signals_on(tmp_path):
     assert done.returncode == 0 and "rc 1" in done.stdout, done.stderr
     text = log.read_text()
     assert "RuntimeError: rank gives up" in text and "failed first" in text, text
+    # A rank's own exit code 130 is a failed job, not a Ctrl-C of the caller.
+    exits = tmp_path / f"{marker}exit.py"
+    exits.write_text("import sys\nfrom mpi4py import MPI\nsys.exit(130)\n")
+    done = subprocess.run([sys.executable, str(caller), str(exits), str(tmp_path / "x.log")],
+                          capture_output=True, text=True, timeout=90, cwd=REPO)
+    assert done.returncode == 0 and "rc 130" in done.stdout, done.stderr
     for sig in (signal.SIGINT, signal.SIGTERM):
         proc = subprocess.Popen([sys.executable, str(caller), str(sleeping),
                                  str(tmp_path / f"{sig.name}.log")],
