@@ -149,6 +149,29 @@ def test_tiny_real_experiment_at_two_ranks_beside_simulation(tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_real_point_past_its_timeout_is_a_failed_row_and_the_run_goes_on(tmp_path):
+    exp = schema.parse_experiment(textwrap.dedent("""\
+        name: slowreal
+        mode: real
+        workloads: resnet50
+        workers: 2
+        compute_scale: 0.05
+        size_scale: 0.01
+        iterations: [100000, 2]
+        backends: [mpi]
+        real: {timeout_s: 3}
+        """))
+    out = tmp_path / "slowreal"
+    summary = runner.run_experiment(exp, out, jobs=1, progress=False)
+    rows = {r["iterations"]: r for r in rows_of(out / "results.csv")}
+    assert summary.failed == 1
+    assert rows["100000"]["status"] == "failed"
+    assert rows["100000"]["error"].startswith(
+        "TimeoutError: real run did not finish in 3 s (timeout_s); the job was killed")
+    assert rows["2"]["status"] == "ok"
+
+
+@pytest.mark.mpi
 def test_mpi_executor_gives_the_same_rows_as_local(tmp_path):
     import subprocess
     import sys
