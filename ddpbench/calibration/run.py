@@ -260,10 +260,10 @@ def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, *,
     if increasing and target >= fhi or not increasing and target <= fhi:
         return hi
 
-    def to_u(x: float) -> float:
+    def flip(x: float) -> float:  # x to the solve's variable and back (1/x is its own inverse)
         return 1.0 / x if inverse else x
 
-    a, b = to_u(lo), to_u(hi)
+    a, b = flip(lo), flip(hi)
     ga, gb = flo - target, fhi - target  # opposite signs
     side = 0
     x = lo
@@ -271,7 +271,7 @@ def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, *,
         u = (a * gb - b * ga) / (gb - ga)
         if not min(a, b) < u < max(a, b):  # rounding: fall back to the midpoint
             u = (a + b) / 2
-        x = 1.0 / u if inverse else u
+        x = flip(u)
         g = f(x) - target
         if abs(g) <= rtol * target:
             return x
