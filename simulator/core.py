@@ -18,7 +18,7 @@ import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 import simpy
@@ -417,8 +417,8 @@ class _Sim:
         self._busy[w].add(begin, done)
         call_later(self.env, done - self.env.now, then, (w, layer))
 
-    def _reduced(self, ev: Any) -> None:
-        w, i = cast(tuple[int, int], ev._value)
+    def _reduced(self, value: tuple[int, int]) -> None:
+        w, i = value
         self.strategy.grad_ready(w, i)
 
     def comm_begin(self, w: int = 0) -> None:
@@ -439,8 +439,8 @@ class _Sim:
             else:
                 self._layer_done(w, layer)
 
-    def _broadcast_done(self, ev: Any) -> None:
-        w, layer = cast(tuple[int, int], ev._value)
+    def _broadcast_done(self, value: tuple[int, int]) -> None:
+        w, layer = value
         self._layer_done(w, layer)
 
     def _layer_done(self, w: int, layer: int) -> None:

@@ -37,39 +37,57 @@ __all__ = ["CountingEnvironment", "Gate", "Link", "Message", "Network", "Port", 
 class CountingEnvironment(simpy.Environment):
     """A simpy environment that counts the events it processes (for benchmarks and tests).
 
-    ``run()`` to exhaustion processes events in a loop of its own: the same order and
-    effects as :meth:`simpy.Environment.step` (pop the earliest, run its callbacks, crash
-    on an undefused failure), without a method call per event.
+    Its heap holds ``(time, priority, id, function, value)``: a scheduled callback
+    (:func:`call_later`, the network's per-message events) is a function and its value, no
+    event object; a simpy event is ``_fire`` and the event, which runs its callbacks as
+    :meth:`simpy.Environment.step` does (and crashes on an undefused failure). ``run()`` to
+    exhaustion processes events in a loop of its own, without a method call per event.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.events = 0
 
+    def schedule(self, event: simpy.Event, priority: int = simpy.core.NORMAL,
+                 delay: float = 0) -> None:
+        queue: Any = self._queue  # simpy declares 4-tuples; this heap holds 5-tuples
+        heapq.heappush(queue, (self._now + delay, priority, next(self._eid), _fire, event))
+
     def step(self) -> None:
+        try:
+            entry: Any = heapq.heappop(self._queue)
+        except IndexError:
+            raise simpy.core.EmptySchedule() from None
         self.events += 1
-        super().step()
+        self._now = entry[0]
+        entry[3](entry[4])
 
     def run(self, until: Any = None) -> Any:
         if until is not None:
             return super().run(until)
-        queue, pop, n = self._queue, heapq.heappop, 0
+        queue: Any = self._queue
+        pop, n = heapq.heappop, 0
         try:
             while queue:
-                self._now, _, _, event = pop(queue)
+                self._now, _, _, fn, value = pop(queue)
                 n += 1
-                callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
-                for callback in callbacks:
-                    callback(event)
-                if not event._ok and not hasattr(event, "_defused"):
-                    exc = type(event._value)(*event._value.args)
-                    exc.__cause__ = event._value
-                    raise exc
+                fn(value)
         finally:
             # + 1: the counting step() also counted the final call that found the queue
             # empty; kept so event counts stay comparable with earlier runs and benchmarks.
             self.events += n + 1
         return None
+
+
+def _fire(event: Any) -> None:
+    """Process a simpy event: run its callbacks; raise its failure if nobody handled it."""
+    callbacks, event.callbacks = event.callbacks, None
+    for callback in callbacks:
+        callback(event)
+    if not event._ok and not hasattr(event, "_defused"):
+        exc = type(event._value)(*event._value.args)
+        exc.__cause__ = event._value
+        raise exc
 
 
 class Link:
@@ -101,33 +119,20 @@ class Link:
             self.busy = False
 
 
-class _Call:
-    """A scheduled callback: the slim event the network schedules per message.
-
-    It carries what :meth:`CountingEnvironment.run` and simpy's ``step`` read of an event
-    (``callbacks``, ``_ok``, ``_value``) and nothing else, so scheduling one costs a tuple
-    on the heap instead of a :class:`simpy.Timeout`'s checks and properties.
-    """
-
-    __slots__ = ("callbacks", "_ok", "_value")
-
-    def __init__(self, callback: Callable[[Any], None], value: Any) -> None:
-        self.callbacks: list[Callable[[Any], None]] | None = [callback]
-        self._ok, self._value = True, value
-
-
 _heappush = heapq.heappush
 
 
 def call_later(env: simpy.Environment, delay: float, callback: Callable[[Any], None],
                value: Any = None, priority: int = 1) -> None:
-    """Run ``callback(event)`` ``delay`` from now (``event._value`` is ``value``).
+    """Run ``callback(value)`` ``delay`` from now (``env`` a :class:`CountingEnvironment`).
 
     ``priority`` orders events of one instant as simpy does (0 urgent, 1 normal); at 2 a
     port chooses only once every message that reaches it at that instant has arrived.
+    A scheduled callback is a heap entry of its own, no event object: the network
+    schedules a few per message.
     """
     e: Any = env  # simpy's own heap and counter, as Environment.schedule uses them
-    _heappush(e._queue, (e._now + delay, priority, next(e._eid), _Call(callback, value)))
+    _heappush(e._queue, (e._now + delay, priority, next(e._eid), callback, value))
 
 
 class Port:
@@ -175,7 +180,7 @@ class Port:
         else:
             call_later(net.env, delay + net.latency, _deliver, msg)
 
-    def _decide(self, _ev: Any) -> None:
+    def _decide(self, _value: Any) -> None:
         self._carry(heapq.heappop(self._queue)[3])
         if self._queue:
             call_later(self.net.env, self.free_at - self.net.env.now, self._decide, None, 2)
@@ -318,7 +323,7 @@ class Sender:
             return msg
         return None
 
-    def _resume(self, _ev: Any) -> None:
+    def _resume(self, _value: Any) -> None:
         self._go()
 
     def _go(self) -> None:
@@ -337,14 +342,13 @@ class Sender:
         net.enter(msg)
         call_later(env, tx, self._sent)
 
-    def _sent(self, ev: Any) -> None:
+    def _sent(self, _value: Any) -> None:
         msg: Any = self._msg
         self.net.record(msg, self._start, self.net.env.now)
         self._go()
 
 
-def _deliver(ev: _Call) -> None:
-    msg: Message = ev._value
+def _deliver(msg: Message) -> None:
     msg.on_arrive(msg)
 
 

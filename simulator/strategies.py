@@ -488,8 +488,8 @@ class _PSBase(Strategy):
         self._arrive_push(part, w)
 
     @staticmethod
-    def _acked(ev: Any) -> None:
-        msg = ev._value
+    def _acked(msg: Message) -> None:
+        assert msg.gate is not None
         msg.gate.release(msg.cost)
 
     def _arrive_push(self, part: _Part, w: int) -> None:
