@@ -155,18 +155,18 @@ class Port:
         self._deciding = False
 
     def arrive(self, msg: Message) -> None:
-        env = self.net.env
-        if not self._deciding and env.now >= self.free_at:
-            self._carry(msg)
+        env: Any = self.net.env
+        now = env._now  # (simpy's ``now`` without its property call: a few per message)
+        if not self._deciding and now >= self.free_at:
+            self._carry(msg, now)
             return
-        heapq.heappush(self._queue, (-msg.priority, env.now, msg.seq, msg))
+        heapq.heappush(self._queue, (-msg.priority, now, msg.seq, msg))
         if not self._deciding:
             self._deciding = True
-            call_later(env, self.free_at - env.now, self._decide, None, 2)
+            call_later(env, self.free_at - now, self._decide, None, 2)
 
-    def _carry(self, msg: Message) -> None:
+    def _carry(self, msg: Message, now: float) -> None:
         net = self.net
-        now = net.env.now
         # Cut-through: this stage starts as the previous one does, but cannot finish before
         # it (``not_before``: the previous stage's end, the sender's uplink for the first).
         tx = msg.nbytes / self.bandwidth
@@ -181,9 +181,11 @@ class Port:
             call_later(net.env, delay + net.latency, _deliver, msg)
 
     def _decide(self, _value: Any) -> None:
-        self._carry(heapq.heappop(self._queue)[3])
+        env: Any = self.net.env
+        now = env._now
+        self._carry(heapq.heappop(self._queue)[3], now)
         if self._queue:
-            call_later(self.net.env, self.free_at - self.net.env.now, self._decide, None, 2)
+            call_later(env, self.free_at - now, self._decide, None, 2)
         else:
             self._deciding = False
 
@@ -332,8 +334,8 @@ class Sender:
             self._idle = True
             return
         net = self.net
-        env = net.env
-        start = env.now
+        env: Any = net.env
+        start = env._now
         # The sender's CPU spends per_message on each message besides its bytes (the
         # transport's cost; 0 on the ideal network).
         tx = msg.nbytes / net.bandwidth + net.per_message
@@ -344,7 +346,8 @@ class Sender:
 
     def _sent(self, _value: Any) -> None:
         msg: Any = self._msg
-        self.net.record(msg, self._start, self.net.env.now)
+        net: Any = self.net
+        net.record(msg, self._start, net.env._now)
         self._go()
 
 

@@ -494,25 +494,29 @@ class _PSBase(Strategy):
 
     def _arrive_push(self, part: _Part, w: int) -> None:
         sim = self.sim
-        cost = part.numel * sim.itemsize / sim.summation
-        start = max(sim.env.now, self._sum_free[part.server])
+        env: Any = sim.env
+        now = env._now  # (simpy's ``now`` without its property call)
+        nbytes = part.numel * sim.itemsize
+        cost = nbytes / sim.summation
+        server = part.server
+        free = self._sum_free[server]
+        start = now if now >= free else free
         done = start + cost
-        if self.server_update and len(part.arrived) + 1 == sim.workers:
+        arrived = part.arrived
+        arrived.append(w)
+        last = len(arrived) == sim.workers
+        if self.server_update and last:
             # MXNet's server runs the optimizer on a key once every push has been summed.
-            done += part.numel * sim.itemsize / sim.update
-        self._sum_free[part.server] = done
+            done += nbytes / sim.update
+        self._sum_free[server] = done
         if cost > 0 and sim.trace_sums:
-            sim.timeline.append(sim.span(sim.server_host(part.server), "sum", part.layer, start,
-                                         done, part.numel * sim.itemsize, sim.host_name(w)))
-        part.arrived.append(w)
-        if len(part.arrived) == sim.workers:
-            if done > sim.env.now:
-                sim.env.timeout(done - sim.env.now, part).callbacks.append(self._summed)
+            sim.timeline.append(sim.span(sim.server_host(server), "sum", part.layer, start,
+                                         done, nbytes, w))
+        if last:
+            if done > now:
+                call_later(env, done - now, self._reply, part)
             else:
                 self._reply(part)
-
-    def _summed(self, ev) -> None:
-        self._reply(ev.value)
 
     def _reply(self, part: _Part) -> None:
         sim = self.sim
