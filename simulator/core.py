@@ -53,6 +53,9 @@ class Span(NamedTuple):
     peer: str = ""  # receiver of a transfer, or the worker whose push a sum adds
 
 
+_new_tuple = tuple.__new__
+
+
 @dataclass(frozen=True)
 class SimResult:
     """What :func:`simulate` measured.
@@ -262,8 +265,10 @@ class _Sim:
     def _record(self, msg: Message, start: float, end: float) -> None:
         self._sent_msgs[msg.src] += msg.nbytes
         self._received_msgs[msg.dst] += msg.nbytes
-        self.timeline.append(Span(self.hosts[msg.src], msg.kind, msg.layer, start, end,
-                                  msg.nbytes, self.hosts[msg.dst]))
+        # (tuple.__new__: a Span without the named tuple's Python-level constructor; one per
+        # message)
+        self.timeline.append(_new_tuple(Span, (self.hosts[msg.src], msg.kind, msg.layer, start,
+                                               end, msg.nbytes, self.hosts[msg.dst])))
 
     # -- training loop
     def _factors(self, iterations: int) -> np.ndarray | None:
