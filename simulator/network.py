@@ -177,8 +177,9 @@ class Port:
             nxt, msg.route = msg.route[0], msg.route[1:]
             msg.not_before = now + delay
             nxt.arrive(msg)
-        else:
-            call_later(net.env, delay + net.latency, _deliver, msg)
+        else:  # call_later(env, delay + latency, _deliver, msg), inlined: once per message
+            env: Any = net.env
+            _heappush(env._queue, (now + (delay + net.latency), 1, next(env._eid), _deliver, msg))
 
     def _decide(self, _value: Any) -> None:
         env: Any = self.net.env
@@ -305,13 +306,7 @@ class Sender:
             call_later(self.net.env, 0, self._resume)
 
     def _next(self) -> Message | None:
-        if self.sockets is not None:
-            msg = self.sockets.take()
-            if msg is not None:
-                # Priority orders only the sending thread: on the wire and at the switch
-                # every message is equal (TCP through a plain switch).
-                msg.priority = 0
-            return msg
+        """Pop the best queued message its gate lets pass (without sockets)."""
         queue = self._queue
         while queue:
             entry = heapq.heappop(queue)
@@ -329,7 +324,15 @@ class Sender:
         self._go()
 
     def _go(self) -> None:
-        msg = self._next()
+        sockets = self.sockets
+        if sockets is not None:
+            msg = sockets.take()
+            if msg is not None:
+                # Priority orders only the sending thread: on the wire and at the switch
+                # every message is equal (TCP through a plain switch).
+                msg.priority = 0
+        else:
+            msg = self._next()
         if msg is None:
             self._idle = True
             return
@@ -342,7 +345,8 @@ class Sender:
         msg.not_before = start + tx
         self._msg, self._start = msg, start
         net.enter(msg)
-        call_later(env, tx, self._sent)
+        # call_later(env, tx, self._sent), inlined: once per message
+        _heappush(env._queue, (start + tx, 1, next(env._eid), self._sent, None))
 
     def _sent(self, _value: Any) -> None:
         msg: Any = self._msg
