@@ -425,3 +425,40 @@ def test_simulate_cli_says_when_the_receiving_socket_binds(capsys):
     for backend, bw in (("kvstore", "10"), ("horovod", "40")):  # below the cap; a ring
         assert cli_main([*args, "--backend", backend, "--bandwidth-gbps", bw]) == 0
         assert "receives at most" not in capsys.readouterr().out
+
+
+def test_engine_orders_callbacks_and_simpy_events_on_one_heap():
+    # Scheduled callbacks (call_later) and simpy events share one heap of
+    # (time, priority, id, function, value): one instant runs urgent first, then in order
+    # of scheduling; run(until=...) steps through the same heap; a failure nobody handles
+    # crashes the run with its own type.
+    from ddpbench.simulator.network import call_later
+
+    env = CountingEnvironment()
+    seen: list[tuple[float, str]] = []
+
+    def proc():
+        yield env.timeout(2)
+        seen.append((env.now, "timeout"))
+        call_later(env, 0, lambda v: seen.append((env.now, v)), "same instant, later id")
+
+    call_later(env, 2, lambda v: seen.append((env.now, v)), "callback before")
+    env.process(proc())
+    call_later(env, 2, lambda v: seen.append((env.now, v)), "urgent", 0)
+    call_later(env, 1, lambda v: seen.append((env.now, v)), "earlier")
+    env.run(until=1.5)
+    assert seen == [(1, "earlier")] and env.now == 1.5
+    env.run()
+    assert seen == [(1, "earlier"), (2, "urgent"), (2, "callback before"), (2, "timeout"),
+                    (2, "same instant, later id")]
+    # 4 callbacks; the process's start, its timeout and its end; the until event; and the
+    # final look at an empty heap that run() counts as step() did
+    assert env.events == 9
+
+    def failing():
+        yield env.timeout(1)
+        raise KeyError("lost")
+
+    env.process(failing())
+    with pytest.raises(KeyError, match="lost"):
+        env.run()
