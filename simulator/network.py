@@ -177,9 +177,10 @@ class Port:
             nxt, msg.route = msg.route[0], msg.route[1:]
             msg.not_before = now + delay
             nxt.arrive(msg)
-        else:  # call_later(env, delay + latency, _deliver, msg), inlined: once per message
+        else:  # call_later(env, delay + latency, msg.on_arrive, msg), inlined: once a message
             env: Any = net.env
-            _heappush(env._queue, (now + (delay + net.latency), 1, next(env._eid), _deliver, msg))
+            _heappush(env._queue, (now + (delay + net.latency), 1, next(env._eid),
+                                   msg.on_arrive, msg))
 
     def _decide(self, _value: Any) -> None:
         env: Any = self.net.env
@@ -353,10 +354,6 @@ class Sender:
         net: Any = self.net
         net.record(msg, self._start, net.env._now)
         self._go()
-
-
-def _deliver(msg: Message) -> None:
-    msg.on_arrive(msg)
 
 
 class Network:

@@ -462,8 +462,9 @@ class _PSBase(Strategy):
             self._arrive_push(part, w)
         else:
             gate, cost = self.gate(w, part)
-            self.net.send(Message(w, host, part.numel * sim.itemsize, self.push_priority(part),
-                                  "push", part.layer, self._on_push, (part, w), gate, cost))
+            self.net.senders[w].send(Message(w, host, part.numel * sim.itemsize,
+                                             self.push_priority(part), "push", part.layer,
+                                             self._on_push, (part, w), gate, cost))
 
     def push_priority(self, part: _Part) -> float:
         """Return the priority a push carries on the worker's uplink."""
