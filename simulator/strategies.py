@@ -474,7 +474,7 @@ class _PSBase(Strategy):
         """The server's answer to worker ``w``'s push of ``part`` has reached it."""
 
     def _later(self, delay: float, fn: Callable[[Any], None], value: Any) -> None:
-        self.sim.env.timeout(delay, value).callbacks.append(lambda ev: fn(ev.value))
+        call_later(self.sim.env, delay, fn, value)
 
     def _on_push(self, msg: Message) -> None:
         part, w = msg.data

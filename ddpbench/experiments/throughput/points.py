@@ -247,13 +247,13 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
         log = Path(tmp) / "launch.log"
         rc = launch_logged(worker_cmd, workers, servers, log=log, timeout=timeout,
                            bind=str(params.get("bind", "none")))
+        if rc == 124:  # (mpiexec's own lines about the killed ranks say no more)
+            raise TimeoutError(f"real run did not finish in {timeout:g} s (timeout_s); "
+                               f"the job was killed")
         if not out.exists() or rc != 0:
             errs = sorted(Path(tmp).glob("result.json.rank*.err"))
-            text = log.read_text(errors="replace")
-            detail = errs[0].read_text().strip() if errs else _tail(text)
-            if rc == 124:  # (mpiexec's own lines about the killed ranks say no more)
-                raise TimeoutError(f"real run did not finish in {timeout:g} s (timeout_s); "
-                                   f"the job was killed")
+            detail = (errs[0].read_text().strip() if errs
+                      else _tail(log.read_text(errors="replace")))
             raise RuntimeError(f"real run failed (exit {rc}): {detail}")
         result = json.loads(out.read_text())
     return {
