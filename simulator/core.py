@@ -250,7 +250,7 @@ class _Sim:
              peer: int | str = "") -> Span:
         if isinstance(peer, int):
             peer = self.hosts[peer]
-        return Span(self.hosts[host], kind, layer, start, end, int(nbytes), peer)
+        return _new_tuple(Span, (self.hosts[host], kind, layer, start, end, int(nbytes), peer))
 
     def add_sent_all(self, per_rank: np.ndarray) -> None:
         p = self.workers

@@ -278,8 +278,16 @@ class Sender:
         """Queue ``msg``; larger ``priority`` goes first, equal priorities in FIFO order."""
         net = self.net
         net._seq += 1
-        msg.seq = net._seq
-        self.requeue((-msg.priority, msg.seq, msg))
+        msg.seq = seq = net._seq
+        # (requeue and _wake, inlined: once per message)
+        sockets = self.sockets
+        if sockets is not None:
+            sockets.queue((-msg.priority, seq, msg))
+        else:
+            heapq.heappush(self._queue, (-msg.priority, seq, msg))
+        if self._idle:
+            self._idle = False
+            call_later(net.env, 0, self._resume)
 
     def send_direct(self, msg: Message) -> None:
         """Put ``msg`` on the wire behind what is already there, bypassing the queue.
@@ -290,9 +298,13 @@ class Sender:
         if self.sockets is None:
             self.send(msg)
             return
-        msg.seq = self.net.next_seq()
+        net = self.net
+        net._seq += 1
+        msg.seq = net._seq
         self.sockets.direct(msg)
-        self._wake()
+        if self._idle:
+            self._idle = False
+            call_later(net.env, 0, self._resume)
 
     def requeue(self, entry: tuple[float, int, Message]) -> None:
         if self.sockets is not None:
@@ -345,7 +357,10 @@ class Sender:
         tx = msg.nbytes / net.bandwidth + net.per_message
         msg.not_before = start + tx
         self._msg, self._start = msg, start
-        net.enter(msg)
+        if net.direct:
+            net.down[msg.dst].arrive(msg)
+        else:
+            net.enter(msg)
         # call_later(env, tx, self._sent), inlined: once per message
         _heappush(env._queue, (start + tx, 1, next(env._eid), self._sent, None))
 
@@ -412,6 +427,8 @@ class Network:
             [(Port(self, h, socket_bandwidth), Port(self, h, socket_bandwidth))
              for h in range(nhosts)]
             if socket_bandwidth is not None and socket_bandwidth < bandwidth else [])
+        # every message goes straight to its receiver's port (no racks, no socket ports)
+        self.direct = not self.racked and not self.sockets_in
 
     def enter(self, msg: Message) -> None:
         """Start ``msg`` into the switch: its receiver's port, through the core if between

@@ -383,11 +383,14 @@ class CollectiveStrategy(_AllreduceBase):
 
 
 class _Part:
-    __slots__ = ("layer", "numel", "server", "priority", "arrived", "index", "pulls", "summed")
+    __slots__ = ("layer", "numel", "server", "priority", "arrived", "index", "pulls", "summed",
+                 "host", "nbytes")
 
-    def __init__(self, index: int, layer: int, numel: int, server: int, priority: float) -> None:
+    def __init__(self, index: int, layer: int, numel: int, server: int, priority: float,
+                 host: int, nbytes: int) -> None:
         self.index, self.layer, self.numel = index, layer, numel
         self.server, self.priority = server, priority
+        self.host, self.nbytes = host, nbytes  # the server's host; numel * itemsize
         self.arrived: list[int] = []
         self.pulls: set[int] = set()  # pull requests waiting for this round's sum
         self.summed: set[int] = set()  # workers whose sum is ready, no pull request yet
@@ -429,12 +432,14 @@ class _PSBase(Strategy):
         rule, :mod:`ddpbench.backends.ps.placement`; the key is the tensor's index, its
         order of first use); ``prioritised`` gives each part its layer's priority, -layer,
         else 0 (FIFO)."""
+        sim = self.sim
         parts: list[_Part] = []
-        for key, t in enumerate(self.sim.workload.tensors):
+        for key, t in enumerate(sim.workload.tensors):
             for p in place(key, t.numel):
                 if p.count:
                     parts.append(_Part(len(parts), t.layer, p.count, p.server,
-                                       -t.layer if prioritised else 0))
+                                       -t.layer if prioritised else 0,
+                                       sim.server_host(p.server), p.count * sim.itemsize))
         return parts
 
     def units(self, layer: int) -> int:
@@ -456,15 +461,14 @@ class _PSBase(Strategy):
 
     def post(self, w: int, part: _Part) -> None:
         """Hand ``part``'s push to the network (a scheduler may hold it back first)."""
-        sim = self.sim
-        host = sim.server_host(part.server)
+        host = part.host
         if host == w:
             self._arrive_push(part, w)
         else:
             gate, cost = self.gate(w, part)
-            self.net.senders[w].send(Message(w, host, part.numel * sim.itemsize,
-                                             self.push_priority(part), "push", part.layer,
-                                             self._on_push, (part, w), gate, cost))
+            self.net.senders[w].send(Message(w, host, part.nbytes, self.push_priority(part),
+                                             "push", part.layer, self._on_push, (part, w),
+                                             gate, cost))
 
     def push_priority(self, part: _Part) -> float:
         """Return the priority a push carries on the worker's uplink."""
@@ -497,7 +501,7 @@ class _PSBase(Strategy):
         sim = self.sim
         env: Any = sim.env
         now = env._now  # (simpy's ``now`` without its property call)
-        nbytes = part.numel * sim.itemsize
+        nbytes = part.nbytes
         cost = nbytes / sim.summation
         server = part.server
         free = self._sum_free[server]
@@ -511,8 +515,7 @@ class _PSBase(Strategy):
             done += nbytes / sim.update
         self._sum_free[server] = done
         if cost > 0 and sim.trace_sums:
-            sim.timeline.append(sim.span(sim.server_host(server), "sum", part.layer, start,
-                                         done, nbytes, w))
+            sim.timeline.append(sim.span(part.host, "sum", part.layer, start, done, nbytes, w))
         if last:
             if done > now:
                 call_later(env, done - now, self._reply, part)
@@ -521,7 +524,7 @@ class _PSBase(Strategy):
 
     def _reply(self, part: _Part) -> None:
         sim = self.sim
-        host = sim.server_host(part.server)
+        host = part.host
         order, part.arrived = part.arrived, []
         for w in order:
             if w == host:
@@ -551,10 +554,8 @@ class _PSBase(Strategy):
             part.pulls.add(w)
 
     def _send_sum(self, part: _Part, w: int) -> None:
-        sim = self.sim
-        self.send_reply(Message(sim.server_host(part.server), w, part.numel * sim.itemsize,
-                                self.reply_priority(part), "pull", part.layer, self._on_pull,
-                                (part, w)))
+        self.send_reply(Message(part.host, w, part.nbytes, self.reply_priority(part), "pull",
+                                part.layer, self._on_pull, (part, w)))
 
     def reply_priority(self, part: _Part) -> float:
         """Return the priority of a server's answer (0: servers answer in FIFO order)."""
@@ -687,7 +688,7 @@ class BytepsStrategy(_PSBase):
             self._cores[w].finished(part)  # the server acknowledged this worker's push
 
     def _arrive_push(self, part: _Part, w: int) -> None:
-        if self.knobs.scheduler == "bytescheduler" and self.sim.server_host(part.server) == w:
+        if self.knobs.scheduler == "bytescheduler" and part.host == w:
             # the colocated server's answer comes back over loopback like any other
             self._later(self.sim.latency, self._pushed_local, (part, w))
         super()._arrive_push(part, w)
@@ -702,7 +703,7 @@ class BytepsStrategy(_PSBase):
         g = self._gates.get(w)
         if g is None:
             g = self._gates[w] = Gate(self.knobs.credit_bytes, self.net.senders[w])
-        return g, float(part.numel * self.sim.itemsize)
+        return g, float(part.nbytes)
 
 
 class _ByteSchedulerCore:

@@ -104,7 +104,8 @@ def test_simulator_places_parts_where_the_real_backends_do():
              lambda k, n: placement.p3_parts(k, n, 40_000, 3)),
             (BytepsStrategy, {"partition_bytes": 4_096_000},
              lambda k, n: placement.byteps_parts(k, n, 1_024_000, 3))):
-        sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4)
+        sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4,
+                              server_host=lambda j: j)
         strat = cls.__new__(cls)
         strat.sim, strat.knobs = sim, cls.parse_knobs(knobs)
         got = [(p.layer, p.numel, p.server) for p in strat.make_parts()]
@@ -115,7 +116,8 @@ def test_simulator_places_parts_where_the_real_backends_do():
     from ddpbench.simulator.strategies import KvstoreStrategy
 
     strat = KvstoreStrategy.__new__(KvstoreStrategy)
-    strat.sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4)
+    strat.sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4,
+                                server_host=lambda j: j)
     strat.knobs = KvstoreStrategy.parse_knobs({})
     parts = strat.make_parts()
     assert {p.priority for p in parts} == {0}
