@@ -267,7 +267,7 @@ class Sender:
         self._msg: Message | None = None
         self._start = 0.0
         self.sockets: Sockets[Message] | None = None
-        call_later(net.env, 0, self._resume, None, 0)  # as a process's Initialize (urgent)
+        call_later(net.env, 0, self._go, None, 0)  # as a process's Initialize (urgent)
 
     def use_sockets(self, hwm: int) -> None:
         """Send through per-destination sockets of ``hwm`` messages (P3's ps-lite,
@@ -287,7 +287,7 @@ class Sender:
             heapq.heappush(self._queue, (-msg.priority, seq, msg))
         if self._idle:
             self._idle = False
-            call_later(net.env, 0, self._resume)
+            call_later(net.env, 0, self._go)
 
     def send_direct(self, msg: Message) -> None:
         """Put ``msg`` on the wire behind what is already there, bypassing the queue.
@@ -304,7 +304,7 @@ class Sender:
         self.sockets.direct(msg)
         if self._idle:
             self._idle = False
-            call_later(net.env, 0, self._resume)
+            call_later(net.env, 0, self._go)
 
     def requeue(self, entry: tuple[float, int, Message]) -> None:
         if self.sockets is not None:
@@ -316,7 +316,7 @@ class Sender:
     def _wake(self) -> None:
         if self._idle:
             self._idle = False
-            call_later(self.net.env, 0, self._resume)
+            call_later(self.net.env, 0, self._go)
 
     def _next(self) -> Message | None:
         """Pop the best queued message its gate lets pass (without sockets)."""
@@ -333,10 +333,18 @@ class Sender:
             return msg
         return None
 
-    def _resume(self, _value: Any) -> None:
-        self._go()
+    def _go(self, _value: Any = None) -> None:
+        """Record the message that has just left the uplink, if any, and start the next.
 
-    def _go(self) -> None:
+        Scheduled when the uplink frees (``start + tx`` of the message on it) and when an
+        idle sender is woken (nothing on the uplink then).
+        """
+        net = self.net
+        env: Any = net.env
+        sent = self._msg
+        if sent is not None:
+            self._msg = None
+            net.record(sent, self._start, env._now)
         sockets = self.sockets
         if sockets is not None:
             msg = sockets.take()
@@ -349,8 +357,6 @@ class Sender:
         if msg is None:
             self._idle = True
             return
-        net = self.net
-        env: Any = net.env
         start = env._now
         # The sender's CPU spends per_message on each message besides its bytes (the
         # transport's cost; 0 on the ideal network).
@@ -361,14 +367,8 @@ class Sender:
             net.down[msg.dst].arrive(msg)
         else:
             net.enter(msg)
-        # call_later(env, tx, self._sent), inlined: once per message
-        _heappush(env._queue, (start + tx, 1, next(env._eid), self._sent, None))
-
-    def _sent(self, _value: Any) -> None:
-        msg: Any = self._msg
-        net: Any = self.net
-        net.record(msg, self._start, net.env._now)
-        self._go()
+        # call_later(env, tx, self._go), inlined: once per message
+        _heappush(env._queue, (start + tx, 1, next(env._eid), self._go, None))
 
 
 class Network:
