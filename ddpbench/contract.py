@@ -419,6 +419,9 @@ class Cluster(BaseModel):
             fraction of line rate, per-message cost, duplex.
         device: the GPU (or CPU) of every worker (:data:`ddpbench.hardware.DEVICES`);
             ``None`` = the device the workload's profile was measured on.
+        nccl_proto: the NCCL protocols a named GPU's rings may use, in ``NCCL_PROTO``'s
+            syntax (``"^LL128"``, ``"LL,Simple"``; :func:`ddpbench.hardware.nccl_protocols`);
+            ``None`` = NCCL's default; simulated only, on a real transport.
         overlap_slowdown: how much longer a GPU's compute takes while its own collectives
             run beside it (a ring allreduce's steps, a host's intra-host reduction or
             broadcast): 0.189 = 18.9% longer for the time they overlap; ``None`` = the
@@ -465,6 +468,8 @@ class Cluster(BaseModel):
         f"one of {sorted(hardware.TRANSPORTS)}"))
     device: str | None = Field(None, json_schema_extra=_expect(
         f"one of {sorted(hardware.DEVICES)} (or none: the profile's own)"))
+    nccl_proto: str | None = Field(None, json_schema_extra=_expect(
+        "NCCL_PROTO's syntax, e.g. '^LL128' or 'LL,Simple' (or none: NCCL's default)"))
     overlap_slowdown: float | None = Field(None, ge=0, le=10, allow_inf_nan=False,
                                            json_schema_extra=_expect(
                                                "a number in [0, 10] (or none: the device's)"))
@@ -513,6 +518,7 @@ class Cluster(BaseModel):
         hardware.transport(self.transport)
         if self.device is not None:
             hardware.device(self.device)
+        hardware.nccl_protocols(self.nccl_proto)
         if self.stragglers > self.workers:
             raise ValueError(f"stragglers ({self.stragglers}) must be <= workers "
                              f"({self.workers})")
@@ -565,7 +571,7 @@ def _cluster_message(err: ValidationError) -> str:
 
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
-    "device": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
+    "device": None, "nccl_proto": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
     "server_update_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
     "priority": True, "precision": "fp32", "bind": "none",

@@ -11,7 +11,9 @@ calibrate``) all speak of the same things:
 - a :class:`Transport` is how a host's NIC is driven: the fraction of line rate its
   payload reaches, the sender CPU time each message costs, and how much of the
   per-direction rate is left when both directions are busy;
-- an :class:`IntraLink` joins the GPUs of one host (PCIe or NVLink).
+- an :class:`IntraLink` joins the GPUs of one host (PCIe or NVLink);
+- :func:`nccl_ring` is NCCL's own cost model of its ring (latency per protocol and link,
+  the protocol it picks), for the rings of GPUs on a real transport.
 
 Rescaling rule of compute times (:func:`compute_factor`), used by the simulator when a point
 names a ``device`` or a ``batch_size`` other than its profile's:
@@ -37,15 +39,20 @@ from typing import TypeVar
 __all__ = [
     "DEVICES",
     "INTRA_LINKS",
+    "NCCL_PROTOCOLS",
+    "NCCL_SOURCE",
     "OVERLAP_SLOWDOWN",
     "OVERLAP_SOURCE",
     "TRANSPORTS",
     "Device",
     "IntraLink",
+    "NcclProtocol",
     "Transport",
     "compute_factor",
     "device",
     "intra_link",
+    "nccl_protocols",
+    "nccl_ring",
     "overlap_slowdown_of",
     "transport",
 ]
@@ -69,6 +76,8 @@ class Device:
             own (a ring allreduce's kernels, a host's intra-host reduction) runs beside
             it: 0.189 = 18.9% longer (see :data:`OVERLAP_SLOWDOWN`); 0 for the CPU entry,
             whose contention a calibrated machine profile measures instead.
+        compute_capability: CUDA compute capability (6.1 for a Pascal P4000), None for
+            the CPU; a GPU's rings run NCCL (:func:`nccl_ring`), whose model depends on it.
     """
 
     name: str
@@ -77,6 +86,7 @@ class Device:
     saturation_batch: float
     source: str
     overlap_slowdown: float = 0.0
+    compute_capability: float | None = None
 
 
 # b0 for a P100 comes from TensorFlow's published ResNet-50 training throughput on one P100
@@ -110,26 +120,26 @@ OVERLAP_SOURCE = ("arXiv 2507.03114 (Characterizing Compute-Communication Overla
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("P4000", 5.3, 243.0, _b0(5.3),
            "NVIDIA Quadro P4000 datasheet (5.3 TFLOP/s fp32, 243 GB/s GDDR5): the P3 paper's GPU",
-           overlap_slowdown=OVERLAP_SLOWDOWN),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.1),
     Device("M60", 4.8, 160.0, _b0(4.8),
            "NVIDIA Tesla M60 datasheet (two GPUs per board: 9.6 TFLOP/s fp32 and 2 x 160 GB/s "
            "GDDR5), one GPU of it: AWS g3.4xlarge's GPU, the P3 paper's scalability runs",
-           overlap_slowdown=OVERLAP_SLOWDOWN),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=5.2),
     Device("P100", 10.6, 732.0, _b0(10.6),
            "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2)",
-           overlap_slowdown=OVERLAP_SLOWDOWN),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.0),
     Device("V100", 15.7, 900.0, _b0(15.7),
            "NVIDIA Tesla V100 SXM2 datasheet (15.7 TFLOP/s fp32, 900 GB/s HBM2)",
-           overlap_slowdown=OVERLAP_SLOWDOWN),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0),
     Device("T4", 8.1, 320.0, _b0(8.1),
            "NVIDIA T4 datasheet (8.1 TFLOP/s fp32, 320 GB/s GDDR6)",
-           overlap_slowdown=OVERLAP_SLOWDOWN),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.5),
     Device("A100", 19.5, 1555.0, _b0(19.5),
            "NVIDIA A100 40GB SXM datasheet (19.5 TFLOP/s fp32 without TF32, 1,555 GB/s)",
-           overlap_slowdown=OVERLAP_SLOWDOWN),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=8.0),
     Device("H100", 67.0, 3350.0, _b0(67.0),
            "NVIDIA H100 SXM datasheet (67 TFLOP/s fp32 without TF32, 3,350 GB/s HBM3)",
-           overlap_slowdown=OVERLAP_SLOWDOWN),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=9.0),
     Device("cpu", 0.2, 4.1, _b0(0.2),
            "this project's build machine (2 cores of an AMD EPYC): 200 GFLOP/s for a "
            "1024x1024 fp32 np.matmul and 4.1 GB/s for np.copyto of 256 MiB, measured with "
@@ -237,6 +247,127 @@ INTRA_LINKS: dict[str, IntraLink] = {x.name: x for x in (
               "over 8 V100s (nccl-tests)"),
 )}
 """Intra-host link name -> :class:`IntraLink`: the ``intra_link`` axis of a point."""
+
+
+NCCL_SOURCE = ("NVIDIA/nccl src/graph/tuning.cc (the repository's stored version, commit b647562, "
+               "copyright 2016-2022): ncclTopoTuneModel's ring latencies and "
+               "ncclTopoGetAlgoTime's 'plateau effect of ring'")
+
+
+@dataclass(frozen=True)
+class NcclProtocol:
+    """One of NCCL's protocols as its tuning model prices a ring (``NCCL_SOURCE``).
+
+    Attributes:
+        name: ``"LL"``, ``"LL128"`` or ``"Simple"``.
+        base_us: the fixed latency of one collective (``baseLat``, ring).
+        step_us: the latency of one ring step by the link it crosses: ``nvlink`` or
+            ``pcie`` inside a host, ``net`` between hosts (``hwLat``, ring).
+    """
+
+    name: str
+    base_us: float
+    step_us: dict[str, float]
+
+
+NCCL_PROTOCOLS: tuple[NcclProtocol, ...] = (
+    NcclProtocol("LL", 6.6, {"nvlink": 0.6, "pcie": 1.0, "net": 2.7}),
+    NcclProtocol("LL128", 14.0, {"nvlink": 1.9, "pcie": 2.5, "net": 4.0}),
+    NcclProtocol("Simple", 8.4, {"nvlink": 3.4, "pcie": 5.7, "net": 14.0}),
+)
+"""NCCL's ring protocols in the order its tuner tries them (the first of equal times wins)."""
+
+def nccl_protocols(value: str | None) -> dict[str, int]:
+    """Return each protocol's state under an ``NCCL_PROTO`` setting: 1 on, 0 off, 2 NCCL's
+    own choice (LL128 by default: on only where NCCL enables it, see :func:`nccl_ring`).
+
+    As NCCL reads the variable (``parseList`` in ``NCCL_SOURCE``): ``None`` is NCCL's
+    default; ``"LL,Simple"`` turns on the protocols named and no other; ``"^LL128"`` turns
+    off those named and on every other (LL128 then on whatever the GPU). Names are
+    case-insensitive. Unlike NCCL, an unknown name or a setting that leaves no protocol is
+    an error naming ``nccl_proto``.
+    """
+    names = [p.name for p in NCCL_PROTOCOLS]
+    if value is None:
+        return {n: 2 if n == "LL128" else 1 for n in names}
+    text = value.strip()
+    exclude = text.startswith("^")
+    items = [t.strip() for t in text.removeprefix("^").split(",") if t.strip()]
+    known = {n.lower(): n for n in names}
+    unknown = [t for t in items if t.lower() not in known]
+    if unknown or not items:
+        raise ValueError(f"nccl_proto: expected NCCL_PROTO's syntax, protocols of {names} "
+                         f"separated by commas, or ^ and the ones to leave out; got {value!r}")
+    listed = {known[t.lower()] for t in items}
+    states = {n: int((n in listed) != exclude) for n in names}
+    if not any(states.values()):
+        raise ValueError(f"nccl_proto: {value!r} leaves no protocol on")
+    return states
+
+
+# A ring step between hosts launches a network operation: 1 us on an x86 host (Intel; 2 on
+# AMD), three of them per step for Simple; an intra-host step of a multi-host ring costs at
+# least that much.
+_NCCL_NET_OVERHEAD_US = 1.0
+
+
+def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
+              compute_capability: float, transfer_s: float,
+              protocols: dict[str, int] | None = None) -> tuple[str, float, float]:
+    """Return the protocol NCCL's tuner picks for a ring collective, its latency and its
+    bandwidth factor: ``(name, latency seconds, fraction of Simple's bandwidth)``.
+
+    NCCL's model (``NCCL_SOURCE``): a ring ``coll`` (``"allreduce"``: 2(r-1) steps;
+    ``"reduce_scatter"`` or ``"all_gather"``: r-1 steps) over ``ranks`` GPUs on ``nodes``
+    hosts costs ``base + (steps - inter) x intra_step + inter x net_step`` (``inter``: 2 x
+    nodes steps of an allreduce cross hosts, nodes - 1 of the others; none on one host),
+    times 1.9 (compute capability below 8.0) or 1.4 for Simple allreduces across hosts of
+    at least 64 bytes per rank, plus its bytes at the protocol's share of the bus bandwidth:
+    LL moves 8 bytes per 16 (a quarter of Simple's rate across hosts or in an allreduce, a
+    third otherwise), LL128 120 of 128 (0.92 of it; 0.7 with one GPU per host; only over
+    NVLink on compute capability 7.0, 8.0 and 9.0 GPUs, where NCCL enables it), Simple all
+    of it. The tuner picks the protocol of least time among those ``protocols`` leaves on
+    (:func:`nccl_protocols`; ``None``: NCCL's default). ``transfer_s`` is the bytes' time
+    at Simple's rate (the simulator's ring of the same size). Not modelled: NCCL's tree
+    and other algorithms (the simulated collective is a ring), the per-channel caps on
+    LL's and LL128's rates, and the number of channels (the 64 bytes per rank count one).
+    """
+    if coll == "allreduce":
+        steps = 2 * (ranks - 1)
+        inter = 2 * nodes if nodes > 1 else 0
+    elif coll in ("reduce_scatter", "all_gather"):
+        steps = ranks - 1
+        inter = nodes - 1
+    else:
+        raise ValueError(f"coll: unknown ring collective {coll!r}; available: "
+                         "['all_gather', 'allreduce', 'reduce_scatter']")
+    states = nccl_protocols(None) if protocols is None else protocols
+    best: tuple[str, float, float] | None = None
+    best_time = float("inf")
+    for proto in NCCL_PROTOCOLS:
+        state = states[proto.name]
+        if state == 0 or (state == 2 and not (intra_link == "nvlink"
+                                              and compute_capability in (7.0, 8.0, 9.0))):
+            continue
+        intra = proto.step_us[intra_link]
+        if nodes > 1:
+            overhead = _NCCL_NET_OVERHEAD_US * (3 if proto.name == "Simple" else 1)
+            intra = max(intra, overhead)
+        lat = proto.base_us + (steps - inter) * intra + inter * proto.step_us["net"]
+        if (proto.name == "Simple" and nodes > 1 and coll == "allreduce"
+                and nbytes / ranks >= 64):
+            lat *= 1.9 if compute_capability < 8.0 else 1.4
+        if proto.name == "LL":
+            share = 1 / 4 if nodes > 1 or coll == "allreduce" else 1 / 3
+        elif proto.name == "LL128":
+            share = 0.92 if ranks / nodes >= 2 else 0.7
+        else:
+            share = 1.0
+        time = lat * 1e-6 + transfer_s / share
+        if time < best_time:
+            best, best_time = (proto.name, lat * 1e-6, share), time
+    assert best is not None
+    return best
 
 
 def _lookup(table: dict[str, _T], kind: str, name: str) -> _T:

@@ -28,6 +28,9 @@ class SimContext(Protocol):
     per_message: float
     intra_bandwidth: float
     intra_latency: float
+    intra_link: str
+    nccl: float | None  # the GPUs' compute capability where rings run NCCL's model
+    nccl_proto: dict[str, int]  # the protocols NCCL may use (hardware.nccl_protocols)
     negotiation: float
     summation: float
     update: float

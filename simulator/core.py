@@ -188,6 +188,13 @@ class _Sim:
         self.per_message = tr.per_message_us * 1e-6
         self.intra_bandwidth = link.bandwidth_gbps * 1e9 / 8
         self.intra_latency = link.latency_us * 1e-6
+        self.intra_link = link.name
+        # A named GPU's rings run NCCL, priced by NCCL's own model (hardware.nccl_ring) on a
+        # real transport; the ideal transport keeps the closed forms' latency per step.
+        dev = hardware.DEVICES.get(c.device) if c.device else None
+        self.nccl: float | None = (dev.compute_capability if dev is not None
+                                   and tr.name != "ideal" else None)
+        self.nccl_proto = hardware.nccl_protocols(c.nccl_proto)
         self.summation = summation
         self.update = math.inf if c.server_update_gbps is None else c.server_update_gbps * 1e9 / 8
         self.itemsize = ITEMSIZE

@@ -27,7 +27,7 @@ import numpy as np
 import simpy
 from pydantic import BaseModel
 
-from ddpbench import contract
+from ddpbench import contract, hardware
 from ddpbench.backends.ps import placement
 from ddpbench.backends.ps.placement import Part
 from ddpbench.fusion import fuse_responses, next_cycle_start
@@ -138,6 +138,12 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     ``uplink`` (several rings sharing the sender), a step first waits for the uplink and
     holds it for its per-message cost and bytes (the transport's per-message cost occupies
     the sender like bytes do), then the latency passes.
+
+    The GPUs of a point that names its device reduce with NCCL: on a real transport
+    (``sim.nccl``, not the ideal one) the fixed costs are NCCL's own model of its ring
+    (:func:`ddpbench.hardware.nccl_ring`: the protocol its tuner picks, whose latency is
+    spread evenly over the steps and whose share of the bandwidth stretches each step's
+    bytes) instead of latency plus per-message cost per step.
     """
     p = sim.workers
     if p == 1:
@@ -145,11 +151,21 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     env = sim.env
     base, extra = divmod(n, p)
     lat, tx = _ring_step(sim, (base + (extra > 0)) * itemsize)
+    share = 1.0
+    if sim.nccl is not None:  # NCCL's latency and protocol replace the per-step costs
+        steps = 2 * (p - 1)
+        _, total, share = hardware.nccl_ring("allreduce", n * itemsize, p, sim.num_hosts,
+                                             sim.intra_link, sim.nccl, steps * tx,
+                                             sim.nccl_proto)
+        lat, tx = total / steps, tx / share
     held = tx
     if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
         # Rings share the NIC at its speed; each ring's own connection may be slower.
-        nic_tx = (base + (extra > 0)) * itemsize / sim.ring_bandwidth
-        held, lat = nic_tx + sim.per_message, sim.latency + (tx - nic_tx)
+        nic_tx = (base + (extra > 0)) * itemsize / sim.ring_bandwidth / share
+        if sim.nccl is not None:
+            held, lat = nic_tx, lat + (tx - nic_tx)
+        else:
+            held, lat = nic_tx + sim.per_message, sim.latency + (tx - nic_tx)
     record = sim.timeline.append if sim.trace_steps else None
     sim.comm_begin()
     for s in range(2 * (p - 1)):
@@ -192,7 +208,11 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     where ``f`` is one connection's bandwidth (over tcp; unbounded otherwise): each of the
     ``g`` rings has its own.
 
-    With one GPU per host this is the flat ring, step for step.
+    With one GPU per host this is the flat ring, step for step. On a named GPU over a real
+    transport the intra-host phases are NCCL's (``ncclReduceScatter``, ``ncclAllGather`` on
+    one host: :func:`ddpbench.hardware.nccl_ring`); the cross-host phase stays an MPI
+    allreduce over the transport (Horovod copies the shard to host memory for
+    ``MPI_Allreduce``), ``a + c`` a step.
     """
     g, h = sim.gpus, sim.num_hosts
     if g == 1:
@@ -202,6 +222,11 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     record = sim.timeline.append if sim.trace_steps else None
     shard = -(-n // g) * itemsize
     local = (g - 1) * (sim.intra_latency + shard / sim.intra_bandwidth)
+    if sim.nccl is not None:  # ncclReduceScatter and ncclAllGather on one host
+        moved = (g - 1) * shard / sim.intra_bandwidth
+        _, lat, share = hardware.nccl_ring("reduce_scatter", g * shard, g, 1, sim.intra_link,
+                                           sim.nccl, moved, sim.nccl_proto)
+        local = lat + moved / share
     sim.comm_begin()
     start = env.now
     yield env.timeout(local)  # reduce-scatter: g-1 steps, one event

@@ -213,6 +213,7 @@ def test_rescaled_throughput_matches_published_single_device(workload, device, b
     (dict(device="K80"), "device"),
     (dict(transport="udp"), "transport"),
     (dict(intra_link="nvswitch"), "intra_link"),
+    (dict(nccl_proto="LL256"), "nccl_proto"),
     (dict(batch_size=0), "batch_size"),
     (dict(batch_size=-32), "batch_size"),
     (dict(jitter=-0.1), "jitter"),

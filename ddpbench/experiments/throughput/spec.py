@@ -106,6 +106,7 @@ class ThroughputSpec(Frozen):
     intra_link: tuple[str, ...] = ("pcie",)
     transport: tuple[str, ...] = ("ideal",)
     device: tuple[str | None, ...] = (None,)
+    nccl_proto: tuple[str | None, ...] = (None,)
     overlap_slowdown: tuple[float | None, ...] = (None,)
     server_sum_gbps: tuple[float, ...] = (80.0,)
     server_update_gbps: tuple[float | None, ...] = (None,)

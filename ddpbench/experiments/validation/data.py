@@ -46,6 +46,7 @@ class Setting(_Frozen):
     precision: Literal["fp32", "mixed"] = "fp32"
     transport: str = "tcp"
     intra_link: str = "pcie"
+    nccl_proto: str | None = None
     bandwidth_gbps: float | None = Field(None, gt=0)
     latency_us: float = Field(5.0, ge=0)
     servers: int | Literal["colocated"] = "colocated"
@@ -97,6 +98,7 @@ class Point(_Frozen):
                 raise ValueError(f"point {self.id!r}: baseline_transport needs a baseline")
             hardware.transport(self.baseline_transport)
         hardware.intra_link(s.intra_link)
+        hardware.nccl_protocols(s.nccl_proto)
         if self.metric in _SWEPT and s.bandwidth_gbps is not None:
             raise ValueError(f"point {self.id!r}: metric {self.metric!r} sweeps the bandwidth; "
                              "leave bandwidth_gbps out of its setting")

@@ -30,6 +30,8 @@ def _setting_text(point: data.Point) -> str:
     parts.append(f"{bw} {s.transport}")
     if s.gpus_per_host > 1:
         parts.append(s.intra_link)
+    if s.nccl_proto is not None:
+        parts.append(f"NCCL_PROTO={s.nccl_proto}")
     what = point.backend + "".join(f" {k}={v}" for k, v in point.backend_knobs.items())
     if point.baseline:
         what += f" vs {point.baseline}" + "".join(
@@ -166,6 +168,13 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
                      f"longer on {', '.join(slowed)}: {hardware.OVERLAP_SOURCE}")
     items += [f"intra-host link {x}: {hardware.intra_link(x).bandwidth_gbps:g} Gbit/s; "
               f"{hardware.intra_link(x).source}" for x in used_l]
+    if any(hardware.device(d).compute_capability is not None for d in used_d):
+        protos = "; ".join(f"{p.name} {p.base_us:g} us + per step "
+                           + ", ".join(f"{k} {v:g}" for k, v in p.step_us.items()) + " us"
+                           for p in hardware.NCCL_PROTOCOLS)
+        items.append("a named GPU's rings on a real transport run NCCL's own cost model "
+                     f"(ddpbench.hardware.nccl_ring): {protos}; Simple x1.9 across hosts "
+                     f"below compute capability 8.0 (x1.4 from it); {hardware.NCCL_SOURCE}")
     doc.text("Every constant is the simulator's table entry (ddpbench.hardware), set once "
              "per transport, device and link from datasheets, protocol overheads and "
              "published measurements; none is fitted to these points, and no point sets "

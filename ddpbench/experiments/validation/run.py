@@ -95,6 +95,8 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
         "transport": transport or s.transport, "intra_link": s.intra_link, "iterations": iterations, "warmup": warmup, **knobs}
     if s.device is not None:
         params["device"] = s.device
+    if s.nccl_proto is not None:
+        params["nccl_proto"] = s.nccl_proto
     if s.batch_size is not None:
         params["batch_size"] = s.batch_size
     if s.precision != "fp32":

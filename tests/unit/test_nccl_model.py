@@ -1,0 +1,102 @@
+"""NCCL's cost model of its rings (ddpbench.hardware.nccl_ring) and where the simulator uses it.
+
+Expected values are worked by hand from NVIDIA/nccl src/graph/tuning.cc (hardware.NCCL_SOURCE).
+"""
+
+import pytest
+
+from ddpbench import hardware
+from ddpbench.simulator import simulate_collective
+
+
+def test_large_allreduce_across_hosts_takes_simple_with_the_ring_plateau():
+    # 4 hosts x 1 Pascal GPU: 6 steps, NCCL counts 2 x 4 = 8 of them between hosts and
+    # -2 inside (its formula as written), intra steps at least 3 x 1 us of network overhead
+    name, lat, share = hardware.nccl_ring("allreduce", 64 << 20, 4, 4, "pcie", 6.0, 10e-3)
+    assert name == "Simple" and share == 1.0
+    assert lat == pytest.approx((8.4 + (6 - 8) * 5.7 + 8 * 14.0) * 1.9 * 1e-6)
+    # from compute capability 8.0 the plateau is 1.4
+    _, lat_a100, _ = hardware.nccl_ring("allreduce", 64 << 20, 4, 4, "pcie", 8.0, 10e-3)
+    assert lat_a100 == pytest.approx((8.4 + (6 - 8) * 5.7 + 8 * 14.0) * 1.4 * 1e-6)
+
+
+def test_small_allreduce_takes_ll_at_a_quarter_of_the_bandwidth():
+    name, lat, share = hardware.nccl_ring("allreduce", 1024, 4, 4, "pcie", 6.0, 1e-6)
+    assert (name, share) == ("LL", 0.25)
+    assert lat == pytest.approx((6.6 + (6 - 8) * 1.0 + 8 * 2.7) * 1e-6)
+
+
+def test_ll128_only_over_nvlink_on_the_gpus_nccl_enables_it_for():
+    # 2 hosts x 8 GPUs: 30 steps, 4 between hosts; at 100 us of bytes LL128 is the fastest
+    args = ("allreduce", 8 << 20, 16, 2)
+    name, lat, share = hardware.nccl_ring(*args, "nvlink", 7.0, 100e-6)
+    assert (name, share) == ("LL128", 0.92)
+    assert lat == pytest.approx((14.0 + 26 * 1.9 + 4 * 4.0) * 1e-6)
+    assert hardware.nccl_ring(*args, "nvlink", 6.0, 100e-6)[0] == "Simple"  # P100: no LL128
+    assert hardware.nccl_ring(*args, "pcie", 7.0, 100e-6)[0] == "LL"  # PCIe: no LL128
+
+
+def test_one_host_reduce_scatter_has_no_network_steps_and_no_plateau():
+    name, lat, share = hardware.nccl_ring("reduce_scatter", 64 << 20, 8, 1, "pcie", 7.0, 5e-3)
+    assert (name, share) == ("Simple", 1.0)
+    assert lat == pytest.approx((8.4 + 7 * 5.7) * 1e-6)
+    with pytest.raises(ValueError, match="coll"):
+        hardware.nccl_ring("broadcast", 1, 2, 1, "pcie", 7.0, 1e-6)
+
+
+def test_simulated_ring_on_a_named_gpu_over_tcp_pays_nccls_latency_instead_of_per_step_costs():
+    n, kw = 64 << 20, {"workers": 4, "bandwidth_gbps": 10.0, "transport": "tcp"}
+    plain = simulate_collective("allreduce", n, **kw)
+    nccl = simulate_collective("allreduce", n, device="P100", **kw)
+    tcp = hardware.transport("tcp")
+    per_step = 5e-6 + tcp.per_message_us * 1e-6  # latency_us 5 + the transport's cost
+    want = plain - 6 * per_step + (8.4 + (6 - 8) * 5.7 + 8 * 14.0) * 1.9e-6
+    assert nccl == pytest.approx(want, rel=1e-12)
+    # the ideal transport keeps the closed forms, whatever the device
+    ideal = {"workers": 4, "bandwidth_gbps": 10.0}
+    assert (simulate_collective("allreduce", n, device="P100", **ideal)
+            == simulate_collective("allreduce", n, **ideal))
+
+
+def test_hierarchical_allreduce_prices_only_its_intra_host_phases_with_nccl():
+    n = 64 << 20
+    kw = {"hosts": 4, "gpus_per_host": 4, "bandwidth_gbps": 25.0, "transport": "rdma",
+          "intra_link": "pcie", "hierarchical": True}
+    plain = simulate_collective("allreduce", n, **kw)
+    nccl = simulate_collective("allreduce", n, device="V100", **kw)
+    link = hardware.intra_link("pcie")
+    bw = link.bandwidth_gbps * 1e9 / 8
+    shard = n // 4
+    moved = 3 * shard / bw
+    old_local = 3 * (link.latency_us * 1e-6 + shard / bw)
+    new_local = (8.4 + 3 * 5.7) * 1e-6 + moved  # Simple on one host, full bandwidth
+    assert nccl == pytest.approx(plain + 2 * (new_local - old_local), rel=1e-12)
+
+
+def test_nccl_proto_reads_as_nccl_reads_its_variable():
+    assert hardware.nccl_protocols(None) == {"LL": 1, "LL128": 2, "Simple": 1}
+    assert hardware.nccl_protocols("^LL128") == {"LL": 1, "LL128": 0, "Simple": 1}
+    assert hardware.nccl_protocols("ll, simple") == {"LL": 1, "LL128": 0, "Simple": 1}
+    # named, LL128 is on whatever the GPU (NCCL's explicit setting skips its own check)
+    assert hardware.nccl_protocols("^LL") == {"LL": 0, "LL128": 1, "Simple": 1}
+    args = ("allreduce", 8 << 20, 16, 2, "pcie", 6.0, 100e-6)
+    assert hardware.nccl_ring(*args)[0] == "LL"
+    assert hardware.nccl_ring(*args, hardware.nccl_protocols("LL128"))[0] == "LL128"
+    assert hardware.nccl_ring(*args, hardware.nccl_protocols("Simple"))[0] == "Simple"
+    for bad in ("LL256", "", "^", "^LL,LL128,Simple"):
+        with pytest.raises(ValueError, match="nccl_proto"):
+            hardware.nccl_protocols(bad)
+
+
+def test_nccl_proto_is_a_cluster_field_that_changes_only_nccl_rings():
+    n, kw = 64 << 20, {"workers": 4, "bandwidth_gbps": 10.0, "transport": "tcp",
+                       "device": "P100"}
+    small = 4096
+    # a small allreduce takes LL; without LL it pays Simple's latency
+    assert (simulate_collective("allreduce", small, nccl_proto="^LL", **kw)
+            > simulate_collective("allreduce", small, **kw))
+    # Simple is NCCL's choice for 64 MiB either way
+    assert (simulate_collective("allreduce", n, nccl_proto="Simple", **kw)
+            == simulate_collective("allreduce", n, **kw))
+    with pytest.raises(ValueError, match="nccl_proto"):
+        simulate_collective("allreduce", n, nccl_proto="LL256", **kw)
