@@ -298,7 +298,7 @@ class Sender:
         if self.sockets is None:
             self.send(msg)
             return
-        net = self.net
+        net = self.net  # (next_seq and _wake inlined: once per server reply)
         net._seq += 1
         msg.seq = net._seq
         self.sockets.direct(msg)
