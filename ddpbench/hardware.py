@@ -330,7 +330,8 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
     (:func:`nccl_protocols`; ``None``: NCCL's default). ``transfer_s`` is the bytes' time
     at Simple's rate (the simulator's ring of the same size). Not modelled: NCCL's tree
     and other algorithms (the simulated collective is a ring), the per-channel caps on
-    LL's and LL128's rates, and the number of channels (the 64 bytes per rank count one).
+    LL's and LL128's rates, and the number of channels (the plateau's 64 bytes per rank are
+    counted for one channel).
     """
     if coll == "allreduce":
         steps = 2 * (ranks - 1)
