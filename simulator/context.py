@@ -42,6 +42,7 @@ class SimContext(Protocol):
     net: Network | None
     ring_bandwidth: float
     flow_bandwidth: float
+    remaining: list[list[int]]  # per group and layer: units not yet back this iteration
 
     def host_name(self, h: int) -> str:
         """Return the name of host ``h`` (``worker3``, ``server0``)."""

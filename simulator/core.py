@@ -298,7 +298,7 @@ class _Sim:
         nsim = 1 if self.symmetric else self.workers
         self.strategy = strategy
         self._units = [strategy.units(i) for i in range(nlayers)]
-        self._remaining = [[0] * nlayers for _ in range(nsim)]
+        self.remaining = [[0] * nlayers for _ in range(nsim)]
         self._updated = [[0] * nlayers for _ in range(nsim)]
         self._updated_at = [[0.0] * nlayers for _ in range(nsim)]
         self._waiters: list[list[Any]] = [[None] * nlayers for _ in range(nsim)]
@@ -408,7 +408,7 @@ class _Sim:
 
     def _grads(self, w: int, i: int) -> None:
         """Hand layer ``i``'s gradients of group ``w`` to the strategy."""
-        self._remaining[w][i] = self._units[i]
+        self.remaining[w][i] = self._units[i]
         if self._units[i] == 0:
             self._layer_done(w, i)
         elif self._bcast is not None and self._bcast[i] > 0:
@@ -443,7 +443,7 @@ class _Sim:
 
     def unit_done(self, w: int, layer: int) -> None:
         """One unit of ``layer`` is back, updated, on worker ``w``."""
-        rem = self._remaining[w]
+        rem = self.remaining[w]
         rem[layer] -= 1
         if rem[layer] == 0:
             if self._bcast is not None and self._bcast[layer] > 0:

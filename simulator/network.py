@@ -12,7 +12,10 @@ it carries one message at a time for ``nbytes / bandwidth``, cut-through (a mess
 start down as soon as it starts up), and when it frees it takes the best message waiting
 there by (priority, arrival time, sequence number); there is no preemption inside a
 message. A message is delivered ``latency`` after the port has carried it. Every tie breaks
-on (time, priority, sequence number), so a run is deterministic.
+on (time, priority, sequence number), so a run is deterministic. Where every message is
+equal on the wire (the strategy says so: :meth:`Network.use_fifo_ports`), a port is plain
+FIFO and messages that reach it in the same instant go in the order they reach it, which
+is as deterministic and spares an event per contended message.
 
 ``backends/ps/transport.py`` paces the real transport with the same model (a token bucket per
 uplink, a priority queue per downlink, latency after the downlink), so that simulated and
@@ -142,10 +145,11 @@ class Port:
     once; a busy one queues it, and when it frees takes the best message that has reached
     it by then (higher priority first, then earliest arrival, then sequence number). Only
     a contended port costs an event of its own: a free port's message needs just its
-    delivery event.
+    delivery event. A FIFO port (``fifo``, every message of priority 0) fixes each
+    message's turn when it arrives and never needs one.
     """
 
-    __slots__ = ("net", "host", "bandwidth", "free_at", "_queue", "_deciding")
+    __slots__ = ("net", "host", "bandwidth", "free_at", "_queue", "_deciding", "fifo")
 
     def __init__(self, net: Network, host: int, bandwidth: float | None = None) -> None:
         self.net, self.host = net, host
@@ -153,10 +157,28 @@ class Port:
         self.free_at = 0.0
         self._queue: list[tuple[float, float, int, Message]] = []
         self._deciding = False
+        self.fifo = False  # see Network.use_fifo_ports
 
     def arrive(self, msg: Message) -> None:
         env: Any = self.net.env
         now = env._now  # (simpy's ``now`` without its property call: a few per message)
+        if self.fifo:
+            # In arrival order: nothing that reaches the port later can go before this
+            # message, so its turn (when the port frees) is known now and needs no event.
+            # (_carry inlined, without routes: once per message)
+            if msg.priority:
+                raise RuntimeError(f"a FIFO port got a message of priority {msg.priority}")
+            free = self.free_at
+            start = free if free > now else now
+            tx = msg.nbytes / self.bandwidth
+            delay = tx if msg.not_before <= start + tx else msg.not_before - start
+            self.free_at = start + delay
+            due = start + (delay + self.net.latency)
+            if msg.arrive_at is not None:
+                msg.arrive_at(msg, due)
+            else:
+                _heappush(env._queue, (due, 1, next(env._eid), msg.on_arrive, msg))
+            return
         if not self._deciding and now >= self.free_at:
             self._carry(msg, now)
             return
@@ -222,10 +244,16 @@ class Gate:
 
 
 class Message:
-    """One transfer: ``on_arrive(msg)`` runs at the receiver when it has fully arrived."""
+    """One transfer: ``on_arrive(msg)`` runs at the receiver when it has fully arrived.
+
+    Or, with ``arrive_at`` set and through a FIFO port (:meth:`Network.use_fifo_ports`),
+    ``arrive_at(msg, time)`` runs as soon as the delivery time is known, and the receiver
+    schedules what it needs itself (a worker collecting a layer's pulls needs one event for
+    the last of them, not one per message).
+    """
 
     __slots__ = ("src", "dst", "nbytes", "priority", "seq", "kind", "layer", "gate", "cost",
-                 "on_arrive", "data", "route", "not_before")
+                 "on_arrive", "data", "route", "not_before", "arrive_at")
 
     def __init__(self, src: int, dst: int, nbytes: int, priority: float, kind: str, layer: int,
                  on_arrive: Callable[[Message], None], data: Any = None,
@@ -236,6 +264,7 @@ class Message:
         self.seq = 0
         self.route: tuple[Port, ...] = ()  # switch ports still to cross after the current
         self.not_before = 0.0
+        self.arrive_at: Callable[[Message, float], None] | None = None
 
 
 class Sender:
@@ -445,6 +474,18 @@ class Network:
         if socket:
             msg.route = socket
         self.down[msg.dst].arrive(msg)
+
+    def use_fifo_ports(self) -> bool:
+        """Every message crosses the switch at priority 0 (the strategy's promise), so a
+        port serves in arrival order, and messages that reach it in the same instant in
+        the order they reach it (the order their senders' events run). A message's turn is
+        then fixed on arrival, without an event when the port frees. Only on a direct
+        network: a route through rack or socket ports hands a message on at the instant
+        it is carried, which must stay an event. Returns whether the ports are FIFO."""
+        if self.direct:
+            for port in self.down:
+                port.fifo = True
+        return self.direct
 
     def next_seq(self) -> int:
         self._seq += 1

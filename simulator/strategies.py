@@ -445,6 +445,17 @@ class _PSBase(Strategy):
         if sim.net is None:
             raise RuntimeError(f"strategy {self.name!r} needs the simulated network")
         self.net: Network = sim.net
+        # With FIFO ports a pull's delivery time is known when its port takes it: each
+        # worker then counts a layer's pulls (how many are on their way, the latest
+        # arrival) and needs one event per layer instead of one per pull.
+        self._count_pulls = False
+        self._due_n = [[0] * nlayers for _ in range(sim.workers)]
+        self._due_t = [[0.0] * nlayers for _ in range(sim.workers)]
+
+    def use_fifo_ports(self) -> None:
+        """Every message of this strategy is equal on the wire (see
+        :meth:`Network.use_fifo_ports`)."""
+        self._count_pulls = self.net.use_fifo_ports()
 
     @abc.abstractmethod
     def make_parts(self) -> list[_Part]:
@@ -554,6 +565,8 @@ class _PSBase(Strategy):
         for w in order:
             if w == host:
                 sim.unit_done(w, part.layer)
+                if self._due_n[w][part.layer]:
+                    self._pulls_due(w, part.layer)
             elif self.round_trip == "merged":
                 self._send_sum(part, w)
             elif self.round_trip == "ack_arrival":
@@ -579,8 +592,34 @@ class _PSBase(Strategy):
             part.pulls.add(w)
 
     def _send_sum(self, part: _Part, w: int) -> None:
-        self.send_reply(Message(part.host, w, part.nbytes, self.reply_priority(part), "pull",
-                                part.layer, self._on_pull, (part, w)))
+        msg = Message(part.host, w, part.nbytes, self.reply_priority(part), "pull",
+                      part.layer, self._on_pull, (part, w))
+        if self._count_pulls:
+            msg.arrive_at = self._pull_on_its_way
+        self.send_reply(msg)
+
+    def _pull_on_its_way(self, msg: Message, due: float) -> None:
+        """A pull for worker ``w`` will arrive at ``due`` (its port has taken it)."""
+        w, layer = msg.dst, msg.layer
+        self._due_n[w][layer] += 1
+        if due > self._due_t[w][layer]:
+            self._due_t[w][layer] = due
+        self._pulls_due(w, layer)
+
+    def _pulls_due(self, w: int, layer: int) -> None:
+        """Once every unit of the layer still missing is a pull on its way, schedule one
+        event at the latest arrival that counts them all in."""
+        n = self._due_n[w][layer]
+        if n == self.sim.remaining[w][layer]:
+            env: Any = self.sim.env
+            call_later(env, self._due_t[w][layer] - env._now, self._pulls_in, (w, layer, n))
+            self._due_n[w][layer] = 0
+            self._due_t[w][layer] = 0.0
+
+    def _pulls_in(self, value: tuple[int, int, int]) -> None:
+        w, layer, n = value
+        for _ in range(n):
+            self.sim.unit_done(w, layer)
 
     def reply_priority(self, part: _Part) -> float:
         """Return the priority of a server's answer (0: servers answer in FIFO order)."""
@@ -610,6 +649,7 @@ class KvstoreStrategy(_PSBase):
 
     def start(self) -> None:
         self.round_trip = "merged" if self.knobs.merged_push_pull else "ack_round"
+        self.use_fifo_ports()  # pushes and replies alike carry priority 0
 
     def make_parts(self) -> list[_Part]:
         s, bound = self.sim.num_servers, self.knobs.bigarray_bound
@@ -645,6 +685,9 @@ class P3Strategy(_PSBase):
         if not self.knobs.water_mark:
             for w in range(self.sim.workers):
                 self.net.senders[w].use_sockets(self.knobs.send_hwm)
+        if not self.knobs.water_mark or not self.knobs.priority:
+            # (through sockets every message is equal on the wire; FIFO slices all are)
+            self.use_fifo_ports()
 
     def gate(self, w: int, part: _Part) -> tuple[Gate | None, float]:
         if not self.knobs.water_mark:
@@ -689,6 +732,8 @@ class BytepsStrategy(_PSBase):
         if k.scheduler == "bytescheduler":
             self._cores = [_ByteSchedulerCore(self, w, k.credit_params)
                            for w in range(self.sim.workers)]
+        if k.scheduler != "window":  # only the window sends by priority on the wire
+            self.use_fifo_ports()
 
     def make_parts(self) -> list[_Part]:
         s, size = self.sim.num_servers, max(1, self.knobs.partition_bytes // self.sim.itemsize)

@@ -22,7 +22,13 @@ def test_one_gpu_per_host_and_no_jitter_reproduce_the_old_results_exactly(case):
     r = simulate(case["workload"], case["backend"], gpus_per_host=1, jitter=0.0,
                  transport="ideal", **case["args"])
     assert [repr(t) for t in r.iteration_end_s] == case["iteration_end_s"]
-    assert r.events == case["events"]
+    if case["backend"] in ("kvstore", "p3", "byteps"):
+        # Their messages are equal on the wire, so on a direct network a contended switch
+        # port no longer needs an event to choose the next one (Network.use_fifo_ports):
+        # the same times with fewer events.
+        assert r.events <= case["events"]
+    else:
+        assert r.events == case["events"]
     assert r.bytes_sent == case["bytes_sent"]
 
 
