@@ -24,6 +24,7 @@ real runs of the parameter-server backends can be compared message for message.
 
 from __future__ import annotations
 
+import collections
 import heapq
 from collections.abc import Callable
 from typing import Any
@@ -149,7 +150,8 @@ class Port:
     message's turn when it arrives and never needs one.
     """
 
-    __slots__ = ("net", "host", "bandwidth", "free_at", "_queue", "_deciding", "fifo")
+    __slots__ = ("net", "host", "bandwidth", "free_at", "_queue", "_deciding", "fifo",
+                 "_due", "_head", "_tail")
 
     def __init__(self, net: Network, host: int, bandwidth: float | None = None) -> None:
         self.net, self.host = net, host
@@ -158,6 +160,11 @@ class Port:
         self._queue: list[tuple[float, float, int, Message]] = []
         self._deciding = False
         self.fifo = False  # see Network.use_fifo_ports
+        # A FIFO port's deliveries, (time, event id, message) in the order they happen:
+        # only the first is on the simulation's heap, so that the heap stays small.
+        self._due: collections.deque[tuple[float, int, Message]] = collections.deque()
+        self._head = False
+        self._tail = 0.0  # the time of the last delivery taken into that order
 
     def arrive(self, msg: Message) -> None:
         env: Any = self.net.env
@@ -176,7 +183,16 @@ class Port:
             due = start + (delay + self.net.latency)
             if msg.arrive_at is not None:
                 msg.arrive_at(msg, due)
-            else:
+            elif not self._head:
+                self._head, self._tail = True, due
+                _heappush(env._queue, (due, 1, next(env._eid), self._deliver, msg))
+            elif due >= self._tail:
+                # Its event id is taken now, as if it went on the heap now: it runs in the
+                # same order among all events when _deliver puts it there, after the one
+                # before it (whose time is not later, whose id is smaller).
+                self._tail = due
+                self._due.append((due, next(env._eid), msg))
+            else:  # (an earlier time than the last delivery's, by rounding: on the heap)
                 _heappush(env._queue, (due, 1, next(env._eid), msg.on_arrive, msg))
             return
         if not self._deciding and now >= self.free_at:
@@ -203,6 +219,16 @@ class Port:
             env: Any = net.env
             _heappush(env._queue, (now + (delay + net.latency), 1, next(env._eid),
                                    msg.on_arrive, msg))
+
+    def _deliver(self, msg: Message) -> None:
+        """Deliver the FIFO port's first message; the next one goes on the heap."""
+        dq = self._due
+        if dq:
+            due, eid, nxt = dq.popleft()
+            _heappush(self.net.env._queue, (due, 1, eid, self._deliver, nxt))  # type: ignore[attr-defined]
+        else:
+            self._head = False
+        msg.on_arrive(msg)
 
     def _decide(self, _value: Any) -> None:
         env: Any = self.net.env

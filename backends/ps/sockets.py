@@ -49,6 +49,15 @@ class Sockets(Generic[M]):
 
     def queue(self, entry: tuple[Any, ...], now: float = 0.0) -> None:
         """Queue ``entry`` (sort keys, then the message last); the thread goes on if it can."""
+        if self.blocked is None and not self.ready:
+            # (the thread is idle: it hands this message over at once, without the heap)
+            msg = entry[-1]
+            if self.pipes[msg.dst] >= self.hwm:
+                self.blocked = msg
+            else:
+                self.pipes[msg.dst] += 1
+                self.wire.append((now, msg, True))
+            return
         heapq.heappush(self.ready, entry)
         self._hand_over(now)
 
