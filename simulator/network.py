@@ -225,7 +225,8 @@ class Port:
         dq = self._due
         if dq:
             due, eid, nxt = dq.popleft()
-            _heappush(self.net.env._queue, (due, 1, eid, self._deliver, nxt))  # type: ignore[attr-defined]
+            env: Any = self.net.env
+            _heappush(env._queue, (due, 1, eid, self._deliver, nxt))
         else:
             self._head = False
         msg.on_arrive(msg)
