@@ -6,14 +6,31 @@ simulation (:mod:`.core`) can import the strategies without the two importing ea
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ddpbench.simulator.network import CountingEnvironment, Network
 from ddpbench.simulator.workload import Workload
 
-__all__ = ["SimContext"]
+__all__ = ["SimContext", "Span", "new_span"]
+
+
+class Span(NamedTuple):
+    """One compute span or transfer on the timeline (times in seconds)."""
+
+    host: str
+    kind: str  # forward | backward | allreduce | push | pull | sum
+    layer: int
+    start: float
+    end: float
+    bytes: int
+    peer: str = ""  # receiver of a transfer, or the worker whose push a sum adds
+
+
+new_span = tuple.__new__
+"""``new_span(Span, (host, kind, layer, start, end, bytes, peer))``: a span without the named
+tuple's Python-level constructor, for the few made per message."""
 
 
 class SimContext(Protocol):
@@ -24,6 +41,7 @@ class SimContext(Protocol):
     workers: int
     gpus: int
     num_hosts: int
+    hosts: list[str]  # host names by index: workers' hosts, then dedicated servers
     latency: float
     per_message: float
     intra_bandwidth: float

@@ -24,6 +24,7 @@ import numpy as np
 import simpy
 
 from ddpbench import contract, hardware, trace
+from ddpbench.simulator.context import Span, new_span
 from ddpbench.simulator.network import CountingEnvironment, Message, Network, call_later
 from ddpbench.simulator.strategies import (
     Strategy,
@@ -40,20 +41,6 @@ DEFAULT_SUMMATION_GBPS: float = contract.Cluster.model_fields["server_sum_gbps"]
 ``server_sum_gbps``: 10 GB/s, a few CPU cores with SIMD adding fp32 arrays, as BytePS's CPU
 summation servers do)."""
 
-
-class Span(NamedTuple):
-    """One compute span or transfer on the timeline (times in seconds)."""
-
-    host: str
-    kind: str  # forward | backward | allreduce | push | pull | sum
-    layer: int
-    start: float
-    end: float
-    bytes: int
-    peer: str = ""  # receiver of a transfer, or the worker whose push a sum adds
-
-
-_new_tuple = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -257,7 +244,7 @@ class _Sim:
              peer: int | str = "") -> Span:
         if isinstance(peer, int):
             peer = self.hosts[peer]
-        return _new_tuple(Span, (self.hosts[host], kind, layer, start, end, int(nbytes), peer))
+        return new_span(Span, (self.hosts[host], kind, layer, start, end, int(nbytes), peer))
 
     def add_sent_all(self, per_rank: np.ndarray) -> None:
         p = self.workers
@@ -274,7 +261,7 @@ class _Sim:
         self._received_msgs[msg.dst] += msg.nbytes
         # (tuple.__new__: a Span without the named tuple's Python-level constructor; one per
         # message)
-        self.timeline.append(_new_tuple(Span, (self.hosts[msg.src], msg.kind, msg.layer, start,
+        self.timeline.append(new_span(Span, (self.hosts[msg.src], msg.kind, msg.layer, start,
                                                end, msg.nbytes, self.hosts[msg.dst])))
 
     # -- training loop

@@ -31,7 +31,7 @@ from ddpbench import contract, hardware
 from ddpbench.backends.ps import placement
 from ddpbench.backends.ps.placement import Part
 from ddpbench.fusion import fuse_responses, next_cycle_start
-from ddpbench.simulator.context import SimContext
+from ddpbench.simulator.context import SimContext, Span, new_span
 from ddpbench.simulator.network import Gate, Link, Message, Network, call_later
 
 __all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
@@ -449,6 +449,8 @@ class _PSBase(Strategy):
         # worker then counts a layer's pulls (how many are on their way, the latest
         # arrival) and needs one event per layer instead of one per pull.
         self._count_pulls = False
+        # Pushes without a gate at the part's own priority (set by a strategy that knows)
+        self._plain_push = False
         self._due_n = [[0] * nlayers for _ in range(sim.workers)]
         self._due_t = [[0.0] * nlayers for _ in range(sim.workers)]
 
@@ -500,6 +502,9 @@ class _PSBase(Strategy):
         host = part.host
         if host == w:
             self._arrive_push(part, w)
+        elif self._plain_push:  # (no gate, the part's own priority: once per push)
+            self.net.senders[w].send(Message(w, host, part.nbytes, part.priority, "push",
+                                             part.layer, self._on_push, (part, w)))
         else:
             gate, cost = self.gate(w, part)
             self.net.senders[w].send(Message(w, host, part.nbytes, self.push_priority(part),
@@ -550,8 +555,10 @@ class _PSBase(Strategy):
             # MXNet's server runs the optimizer on a key once every push has been summed.
             done += nbytes / sim.update
         self._sum_free[server] = done
-        if cost > 0 and sim.trace_sums:
-            sim.timeline.append(sim.span(part.host, "sum", part.layer, start, done, nbytes, w))
+        if cost > 0 and sim.trace_sums:  # (sim.span inlined: once per push)
+            hosts = sim.hosts
+            sim.timeline.append(new_span(Span, (hosts[part.host], "sum", part.layer, start, done,
+                                                nbytes, hosts[w])))
         if last:
             if done > now:
                 call_later(env, done - now, self._reply, part)
@@ -601,10 +608,12 @@ class _PSBase(Strategy):
     def _pull_on_its_way(self, msg: Message, due: float) -> None:
         """A pull for worker ``w`` will arrive at ``due`` (its port has taken it)."""
         w, layer = msg.dst, msg.layer
-        self._due_n[w][layer] += 1
+        due_n = self._due_n[w]
+        due_n[layer] += 1
         if due > self._due_t[w][layer]:
             self._due_t[w][layer] = due
-        self._pulls_due(w, layer)
+        if due_n[layer] == self.sim.remaining[w][layer]:  # (_pulls_due's test, inlined)
+            self._pulls_due(w, layer)
 
     def _pulls_due(self, w: int, layer: int) -> None:
         """Once every unit of the layer still missing is a pull on its way, schedule one
@@ -650,6 +659,7 @@ class KvstoreStrategy(_PSBase):
     def start(self) -> None:
         self.round_trip = "merged" if self.knobs.merged_push_pull else "ack_round"
         self.use_fifo_ports()  # pushes and replies alike carry priority 0
+        self._plain_push = True
 
     def make_parts(self) -> list[_Part]:
         s, bound = self.sim.num_servers, self.knobs.bigarray_bound
@@ -685,6 +695,7 @@ class P3Strategy(_PSBase):
         if not self.knobs.water_mark:
             for w in range(self.sim.workers):
                 self.net.senders[w].use_sockets(self.knobs.send_hwm)
+        self._plain_push = not self.knobs.water_mark  # (gate(): None without it)
         if not self.knobs.water_mark or not self.knobs.priority:
             # (through sockets every message is equal on the wire; FIFO slices all are)
             self.use_fifo_ports()
