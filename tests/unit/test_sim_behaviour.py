@@ -462,3 +462,54 @@ def test_engine_orders_callbacks_and_simpy_events_on_one_heap():
     env.process(failing())
     with pytest.raises(KeyError, match="lost"):
         env.run()
+
+
+@pytest.mark.parametrize("latency", [0.0, 2e-6])
+def test_a_fifo_port_delivers_as_the_priority_port_does(latency):
+    # Hosts 0..3 send messages of different sizes to host 3, some at the same instant and
+    # some while the port is busy, all of priority 0. A FIFO port fixes each turn on
+    # arrival (no event when it frees) and keeps its deliveries beside the heap; the times
+    # are those of the deciding port, since nothing arrives in the same instant out of
+    # order here, and the FIFO port needs fewer events.
+    def run(fifo):
+        env = CountingEnvironment()
+        done: dict[str, float] = {}
+        net = Network(env, 4, bandwidth=1e9, latency=latency, record=lambda m, s, e: None)
+        if fifo:
+            assert net.use_fifo_ports()
+
+        def send(src, nbytes, name):
+            net.send(Message(src, 3, nbytes, 0, "push", 0,
+                             lambda m: done.__setitem__(m.data, round(env.now * 1e9, 3)), name))
+
+        for i, (src, nbytes) in enumerate([(0, 1000), (1, 3000), (0, 500), (2, 2000),
+                                           (1, 100), (2, 700)]):
+            send(src, nbytes, f"m{i}")
+        env.run()
+        return done, env.events
+
+    fifo, fifo_events = run(True)
+    deciding, deciding_events = run(False)
+    assert fifo == deciding
+    # hand-worked: the port carries 1000 B (host 0's first) from t=0, then host 1's
+    # 3000 B, which reached it at t=0 too, then host 2's 2000 B, in arrival order
+    assert fifo["m0"] == pytest.approx(1000 + latency * 1e9)
+    assert fifo["m1"] == pytest.approx(4000 + latency * 1e9)
+    assert fifo_events < deciding_events
+
+
+def test_a_fifo_port_refuses_a_prioritised_message():
+    env = CountingEnvironment()
+    net = Network(env, 2, bandwidth=1e9, latency=0.0, record=lambda m, s, e: None)
+    net.use_fifo_ports()
+    net.send(Message(0, 1, 100, 2, "push", 0, lambda m: None))
+    with pytest.raises(RuntimeError, match="FIFO port"):
+        env.run()
+
+
+def test_racks_keep_the_deciding_ports():
+    env = CountingEnvironment()
+    net = Network(env, 4, bandwidth=1e9, latency=0.0, record=lambda m, s, e: None,
+                  oversubscription=2.0, rack_size=2)
+    assert not net.use_fifo_ports()
+    assert not any(p.fifo for p in net.down)
