@@ -42,7 +42,6 @@ DEFAULT_SUMMATION_GBPS: float = contract.Cluster.model_fields["server_sum_gbps"]
 summation servers do)."""
 
 
-
 @dataclass(frozen=True)
 class SimResult:
     """What :func:`simulate` measured.
@@ -259,10 +258,10 @@ class _Sim:
     def _record(self, msg: Message, start: float, end: float) -> None:
         self._sent_msgs[msg.src] += msg.nbytes
         self._received_msgs[msg.dst] += msg.nbytes
-        # (tuple.__new__: a Span without the named tuple's Python-level constructor; one per
+        # (new_span: a Span without the named tuple's Python-level constructor; one per
         # message)
         self.timeline.append(new_span(Span, (self.hosts[msg.src], msg.kind, msg.layer, start,
-                                               end, msg.nbytes, self.hosts[msg.dst])))
+                                             end, msg.nbytes, self.hosts[msg.dst])))
 
     # -- training loop
     def _factors(self, iterations: int) -> np.ndarray | None:
