@@ -451,6 +451,8 @@ class _PSBase(Strategy):
         self._count_pulls = False
         # Pushes without a gate at the part's own priority (set by a strategy that knows)
         self._plain_push = False
+        # Replies straight into the server host's sockets (P3 as ps-lite answers)
+        self._direct_replies = False
         self._due_n = [[0] * nlayers for _ in range(sim.workers)]
         self._due_t = [[0.0] * nlayers for _ in range(sim.workers)]
 
@@ -494,6 +496,15 @@ class _PSBase(Strategy):
     and pull requests are control messages: ``latency`` each, no bandwidth."""
 
     def grad_ready(self, w: int, layer: int) -> None:
+        if self._plain_push:  # (post's work without a gate, inlined: once per push)
+            send, on_push = self.net.senders[w].send, self._on_push
+            for part in self.parts[layer]:
+                if part.host == w:
+                    self._arrive_push(part, w)
+                else:
+                    send(Message(w, part.host, part.nbytes, part.priority, "push", layer,
+                                 on_push, (part, w)))
+            return
         for part in self.parts[layer]:
             self.post(w, part)
 
@@ -502,9 +513,6 @@ class _PSBase(Strategy):
         host = part.host
         if host == w:
             self._arrive_push(part, w)
-        elif self._plain_push:  # (no gate, the part's own priority: once per push)
-            self.net.senders[w].send(Message(w, host, part.nbytes, part.priority, "push",
-                                             part.layer, self._on_push, (part, w)))
         else:
             gate, cost = self.gate(w, part)
             self.net.senders[w].send(Message(w, host, part.nbytes, self.push_priority(part),
@@ -569,6 +577,20 @@ class _PSBase(Strategy):
         sim = self.sim
         host = part.host
         order, part.arrived = part.arrived, []
+        if self._direct_replies and self._count_pulls:
+            # (_send_sum and send_reply inlined: once per pull)
+            send, layer, nbytes = self.net.senders[host].send_direct, part.layer, part.nbytes
+            on_pull, counted = self._on_pull, self._pull_on_its_way
+            for w in order:
+                if w == host:
+                    sim.unit_done(w, layer)
+                    if self._due_n[w][layer]:
+                        self._pulls_due(w, layer)
+                else:
+                    msg = Message(host, w, nbytes, 0, "pull", layer, on_pull, (part, w))
+                    msg.arrive_at = counted
+                    send(msg)
+            return
         for w in order:
             if w == host:
                 sim.unit_done(w, part.layer)
@@ -695,7 +717,9 @@ class P3Strategy(_PSBase):
         if not self.knobs.water_mark:
             for w in range(self.sim.workers):
                 self.net.senders[w].use_sockets(self.knobs.send_hwm)
-        self._plain_push = not self.knobs.water_mark  # (gate(): None without it)
+        # (without the water mark: gate() is None, replies go straight into the sockets
+        # at priority 0)
+        self._plain_push = self._direct_replies = not self.knobs.water_mark
         if not self.knobs.water_mark or not self.knobs.priority:
             # (through sockets every message is equal on the wire; FIFO slices all are)
             self.use_fifo_ports()
