@@ -583,9 +583,7 @@ class _PSBase(Strategy):
             on_pull, counted = self._on_pull, self._pull_on_its_way
             for w in order:
                 if w == host:
-                    sim.unit_done(w, layer)
-                    if self._due_n[w][layer]:
-                        self._pulls_due(w, layer)
+                    self._local_unit(w, layer)
                 else:
                     msg = Message(host, w, nbytes, 0, "pull", layer, on_pull, (part, w))
                     msg.arrive_at = counted
@@ -593,9 +591,7 @@ class _PSBase(Strategy):
             return
         for w in order:
             if w == host:
-                sim.unit_done(w, part.layer)
-                if self._due_n[w][part.layer]:
-                    self._pulls_due(w, part.layer)
+                self._local_unit(w, part.layer)
             elif self.round_trip == "merged":
                 self._send_sum(part, w)
             elif self.round_trip == "ack_arrival":
@@ -606,6 +602,12 @@ class _PSBase(Strategy):
                     part.summed.add(w)
             else:  # MXNet: the push's answer reaches the worker, which then pulls
                 self._later(sim.latency, self._push_answered, (part, w))
+
+    def _local_unit(self, w: int, layer: int) -> None:
+        """The sum of a part whose server is on worker ``w``'s host is back without a pull."""
+        self.sim.unit_done(w, layer)
+        if self._due_n[w][layer]:  # the layer's pulls on their way may now be all it misses
+            self._pulls_due(w, layer)
 
     def _push_answered(self, value: tuple[_Part, int]) -> None:
         part, w = value
