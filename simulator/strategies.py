@@ -606,7 +606,8 @@ class _PSBase(Strategy):
     def _local_unit(self, w: int, layer: int) -> None:
         """The sum of a part whose server is on worker ``w``'s host is back without a pull."""
         self.sim.unit_done(w, layer)
-        if self._due_n[w][layer]:  # the layer's pulls on their way may now be all it misses
+        n = self._due_n[w][layer]
+        if n and n == self.sim.remaining[w][layer]:  # pulls on their way: all it misses now
             self._pulls_due(w, layer)
 
     def _push_answered(self, value: tuple[_Part, int]) -> None:
@@ -636,18 +637,17 @@ class _PSBase(Strategy):
         due_n[layer] += 1
         if due > self._due_t[w][layer]:
             self._due_t[w][layer] = due
-        if due_n[layer] == self.sim.remaining[w][layer]:  # (_pulls_due's test, inlined)
+        if due_n[layer] == self.sim.remaining[w][layer]:  # all the layer still misses
             self._pulls_due(w, layer)
 
     def _pulls_due(self, w: int, layer: int) -> None:
-        """Once every unit of the layer still missing is a pull on its way, schedule one
-        event at the latest arrival that counts them all in."""
-        n = self._due_n[w][layer]
-        if n == self.sim.remaining[w][layer]:
-            env: Any = self.sim.env
-            call_later(env, self._due_t[w][layer] - env._now, self._pulls_in, (w, layer, n))
-            self._due_n[w][layer] = 0
-            self._due_t[w][layer] = 0.0
+        """Every unit of the layer still missing is a pull on its way: schedule one event
+        at the latest arrival that counts them all in."""
+        env: Any = self.sim.env
+        call_later(env, self._due_t[w][layer] - env._now, self._pulls_in,
+                   (w, layer, self._due_n[w][layer]))
+        self._due_n[w][layer] = 0
+        self._due_t[w][layer] = 0.0
 
     def _pulls_in(self, value: tuple[int, int, int]) -> None:
         w, layer, n = value
