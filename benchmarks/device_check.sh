@@ -2,14 +2,16 @@
 # The GPU checks of issue 18 in one run on a lent GPU machine (no network there):
 #   the GPU test suite, `bench scale-kernel`, `bench allreduce --device gpu` (NCCL, one rank;
 #   pinned-host staging at 2 ranks), then the CPU benches at 2, 3 and 4 ranks on a machine
-#   with a core per rank.
+#   with a core per rank; `real_local`: `ddpbench calibrate -n 2` and experiments/real_local.yaml
+#   (2 repetitions) against that calibration, where every process has a core.
 # Needs what the machine lacks as wheels in .whl/ (simpy, pydantic and its needs, mpi4py and
 # the mpich wheel, setuptools): a venv over the system's packages (CuPy, NumPy, torch) gets
 # those and ddpbench itself, so `mpiexec` lies beside the interpreter as in a user's venv.
 # Each step has its own time limit and a failed step does not stop the rest; logs go to
 # $OUT (or ./device_out).
 #
-# Usage: bash benchmarks/device_check.sh [gpu|cpu|all]   (default all), on the GPU machine;
+# Usage: bash benchmarks/device_check.sh [gpu|cpu|all|real_local]   (default all), on the GPU
+#        machine;
 #        bash benchmarks/device_check.sh wheels             here, to fill .whl/ (git-ignored)
 set -u
 cd "$(dirname "$0")/.."
@@ -59,6 +61,15 @@ print(sys.version.split()[0], "numpy", numpy.__version__, "cupy", cupy.__version
     nproc
 } 2>&1 | tee -a "$LOG"
 
+if [ "$WHAT" = real_local ]; then
+    step 150 "calibrate 2 workers" ddpbench calibrate -n 2 -o "$OUT/machine.yaml"
+    sed -e "s#^machine:.*#machine: $OUT/machine.yaml#" -e "s#^repetitions:.*#repetitions: 2#" \
+        experiments/real_local.yaml >"$OUT/real_local.yaml"
+    step 300 "real_local, 2 repetitions" ddpbench run "$OUT/real_local.yaml" --no-progress \
+        --outdir "$OUT/real_local"
+    echo "=== done $(date +%T)" | tee -a "$LOG"
+    exit 0
+fi
 if [ "$WHAT" != cpu ]; then
     step 200 "gpu tests" python -m pytest -m gpu -v -p no:cacheprovider -o addopts= tests
     step 60 "scale kernel" ddpbench bench scale-kernel --sizes 1M:256M
