@@ -165,11 +165,6 @@ class Transport:
             limit: what one receiving ps-lite process takes in (its one ZeroMQ socket; the
             parameter-server backends), and what one ring step moves to the next host (one
             TCP connection per ring; the allreduce backends).
-        step_wait_us: of ``per_message_us``, the part a ring step spends waiting for its
-            neighbour rather than on the sender's CPU, so it does not occupy the sender:
-            rings in flight at once (``collective``'s ``nrings``) wait together. 0 for the
-            presets; a calibrated machine's CPU contention (processes waiting for a core,
-            :func:`ddpbench.calibration.machine.adjust`).
     """
 
     name: str
@@ -179,7 +174,6 @@ class Transport:
     control_plane: bool
     source: str
     socket_gbps: float | None = None
-    step_wait_us: float = 0.0
 
     def binding_socket_gbps(self, bandwidth_gbps: float) -> float | None:
         """Return ``socket_gbps`` where it is below what a NIC of ``bandwidth_gbps`` line rate

@@ -44,7 +44,6 @@ class SimContext(Protocol):
     hosts: list[str]  # host names by index: workers' hosts, then dedicated servers
     latency: float
     per_message: float
-    step_wait: float  # of per_message: a ring step's wait for its neighbour (Transport)
     intra_bandwidth: float
     intra_latency: float
     intra_link: str

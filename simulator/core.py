@@ -172,7 +172,6 @@ class _Sim:
         self.bandwidth = self.line_bandwidth * tr.efficiency * tr.duplex
         self.latency = c.latency_us * 1e-6
         self.per_message = tr.per_message_us * 1e-6
-        self.step_wait = tr.step_wait_us * 1e-6  # (of per_message: see Transport)
         self.intra_bandwidth = link.bandwidth_gbps * 1e9 / 8
         self.intra_latency = link.latency_us * 1e-6
         self.intra_link = link.name
@@ -632,8 +631,7 @@ def _on_machine(machine: Any, backend: str, c: contract.Cluster, wl: Workload
     c = c.model_copy(update={"bandwidth_gbps": a["bandwidth_gbps"],
                              "latency_us": a["latency_us"]})
     transport = hardware.Transport("machine", 1.0, a["per_message_us"], 1.0, True,
-                                   f"calibrated on {m.host} ({m.measured_at})",
-                                   step_wait_us=a["step_wait_us"])
+                                   f"calibrated on {m.host} ({m.measured_at})")
     return c, wl.emulated(a["compute_rate"], a["compute_overhead_s"]), transport, a["sum_gbps"]
 
 

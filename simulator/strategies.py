@@ -137,9 +137,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     chunk to its right neighbour at once, so the step ends when the largest arrives. With
     ``uplink`` (several rings sharing the sender), a step first waits for the uplink and
     holds it for its per-message cost and bytes (the transport's per-message cost occupies
-    the sender like bytes do), then the latency passes, and the part of the per-message
-    cost that is a wait for the neighbour (``sim.step_wait``: CPU contention on a
-    calibrated machine), which the rings in flight wait at once.
+    the sender like bytes do), then the latency passes.
 
     The GPUs of a point that names its device reduce with NCCL: on a real transport
     (``sim.nccl``, not the ideal one) the fixed costs are NCCL's own model of its ring
@@ -166,9 +164,8 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
         nic_tx = (base + (extra > 0)) * itemsize / sim.ring_bandwidth / share
         if sim.nccl is not None:
             held, lat = nic_tx, lat + (tx - nic_tx)
-        else:  # a wait for the neighbour (sim.step_wait) does not hold the sender
-            wait = sim.step_wait
-            held, lat = nic_tx + (sim.per_message - wait), sim.latency + wait + (tx - nic_tx)
+        else:
+            held, lat = nic_tx + sim.per_message, sim.latency + (tx - nic_tx)
     record = sim.timeline.append if sim.trace_steps else None
     sim.comm_begin()
     for s in range(2 * (p - 1)):

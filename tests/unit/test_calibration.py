@@ -103,33 +103,26 @@ def test_adjust_at_the_calibration_and_beyond():
     same = M.adjust(m, "mpi", workers=2, servers=0, paced=False, bandwidth_gbps=1.0,
                     latency_us=20.0)
     assert same == {"bandwidth_gbps": 16.0, "latency_us": 2.0, "per_message_us": 15.0,
-                    "step_wait_us": 0.0, "sum_gbps": 80.0, "compute_rate": 1.5,
-                    "compute_overhead_s": 70e-6 * 1.5}
+                    "sum_gbps": 80.0, "compute_rate": 1.5, "compute_overhead_s": 70e-6 * 1.5}
     f = 90 / 30  # blocking at 3 processes against 2
     more = M.adjust(m, "mpi", workers=3, servers=0, paced=False, bandwidth_gbps=1.0,
                     latency_us=20.0)
     # One call per tensor: its cost (2 steps of 15 us at 2 workers) stretched by f, spread
-    # over the 4 steps of a ring of 3; of a step's cost, what f added is a wait.
+    # over the 4 steps of a ring of 3.
     assert more["per_message_us"] == pytest.approx(15 * f * 2 / 4)
-    assert more["step_wait_us"] == pytest.approx(15 * (f - 1) * 2 / 4)
     assert more["bandwidth_gbps"] == pytest.approx(16 / f)
     assert more["compute_rate"] == pytest.approx(1 + 0.5 * f)
     # kvstore was calibrated with 2 workers + 2 servers; paced: slower of the two rates.
     paced = M.adjust(m, "kvstore", workers=2, servers=2, paced=True, bandwidth_gbps=1.0,
                      latency_us=20.0)
     assert paced["bandwidth_gbps"] == 1.0 and paced["latency_us"] == 22.0
-    assert paced["per_message_us"] == 150.0 and paced["step_wait_us"] == 0.0
-    # a backend whose engine makes each step keeps its cost per step; fewer processes than
-    # the calibration's leave no wait
+    assert paced["per_message_us"] == 150.0
+    # a backend whose engine makes each step keeps its cost per step
     m2 = machine(backends={**BASE["backends"], "collective": BASE["backends"]["mpi"]})
     coll = M.adjust(m2, "collective", workers=3, servers=0, paced=False, bandwidth_gbps=1.0,
                     latency_us=20.0)
-    g = m2.contention("polled", 3, calibration_processes=2)
-    assert coll["per_message_us"] == pytest.approx(15 * g)
-    assert coll["step_wait_us"] == pytest.approx(15 * (g - 1))
-    kv = M.adjust(m, "kvstore", workers=1, servers=1, paced=False, bandwidth_gbps=1.0,
-                  latency_us=20.0)
-    assert kv["step_wait_us"] == 0.0 and kv["per_message_us"] <= 150.0
+    assert coll["per_message_us"] == pytest.approx(
+        15 * m2.contention("polled", 3, calibration_processes=2))
 
 
 def test_a_compute_factor_below_1_is_kept_not_stretched():
@@ -194,26 +187,6 @@ def test_simulated_ring_on_a_machine_is_the_closed_form(tmp_path, workers):
     call = 2 * 15e-6 * f  # the call's software cost
     assert res.iteration_time_s == pytest.approx(
         steps * (2e-6 + chunk / (16e9 / f / 8)) + call, rel=1e-9)
-
-
-def test_parallel_rings_wait_for_their_neighbours_at_once(tmp_path):
-    """``collective`` with 2 rings at 3 workers on the 2-core machine: the per-message cost's
-    calibrated part holds the sender, one ring's step after the other's; what contention
-    added is a wait for the neighbour, which both rings' steps wait at once."""
-    n = 3 * 1000
-    path = _profile(tmp_path, [(0.0, 0.0, n), (0.0, 0.0, n)])  # one tensor per ring
-    backends = {**BASE["backends"], "collective": BASE["backends"]["mpi"]}
-    m = machine(backends=backends)
-    res = simulator.simulate(str(path), "collective", workers=3, bandwidth_gbps=1,
-                             latency_us=20, iterations=3, warmup=1, machine=m)
-    g = m.contention("polled", 3, calibration_processes=2)
-    tx = 1000 * 4 / (16e9 / g / 8)
-    # both tensors ready at once: each step, ring 0 holds the sender for 15 us + tx, then
-    # ring 1; each then waits latency + 15 (g - 1) us. Ring 1 ends last.
-    hold, wait = 15e-6 + tx, 2e-6 + 15e-6 * (g - 1)
-    ring1 = 2 * hold + wait + 3 * (hold + wait) if hold < wait else None
-    assert ring1 is not None  # (the contended wait is longer than a hold: steps interleave)
-    assert res.iteration_time_s == pytest.approx(ring1, rel=1e-9)
 
 
 def test_compute_on_a_machine_is_rate_times_time_plus_overhead(tmp_path):
