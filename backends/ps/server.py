@@ -338,11 +338,13 @@ class Server:
 _SERVED = False
 
 
-def serve() -> None:
+def serve(last: bool = True) -> None:
     """Run this server rank until every worker has closed, then exit the process (code 0).
 
     Called by ``ddpbench.create`` and ``ddpbench.init`` on a server rank. The workers'
-    CONFIG messages tell the server how to pace and trace.
+    CONFIG messages tell the server how to pace and trace. With ``last`` False it returns
+    instead of exiting, to serve the job's next store (the workers call
+    :func:`ddpbench.backends.ps.worker.expect_another_store` before creating it).
     """
     global _SERVED
     w = world()
@@ -350,7 +352,7 @@ def serve() -> None:
         raise RuntimeError("serve() runs on server ranks only (ddpbench launch --servers)")
     if _SERVED:
         sys.exit(0)
-    _SERVED = True
+    _SERVED = last
     eng = engine()
     comm = eng.call(w.comm.Dup).wait()
     j = w.rank - w.num_workers
@@ -365,7 +367,8 @@ def serve() -> None:
         write_trace(server.config["trace"], f"server{j}", transport.records)
     eng.call(comm.Free).wait()
     sys.stdout.flush()
-    sys.exit(0)
+    if last:
+        sys.exit(0)
 
 
 def dedicated_host_name(num_workers: int) -> Callable[[int], str]:

@@ -443,6 +443,16 @@ class PSStore(EngineStore):
 
 
 _STATE = {"dedicated_closed": False}
+
+
+def expect_another_store() -> None:
+    """Declare that this job's dedicated server ranks serve another store after the one
+    that has closed (they ran ``serve(last=False)``), so that a new store may be created.
+
+    Without it a store created after a closed one fails at once: server ranks exit when
+    their store's workers have closed, and a new store would wait for them forever.
+    """
+    _STATE["dedicated_closed"] = False
 _OPEN: weakref.WeakSet[PSStore] = weakref.WeakSet()
 
 

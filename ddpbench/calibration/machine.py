@@ -107,8 +107,9 @@ class BackendFit(_Strict):
         compute_factor: how much slower the trainer's compute emulation runs beside this
             backend's communication threads than alone (fitted on the workload's own run).
         workload_ms: measured iteration time of the calibration workload (with compute;
-            the fastest launch's lower quartile, :func:`launch_time`, in profiles written
-            since it was introduced, the median before).
+            the median of the launches' lower quartiles, :func:`launch_time`; the fastest
+            launch's in profiles written before 2026-11-27, the median iteration before
+            that).
         workload_sim_ms: the fitted simulator's time for it.
         small_ms: measured iteration time of the many-small-tensors workload (median).
         large_ms: measured iteration time of the few-large-tensors workload (median).

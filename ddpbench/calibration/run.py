@@ -3,7 +3,7 @@
 Steps (each a tick of the progress bar):
 
 1. MPI ping-pong between two processes (:mod:`ddpbench.calibration.pingpong`, per size the
-   fastest of five blocks' medians): latency is
+   fastest of five blocks' medians; the median of three jobs): latency is
    the half round trip at 0 bytes, bandwidth the least-squares slope over the three
    largest sizes (256 KiB to 32 MiB).
 2. Ring steps through an engine thread at 2 to 8 processes (:mod:`.ringstep`): how much a
@@ -23,9 +23,13 @@ Steps (each a tick of the progress bar):
    counts them: alternating one-dimensional solves (bisection; the simulated time grows
    with the per-message cost and falls with bandwidth) until both workloads' simulated
    iteration times equal the measured times (each run is launched ``rounds`` times, every
-   backend once per round; the measured time is the smallest of the launches' median
-   iteration times: this machine has phases of seconds in which everything runs up to
-   2.4x slower, and a launch that lands in one says nothing about the backend). When bytes
+   backend once per round, a backend's three runs of a round, these two and the workload
+   below, one after another in one job: :func:`real_phases`; the measured time is the
+   median of the launches' median iteration times: a shared machine has states of
+   seconds in which everything runs up to 2.4x slower, or a third faster, and a launch
+   that lands in one says nothing about the backend; the smallest of two launches, kept
+   until 2026-11, gave 8 of the 18 backend constants within 10% between two calibrations
+   of a 2-core VM, the median of three 16 from the same runs). When bytes
    take under a tenth of the large run (``p3``'s slices: it is all message costs) no
    bandwidth can be told from infinite: the ping-pong's is kept (``bandwidth_fitted:
    false``). ``horovod``'s small run is unfused (:data:`SYNTHETIC_KNOBS`). Then the
@@ -59,8 +63,8 @@ import yaml
 
 from ddpbench.calibration.machine import KIND, BackendFit, Machine, launch_time
 
-__all__ = ["SYNTHETIC", "SYNTHETIC_KNOBS", "calibrate", "fit_backend", "shared_bandwidth",
-           "synthetic_profile"]
+__all__ = ["SYNTHETIC", "SYNTHETIC_KNOBS", "calibrate", "fit_backend", "progress_steps",
+           "real_phases", "shared_bandwidth", "synthetic_profile"]
 
 STEP_PROCESSES = (2, 3, 4, 6, 8)
 """Process counts at which the ring step is timed (beyond 8: extended along 6 to 8)."""
@@ -111,21 +115,29 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def pingpong(timeout_s: float = 120.0, bind: str = "none") -> dict[str, Any]:
+def pingpong(timeout_s: float = 120.0, bind: str = "none", launches: int = 3) -> dict[str, Any]:
     """Return the ping-pong sizes, half round trips, and the fitted latency and bandwidth
-    (ranks placed by ``bind``, as ``ddpbench launch --bind``)."""
+    (ranks placed by ``bind``, as ``ddpbench launch --bind``).
+
+    Per size, the median of ``launches`` jobs' times: on a shared machine one job can land
+    in a fast or a slow state of seconds (the 0-byte latency of five calibrations' single
+    jobs on a 2-core VM: 1.8, 2.3, 2.8, 2.8 and 2.9 us), which a median of three leaves out.
+    """
+    runs = []
     with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
-        out = Path(tmp) / "pingpong.json"
-        cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", "2", "--timeout",
-               str(timeout_s), "--bind", bind, "--", sys.executable, "-m",
-               "ddpbench.calibration.pingpong",
-               "--out", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 30)
-        if proc.returncode != 0 or not out.exists():
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-            raise RuntimeError(f"ping-pong failed (exit {proc.returncode}): {tail}")
-        data = json.loads(out.read_text())
-    sizes, secs = data["sizes"], data["seconds"]
+        for i in range(launches):
+            out = Path(tmp) / f"pingpong-{i}.json"
+            cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", "2", "--timeout",
+                   str(timeout_s), "--bind", bind, "--", sys.executable, "-m",
+                   "ddpbench.calibration.pingpong",
+                   "--out", str(out)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 30)
+            if proc.returncode != 0 or not out.exists():
+                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+                raise RuntimeError(f"ping-pong failed (exit {proc.returncode}): {tail}")
+            runs.append(json.loads(out.read_text()))
+    sizes = runs[0]["sizes"]
+    secs = [statistics.median(r["seconds"][k] for r in runs) for k in range(len(sizes))]
     slope = float(np.polyfit(sizes[-3:], secs[-3:], 1)[0])  # the three largest sizes
     return {"sizes_bytes": sizes, "half_round_trip_us": [round(s * 1e6, 3) for s in secs],
             "latency_us": secs[0] * 1e6, "bandwidth_gbps": 8e-9 / slope}
@@ -140,19 +152,20 @@ def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5
     style's median block: with more processes than cores the time depends on how the
     scheduler happens to interleave them, and one job per count (rather than one per
     repeat) also spares the launches. Counts up to the cores run three times (first, in
-    the middle and last); the fastest run is kept.
+    the middle and last); the median run is kept.
     """
     from ddpbench.calibration.ringstep import STYLES
 
     out: dict[str, dict[int, float]] = {s: {} for s in (*STYLES, "handoff")}
     # A count within the cores runs again in the middle and at the end and keeps its
-    # fastest run: there the step is the uncontended one (the law's s0), and a slow run is
-    # interference from outside the job (a first job after another has sometimes measured
-    # 4x; in one calibration the first and the last run at 2 processes both measured 2.7x
-    # blocking and 3.9x polled, the VM's slow phase lasting seconds).
+    # median run: there the step is the uncontended one (the law's s0), and one job can
+    # land in a slow or a fast state of a shared machine (a first job after another has
+    # sometimes measured 4x; the fastest of three, kept until 2026-11, read 20.4-29.3 us
+    # blocking at 2 processes in five calibrations of one 2-core VM in an hour).
     within = [n for n in counts if n <= _cores()]
     mid = len(counts) // 2
     order = [*counts[:mid], *within, *counts[mid:], *within]
+    runs: dict[str, dict[int, list[float]]] = {s: {} for s in out}
     with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
         for i, n in enumerate(order):
             path = Path(tmp) / f"ringstep-{n}-{i}.json"
@@ -167,8 +180,9 @@ def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5
                                    f"(exit {proc.returncode}): {tail}")
             data = json.loads(path.read_text())
             for style, us in (*data["step_us"].items(), ("handoff", data["handoff_us"])):
-                value = round(float(us), 2)
-                out[style][n] = min(value, out[style].get(n, value))
+                runs[style].setdefault(n, []).append(float(us))
+    for style, by_count in runs.items():
+        out[style] = {n: round(statistics.median(v), 2) for n, v in by_count.items()}
     return out
 
 
@@ -201,7 +215,7 @@ def compute_rule(workload: str, compute_scale: float, size_scale: float,
     medians = []
     for t in requested:
         took = []
-        for _ in range(40 if t < 1e-3 else 8):
+        for _ in range(200 if t < 1e-3 else 20):  # 0.2 s in all
             t0 = time.perf_counter()
             time.sleep(t)
             took.append(time.perf_counter() - t0)
@@ -225,21 +239,31 @@ def compute_rule(workload: str, compute_scale: float, size_scale: float,
             "rule_ms": (sum(calls) * float(rate) + len(calls) * overhead) * 1e3}
 
 
-def real_iteration(backend: str, profile: Path | str, workers: int, servers: int,
-                   iterations: int, timeout_s: float, compute_scale: float = 1.0,
-                   size_scale: float = 1.0, knobs: dict[str, Any] | None = None,
-                   bind: str = "none") -> list[float]:
-    """Return a real run's timed iteration times (seconds) of ``profile`` with ``backend``
-    (and its ``knobs``), its ranks placed by ``bind``."""
+def real_phases(backend: str, phases: Sequence[dict[str, Any]], workers: int, servers: int,
+                timeout_s: float, bind: str = "none") -> list[list[float]]:
+    """Return each phase's timed iteration times (seconds), all run in one job of
+    ``workers`` worker (and ``servers`` server) processes, each phase with a store of its
+    own (server ranks serve one after another).
+
+    A phase is a dict of the worker's ``--then`` keys (``workload``, ``knobs``,
+    ``iterations``, ``warmup``, ``compute_scale``, ``size_scale``); one job for the three
+    runs of a calibration round spares two process start-ups, about 2 s of the 3 s a round
+    of a parameter-server backend took on a 2-core machine.
+    """
     from ddpbench.experiments.throughput.points import run_point
 
-    row = run_point({"mode": "real", "backend": backend, "workload": str(profile),
+    first, *rest = phases
+    row = run_point({"mode": "real", "backend": backend, "workload": str(first["workload"]),
                      "workers": workers,
                      "servers": servers if servers != workers else "colocated",
-                     "iterations": iterations, "warmup": 3, "compute_scale": compute_scale,
-                     "size_scale": size_scale, "compute": "sleep", "timeout_s": timeout_s,
-                     "bind": bind, **(knobs or {})})
-    return [float(x) for x in row["samples_s"]]
+                     "iterations": first["iterations"], "warmup": first.get("warmup", 3),
+                     "compute_scale": first.get("compute_scale", 1.0),
+                     "size_scale": first.get("size_scale", 1.0), "compute": "sleep",
+                     "timeout_s": timeout_s, "bind": bind, **(first.get("knobs") or {}),
+                     "_then": [{"warmup": 3, "knobs": {}, "compute_scale": 1.0,
+                                "size_scale": 1.0, **ph} for ph in rest]})
+    samples = row.get("_phase_samples_s") or [row["samples_s"]]
+    return [[float(x) for x in ph] for ph in samples]
 
 
 def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, *,
@@ -405,11 +429,21 @@ def shared_bandwidth(fits: dict[str, BackendFit]) -> float | None:
                     / total)
 
 
+def progress_steps(backends: Sequence[str], rounds: int) -> int:
+    """Return how many steps :func:`calibrate` reports to its ``progress`` callback."""
+    from ddpbench import contract
+
+    ps = [b for b in backends if b in contract.BACKENDS and contract.backend(b).uses_servers]
+    # 4 measurements, a job per backend and round, a fit per backend, and one more per
+    # parameter-server backend where two or more share a bandwidth
+    return 4 + (rounds + 1) * len(backends) + (len(ps) if len(ps) > 1 else 0)
+
+
 def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None = None,
               workload: str = "resnet50", compute_scale: float = 0.05,
               size_scale: float = 0.01, iterations: int = 20, timeout_s: float = 120.0,
               step_processes: Sequence[int] = STEP_PROCESSES, step_repeats: int = 5,
-              rounds: int = 2, bind: str = "none",
+              rounds: int = 3, bind: str = "none",
               progress: Callable[[str], None] | None = None) -> Machine:
     """Measure this machine and return its fitted :class:`Machine` (steps: module doc).
 
@@ -426,10 +460,10 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         step_repeats: blocks per style and count (the median is kept).
         rounds: launches of each backend's runs, every backend once per round; each
             launch's median iteration time is taken (the workload's: its lower quartile,
-            :func:`~ddpbench.calibration.machine.launch_time`) and the smallest of them
-            kept, so that a launch that lands in a slow phase of a shared machine does not
-            move the fit (pooling the launches' samples moved it by up to 1.9x between two
-            runs).
+            :func:`~ddpbench.calibration.machine.launch_time`) and the median of them
+            kept, so that a launch that lands in a slow or fast state of a shared machine
+            does not move the fit (pooling the launches' samples moved it by up to 1.9x
+            between two runs; the smallest launch followed the fast ones).
         bind: how every job's ranks are placed on cores (``ddpbench launch --bind``); the
             profile records it, and a real run compared with it must use the same.
         progress: called with each step's name before it runs.
@@ -487,17 +521,18 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         # ``workers`` of them colocated when the count equals the workers.
         srv = {b: servers if contract.backend(b).uses_servers else 0 for b in backends}
         for r in range(rounds):
-            for b in backends:
-                s = srv[b] or workers
-                for name in SYNTHETIC:  # short runs: twice the iterations for steadier medians
-                    tick(f"{b} {name}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
-                    samples[b][name].append(real_iteration(
-                        b, paths[name], workers, s, 2 * iterations, timeout_s,
-                        knobs=SYNTHETIC_KNOBS.get(b, {}).get(name), bind=bind))
-                tick(f"{b} {workload}" + (f" ({r + 1}/{rounds})" if rounds > 1 else ""))
-                samples[b][workload].append(real_iteration(
-                    b, workload, workers, s, iterations + iterations // 2, timeout_s,
-                    compute_scale, size_scale, bind=bind))
+            of = f" ({r + 1}/{rounds})" if rounds > 1 else ""
+            for b in backends:  # the round's three runs of a backend in one job
+                tick(f"{b}{of}")
+                got = real_phases(b, [
+                    *({"workload": str(paths[name]), "iterations": 2 * iterations,
+                       "knobs": SYNTHETIC_KNOBS.get(b, {}).get(name) or {}}
+                      for name in SYNTHETIC),  # short runs: twice the iterations
+                    {"workload": workload, "iterations": iterations + iterations // 2,
+                     "compute_scale": compute_scale, "size_scale": size_scale}],
+                    workers, srv[b] or workers, timeout_s, bind)
+                for name, times in zip((*SYNTHETIC, workload), got):
+                    samples[b][name].append(times)
         # The workload's launches (1-4 s) span the VM's slow phases, which begin and end
         # inside them: each stands for its lower quartile, as the reports' real points do.
         # The synthetic launches (0.1-0.4 s of 1-10 ms iterations) sit inside one phase,
@@ -506,7 +541,8 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         def stands_for(name: str) -> Callable[[list[float]], float]:
             return launch_time if name == workload else statistics.median
 
-        measured = {b: {name: min(map(stands_for(name), v)) for name, v in samples[b].items()}
+        measured = {b: {name: statistics.median(map(stands_for(name), v))
+                        for name, v in samples[b].items()}
                     for b in backends}
         for b in backends:
             runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]

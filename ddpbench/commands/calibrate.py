@@ -35,9 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-repeats", type=int, default=5,
                         help="ring-step blocks per style and process count, alternating "
                              "in one job; the median is kept (default 5)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="launches of each backend's runs, interleaved across backends; "
-                             "their iteration times are pooled (default 2)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="launches of each backend's three runs (one job each), "
+                             "interleaved across backends; each run keeps its launches' "
+                             "median (default 3)")
     from ddpbench.launch import BINDINGS
 
     parser.add_argument("--bind", choices=BINDINGS, default="none",
@@ -51,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import ddpbench
-    from ddpbench.calibration.run import SYNTHETIC, calibrate
+    from ddpbench.calibration.run import calibrate, progress_steps
     from ddpbench.cli import UsageError, check_writable_file
 
     backends = (ddpbench.available() if args.backends is None
@@ -72,12 +73,7 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UsageError(str(err)) from None
     check_writable_file(args.output, "-o")
-    from ddpbench import contract
-
-    # One more fit per parameter-server backend where two or more share a bandwidth.
-    ps = [b for b in backends if b in contract.BACKENDS and contract.backend(b).uses_servers]
-    steps = (4 + len(backends) * (args.rounds * (len(SYNTHETIC) + 1) + 1)
-             + (len(ps) if len(ps) > 1 else 0))
+    steps = progress_steps(backends, args.rounds)
     from tqdm import tqdm
 
     bar: Any = None  # drawn from the first step on, once calibrate has checked its inputs

@@ -244,6 +244,8 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
             "--compute", str(params.get("compute", "sleep")),
             "--out", str(out),
         ]
+        if params.get("_then"):  # further phases in this job (ddpbench calibrate's launches)
+            worker_cmd += ["--then", json.dumps(params["_then"])]
         log = Path(tmp) / "launch.log"
         rc = launch_logged(worker_cmd, workers, servers, log=log, timeout=timeout,
                            bind=str(params.get("bind", "none")))
@@ -256,13 +258,16 @@ def _run_real(params: dict[str, Any]) -> dict[str, Any]:
                       else _tail(log.read_text(errors="replace")))
             raise RuntimeError(f"real run failed (exit {rc}): {detail}")
         result = json.loads(out.read_text())
-    return {
+    row = {
         "iteration_time_s": result["iteration_time_s"],
         "throughput": result["throughput"],
         "bytes_sent_max": result.get("bytes_per_iteration"),
         "bytes_sent_total": None,
         "samples_s": result["iteration_times_s"],
     }
+    if "phases" in result:
+        row["_phase_samples_s"] = [ph["iteration_times_s"] for ph in result["phases"]]
+    return row
 
 
 def _tail(text: str, lines: int = 3) -> str:

@@ -61,7 +61,7 @@ def _prepare(df: Any, aggregate: str = "median") -> Any:
     """Return the ok rows with a ``variant`` column, one per point: the median over its
     repetitions (a real run stretched by a busy machine does not move it), with
     ``aggregate="fastest"`` the repetition with the shortest iteration time, or with
-    ``aggregate="quartile"`` the smallest of the real repetitions' lower quartiles of their
+    ``aggregate="quartile"`` the median of the real repetitions' lower quartiles of their
     iteration times (:func:`~ddpbench.calibration.machine.launch_time`, what ``ddpbench
     calibrate`` fits; simulated rows keep their iteration time)."""
     import pandas as pd
@@ -83,7 +83,7 @@ def _prepare(df: Any, aggregate: str = "median") -> Any:
     keys = ["mode", "variant", "backend", "workload",
             *[a for a in POINT_AXES if a in ok.columns]]
     ok["servers"] = ok["servers"].astype(str)
-    fastest = aggregate in ("fastest", "quartile")
+    fastest = aggregate == "fastest"
     agg = ok.groupby(keys, dropna=False, sort=False).agg(
         iteration_time_s=("iteration_time_s", "min" if fastest else "median"),
         throughput=("throughput", "max" if fastest else "median"),
@@ -428,10 +428,11 @@ def render(df: Any, outdir: Path, spec: Any) -> list[Path]:
         doc.text(f"A point with repetitions (up to {most}) shows "
                  + ("the fastest of them (the shortest iteration time: the run least "
                     "disturbed by a shared machine)." if opts.aggregate == "fastest"
-                    else "the smallest of the real runs' lower quartiles of their timed "
+                    else "the median of the real runs' lower quartiles of their timed "
                     "iterations (as `ddpbench calibrate` estimates each of its runs: a "
-                    "shared machine's slow phases only add time, and they begin and end "
-                    "inside runs)." if opts.aggregate == "quartile"
+                    "shared machine's slow phases begin and end inside runs, and a run "
+                    "may land in a slow or a fast state of seconds)."
+                    if opts.aggregate == "quartile"
                     else "their median."))
     plots = list(opts.plots) if opts.plots is not None else _auto_plots(agg, spec)
     sim = agg[agg["mode"] == "simulate"] if (agg["mode"] == "simulate").any() else agg

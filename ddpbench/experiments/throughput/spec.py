@@ -73,7 +73,7 @@ class ReportOptions(Frozen):
     aggregate: Literal["median", "fastest", "quartile"] = Field(
         "median", description="one value per point from its repetitions: their median; the "
         "fastest (shortest iteration time): the run least disturbed by a shared machine; or "
-        "quartile: the smallest of the real runs' lower quartiles of their timed iterations, "
+        "quartile: the median of the real runs' lower quartiles of their timed iterations, "
         "the estimator `ddpbench calibrate` fits (simulated points keep their time)")
 
     @field_validator("gantt", mode="before")

@@ -20,6 +20,14 @@ successive iterations (the last one ends when every gradient has arrived); the f
 Every result is checked: each worker pushes ``rank + 1`` everywhere, so every reduced
 element must equal ``W (W + 1) / 2``. Worker 0 writes the timings as JSON to ``--out`` (and
 prints them); a failing rank writes its error to ``<out>.rank<R>.err`` and exits non-zero.
+
+``--then`` runs further phases in the same job, each with a store of its own created after
+the previous one closed (``ddpbench calibrate`` times three workloads per launch so: a
+launch costs about a second of process start-up on a small machine). Each phase is a JSON
+object of the options above (``workload``, ``knobs``, ``iterations``, ``warmup``,
+``compute_scale``, ``size_scale``; the ones left out keep the first phase's values); the
+result then lists every phase's under ``"phases"``. Parameter-server backends need
+colocated servers for it: dedicated server ranks exit when the first store closes.
 """
 
 from __future__ import annotations
@@ -50,6 +58,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compute", choices=["sleep", "spin"], default="sleep",
                    help="emulate compute by sleeping (default; fair on few cores) or spinning")
     p.add_argument("--out", default=None, help="write worker 0's result JSON here")
+    p.add_argument("--then", default="[]",
+                   help="further phases in this job, a JSON list of objects with any of "
+                        f"{', '.join(PHASE_KEYS)} (default: none)")
     args = p.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0:
         p.error("--iterations must be >= 1 and --warmup >= 0")
@@ -57,7 +68,49 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--size-scale must be in (0, 1], got {args.size_scale}")
     if args.compute_scale < 0:
         p.error(f"--compute-scale must be >= 0, got {args.compute_scale}")
+    try:
+        args.phases = phases(args)
+    except ValueError as err:
+        p.error(str(err))
     return args
+
+
+PHASE_KEYS = ("workload", "knobs", "iterations", "warmup", "compute_scale", "size_scale")
+"""What a ``--then`` phase may set (the first phase's values stand for the rest)."""
+
+
+def phases(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Return the job's phases: the options' own, then ``--then``'s over them.
+
+    Raises:
+        ValueError: ``--then`` is not a list of objects of known keys and valid values.
+    """
+    first = {"workload": args.workload, "knobs": json.loads(args.knobs),
+             "iterations": args.iterations, "warmup": args.warmup,
+             "compute_scale": args.compute_scale, "size_scale": args.size_scale}
+    try:
+        then = json.loads(args.then)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--then is not JSON: {err}") from None
+    if not isinstance(then, list) or not all(isinstance(x, dict) for x in then):
+        raise ValueError("--then must be a JSON list of objects")
+    out = [first]
+    for i, extra in enumerate(then, 2):
+        unknown = sorted(set(extra) - set(PHASE_KEYS))
+        if unknown:
+            raise ValueError(f"--then: phase {i} has unknown key(s) {unknown}; valid: "
+                             f"{', '.join(PHASE_KEYS)}")
+        ph = {**first, **extra}
+        if not (isinstance(ph["iterations"], int) and ph["iterations"] >= 1
+                and isinstance(ph["warmup"], int) and ph["warmup"] >= 0):
+            raise ValueError(f"--then: phase {i}: iterations must be >= 1 and warmup >= 0")
+        if not 0 < ph["size_scale"] <= 1 or ph["compute_scale"] < 0:
+            raise ValueError(f"--then: phase {i}: size_scale must be in (0, 1] and "
+                             "compute_scale >= 0")
+        if not isinstance(ph["knobs"], dict):
+            raise ValueError(f"--then: phase {i}: knobs must be an object")
+        out.append(ph)
+    return out
 
 
 def scale_sizes(workload: Any, size_scale: float) -> Any:
@@ -84,21 +137,45 @@ def _busy(seconds: float, mode: str) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
-    """Run the loop on this rank; return worker 0's result (None elsewhere)."""
+    """Run the loop on this rank, phase by phase; return worker 0's result (None elsewhere):
+    the first phase's, with every phase's under ``"phases"`` when there are several."""
+    from ddpbench import comm
+
+    world = comm.world()
+    todo = getattr(args, "phases", None) or phases(args)
+    results: list[dict[str, Any] | None] = []
+    for i, ph in enumerate(todo):
+        if world.num_servers and len(todo) > 1:
+            from ddpbench.backends.ps import server, worker
+
+            if world.is_server and i < len(todo) - 1:
+                server.serve(last=False)  # returns when this phase's workers have closed
+                results.append(None)
+                continue
+            if i:  # the server ranks serve this phase's store too
+                worker.expect_another_store()
+        results.append(_run_phase(args, ph, world))
+    if results[0] is None:
+        return None
+    if len(results) == 1:
+        return results[0]
+    return {**results[0], "phases": results}
+
+
+def _run_phase(args: argparse.Namespace, ph: dict[str, Any], world: Any) -> dict[str, Any] | None:
     import ddpbench
     from ddpbench import comm
 
-    knobs = json.loads(args.knobs)
-    world = comm.world()
+    knobs = ph["knobs"]
     if world.is_server:
         kv = ddpbench.create(args.backend, **knobs)  # a server rank serves until workers close
         if kv is not None and hasattr(kv, "close"):
             kv.close()
         return None
-    workload = scale_sizes(load_workload(args.workload), args.size_scale)
+    workload = scale_sizes(load_workload(ph["workload"]), ph["size_scale"])
     layers = workload.layers
-    fwd = [layer.fwd_s * args.compute_scale for layer in layers]
-    bwd = [layer.bwd_s * args.compute_scale for layer in layers]
+    fwd = [layer.fwd_s * ph["compute_scale"] for layer in layers]
+    bwd = [layer.bwd_s * ph["compute_scale"] for layer in layers]
     by_layer: dict[int, list[int]] = {}
     grads, outs = [], []
     for i, t in enumerate(workload.tensors):
@@ -125,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.compute == "sleep":
         comm.precise_timers()
     starts = []
-    total = args.warmup + args.iterations
+    total = ph["warmup"] + ph["iterations"]
     world.role_comm.Barrier()
     for _ in range(total):
         starts.append(time.perf_counter())
@@ -140,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         wait_layer(layer)
     starts.append(time.perf_counter())
     kv.close()
-    times = [b - a for a, b in zip(starts, starts[1:])][args.warmup:]
+    times = [b - a for a, b in zip(starts, starts[1:])][ph["warmup"]:]
     # Every worker's iteration ends when its slowest peer's gradients arrive; report the
     # slowest worker's times, as a job's throughput is bounded by it.
     all_times = world.role_comm.allgather(times)
@@ -154,7 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "iteration_time_min_s": min(times), "iteration_time_max_s": max(times),
         "throughput": workload.batch_size * workers / median,
         "bytes_per_iteration": int(sum(g.nbytes for g in grads)),
-        "size_scale": args.size_scale, "compute_scale": args.compute_scale,
+        "size_scale": ph["size_scale"], "compute_scale": ph["compute_scale"],
     }
 
 
