@@ -3,7 +3,8 @@
 #   the GPU test suite, `bench scale-kernel`, `bench allreduce --device gpu` (NCCL, one rank;
 #   pinned-host staging at 2 ranks), then the CPU benches at 2, 3 and 4 ranks on a machine
 #   with a core per rank; `real_local`: `ddpbench calibrate -n 2` and experiments/real_local.yaml
-#   (2 repetitions) against that calibration, where every process has a core.
+#   (2 repetitions) against that calibration, where every process has a core, then a second
+#   calibration compared with the first.
 # Needs what the machine lacks as wheels in .whl/ (simpy, pydantic and its needs, mpi4py and
 # the mpich wheel, setuptools): a venv over the system's packages (CuPy, NumPy, torch) gets
 # those and ddpbench itself, so `mpiexec` lies beside the interpreter as in a user's venv.
@@ -67,6 +68,8 @@ if [ "$WHAT" = real_local ]; then
         experiments/real_local.yaml >"$OUT/real_local.yaml"
     step 300 "real_local, 2 repetitions" ddpbench run "$OUT/real_local.yaml" --no-progress \
         --outdir "$OUT/real_local"
+    step 150 "calibrate again (repeatability)" ddpbench calibrate -n 2 -o "$OUT/machine2.yaml" \
+        --compare "$OUT/machine.yaml"
     echo "=== done $(date +%T)" | tee -a "$LOG"
     exit 0
 fi
