@@ -148,10 +148,13 @@ def fitted_values(machine: Any) -> dict[str, float]:
 def _compare(old: Any, new: Any) -> None:
     a, b = fitted_values(old), fitted_values(new)
     print(f"against {old.measured_at}: value, earlier, this run, this/earlier")
-    within = 0
+    within: dict[bool, list[bool]] = {True: [], False: []}  # backend fit? -> within 10%
     shared = [k for k in b if k in a]
     for key in shared:
         ratio = b[key] / a[key] if a[key] else float("inf") if b[key] else 1.0
-        within += abs(ratio - 1) <= 0.10
+        within[key.split(".")[0] in new.backends].append(abs(ratio - 1) <= 0.10)
         print(f"  {key:<32} {a[key]:10.3f} {b[key]:10.3f} {ratio:8.3f}")
-    print(f"{within} of {len(shared)} fitted values within 10% of the earlier profile")
+    fits, figures = within[True], within[False]
+    print(f"{sum(fits) + sum(figures)} of {len(shared)} fitted values within 10% of the "
+          f"earlier profile ({sum(fits)} of {len(fits)} backend fits, {sum(figures)} of "
+          f"{len(figures)} machine figures)")

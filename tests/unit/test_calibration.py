@@ -445,3 +445,20 @@ def test_solve_meets_the_target_in_few_simulations_and_keeps_the_root_bracketed(
 
     x = _solve(steps, 0.55, 0.0, 1.0, increasing=True)
     assert x == pytest.approx(0.6, abs=1e-6)
+
+
+def test_compare_counts_the_values_within_10_percent_backend_fits_apart(capsys):
+    from ddpbench.commands.calibrate import _compare, fitted_values
+
+    old = machine()
+    new = machine(latency_us=old.latency_us * 1.5,
+                  backends={"mpi": {"per_message_us": 15.0 * 1.05, "bandwidth_gbps": 16.0 * 1.2,
+                                    "compute_factor": 1.5},
+                            "kvstore": {"per_message_us": 150.0, "bandwidth_gbps": 4.0,
+                                        "compute_factor": 2.0 * 0.85}})
+    _compare(old, new)
+    out = capsys.readouterr().out
+    total = len(fitted_values(old))
+    assert f"{total - 3} of {total} fitted values within 10% of the earlier profile " \
+           f"(4 of 6 backend fits, {total - 7} of {total - 6} machine figures)" in out
+    assert "mpi.bandwidth_gbps" in out and " 1.200" in out
