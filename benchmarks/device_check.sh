@@ -66,8 +66,13 @@ if [ "$WHAT" = real_local ]; then
     step 150 "calibrate 2 workers" ddpbench calibrate -n 2 -o "$OUT/machine.yaml"
     sed -e "s#^machine:.*#machine: $OUT/machine.yaml#" -e "s#^repetitions:.*#repetitions: 2#" \
         experiments/real_local.yaml >"$OUT/real_local.yaml"
+    # The run's folder stays outside $OUT (its timelines and plots are more files than the
+    # device tool brings back); the report, the rows and the plot of real against simulated
+    # are copied in.
     step 300 "real_local, 2 repetitions" ddpbench run "$OUT/real_local.yaml" --no-progress \
-        --outdir "$OUT/real_local"
+        --outdir /tmp/real_local
+    cp /tmp/real_local/report.md /tmp/real_local/results.csv /tmp/real_local/sim_vs_real.png \
+        "$OUT/" 2>&1 | tee -a "$LOG"
     step 150 "calibrate again (repeatability)" ddpbench calibrate -n 2 -o "$OUT/machine2.yaml" \
         --compare "$OUT/machine.yaml"
     echo "=== done $(date +%T)" | tee -a "$LOG"
