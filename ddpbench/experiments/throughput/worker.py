@@ -25,9 +25,9 @@ prints them); a failing rank writes its error to ``<out>.rank<R>.err`` and exits
 the previous one closed (``ddpbench calibrate`` times three workloads per launch so: a
 launch costs about a second of process start-up on a small machine). Each phase is a JSON
 object of the options above (``workload``, ``knobs``, ``iterations``, ``warmup``,
-``compute_scale``, ``size_scale``; the ones left out keep the first phase's values); the
-result then lists every phase's under ``"phases"``. Parameter-server backends need
-colocated servers for it: dedicated server ranks exit when the first store closes.
+``compute_scale``, ``size_scale``; the ones left out keep the first phase's values, knobs
+included); the result then lists every phase's under ``"phases"``. Dedicated server ranks
+serve one phase's store after another (``serve(last=False)`` until the last phase).
 """
 
 from __future__ import annotations
