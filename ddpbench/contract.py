@@ -433,6 +433,12 @@ class Cluster(BaseModel):
             servers do).
         server_update_gbps: each server's optimizer throughput for backends that update on
             the server (``kvstore``, ``p3``), Gbit/s of parameters; ``None`` = free.
+        socket_gbps: the most one connection carries, Gbit/s of payload: what one receiving
+            parameter-server process takes in (ps-lite's one ZeroMQ socket) and what a ring's
+            step to the next host moves; ``None`` = the transport's figure
+            (:data:`ddpbench.hardware.TRANSPORTS`: 15 over ``tcp``, none over the others).
+            For a cluster whose connections are known to run slower or faster (TCP over
+            IPoIB, tuned kernel buffers); simulated only.
         jitter: sigma of each worker's per-iteration compute factor, a log-normal of mean 1
             (0.05 = about 5% iteration-to-iteration variation); 0 = every worker equal.
         stragglers: workers (chosen by ``seed``) slower than the rest in every iteration.
@@ -478,6 +484,9 @@ class Cluster(BaseModel):
     server_update_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
                                              json_schema_extra=_expect(
                                                  "a finite number > 0 (or none: free)"))
+    socket_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                      json_schema_extra=_expect(
+                                          "a finite number > 0 (or none: the transport's)"))
     jitter: float = Field(0.0, ge=0, le=2, allow_inf_nan=False,
                           json_schema_extra=_expect("a number in [0, 2]"))
     stragglers: int = Field(0, ge=0, strict=True, json_schema_extra=_expect(">= 0"))
@@ -523,6 +532,14 @@ class Cluster(BaseModel):
             raise ValueError(f"stragglers ({self.stragglers}) must be <= workers "
                              f"({self.workers})")
         return self
+
+    @property
+    def connection_cap_gbps(self) -> float | None:
+        """Return the one-connection ceiling that binds on this cluster's NICs (Gbit/s of
+        payload), or None: :attr:`socket_gbps`, else the transport's figure, where it is
+        below what a NIC delivers."""
+        return hardware.transport(self.transport).binding_socket_gbps(self.bandwidth_gbps,
+                                                                      self.socket_gbps)
 
     @property
     def compute_overlap_slowdown(self) -> float:
@@ -572,7 +589,7 @@ def _cluster_message(err: ValidationError) -> str:
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
     "device": None, "nccl_proto": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
-    "server_update_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
+    "server_update_gbps": None, "socket_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
     "priority": True, "precision": "fp32", "bind": "none",
 }

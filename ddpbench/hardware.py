@@ -175,13 +175,16 @@ class Transport:
     source: str
     socket_gbps: float | None = None
 
-    def binding_socket_gbps(self, bandwidth_gbps: float) -> float | None:
-        """Return ``socket_gbps`` where it is below what a NIC of ``bandwidth_gbps`` line rate
-        delivers over this transport (the ceiling binds), else None."""
-        if self.socket_gbps is None:
+    def binding_socket_gbps(self, bandwidth_gbps: float,
+                            socket_gbps: float | None = None) -> float | None:
+        """Return the one-connection ceiling where it is below what a NIC of
+        ``bandwidth_gbps`` line rate delivers over this transport (the ceiling binds), else
+        None. The ceiling is ``socket_gbps`` when given (a cluster's own figure, the
+        ``socket_gbps`` field of :class:`ddpbench.contract.Cluster`), else this transport's."""
+        cap = self.socket_gbps if socket_gbps is None else socket_gbps
+        if cap is None:
             return None
-        return (self.socket_gbps
-                if self.socket_gbps < bandwidth_gbps * self.efficiency * self.duplex else None)
+        return cap if cap < bandwidth_gbps * self.efficiency * self.duplex else None
 
 
 TRANSPORTS: dict[str, Transport] = {t.name: t for t in (

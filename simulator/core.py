@@ -207,7 +207,7 @@ class _Sim:
             self.env, nhosts, self.bandwidth, self.latency, self._record,
             oversubscription=c.oversubscription, rack_size=c.rack_size,
             per_message=self.per_message,
-            socket_bandwidth=(None if (cap := tr.binding_socket_gbps(c.bandwidth_gbps)) is None
+            socket_bandwidth=(None if (cap := c.connection_cap_gbps) is None
                               else cap * 1e9 / 8))
         # A ring over racks of consecutive hosts sends one flow over each rack's link to
         # the core per direction, so that link limits a ring step only below one NIC.
@@ -217,7 +217,7 @@ class _Sim:
         # A ring's step to the next host is one flow over one connection: over tcp one
         # kernel TCP connection carries at most the transport's socket figure (NCCL's
         # socket transport and MPI over TCP alike), however fast the NIC.
-        cap = tr.binding_socket_gbps(c.bandwidth_gbps)
+        cap = c.connection_cap_gbps
         self.flow_bandwidth = math.inf if cap is None else cap * 1e9 / 8
         # Horovod's coordinator agrees on ready tensors each cycle with two bitwise
         # allreduces of its response-cache bit vector (horovod/common/controller.cc,

@@ -138,15 +138,19 @@ def main(args: argparse.Namespace) -> int:
               f"iteration {res.iteration_time_s * 1e3:.2f} ms, "
               f"{res.throughput:,.1f} samples/s, "
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
-        cap = _socket_cap(args.backend, cluster.get("transport"), args.bandwidth_gbps)
+        cap = _socket_cap(cluster.get("transport"), args.bandwidth_gbps,
+                          cluster.get("socket_gbps"))
         if cap is not None and not cluster.get("machine"):
+            why = ("socket_gbps" if cluster.get("socket_gbps") is not None
+                   else "ddpbench.hardware")
+            over = f"over {cluster.get('transport', 'ideal')}"
             if _is_ring(args.backend):
-                print(f"note: over {cluster['transport']} each ring's step to the next host "
-                      f"moves at most {cap:g} Gbit/s (one TCP connection, ddpbench.hardware), "
+                print(f"note: {over} each ring's step to the next host "
+                      f"moves at most {cap:g} Gbit/s (one TCP connection, {why}), "
                       f"below the NIC's {args.bandwidth_gbps:g}")
             else:
-                print(f"note: over {cluster['transport']} each {args.backend} process receives "
-                      f"at most {cap:g} Gbit/s (its one ZeroMQ socket, ddpbench.hardware), "
+                print(f"note: {over} each {args.backend} process receives "
+                      f"at most {cap:g} Gbit/s (its one ZeroMQ socket, {why}), "
                       f"below the NIC's {args.bandwidth_gbps:g}")
         if args.trace:
             print(f"trace: {args.trace}")
@@ -160,14 +164,17 @@ def _is_ring(backend: str) -> bool:
     return bool(strategy_class(backend).symmetric)
 
 
-def _socket_cap(backend: str, transport: str | None, bandwidth_gbps: float) -> float | None:
-    """The one-connection ceiling that binds for ``backend`` here, or None: a parameter-server
-    process's receiving socket, or a ring's connection to its next host."""
+def _socket_cap(transport: str | None, bandwidth_gbps: float,
+                socket_gbps: float | None) -> float | None:
+    """The one-connection ceiling that binds here, or None: a parameter-server process's
+    receiving socket, or a ring's connection to its next host (``socket_gbps`` when given,
+    else the transport's figure)."""
     from ddpbench import hardware
 
-    if transport is None:
+    if transport is None and socket_gbps is None:
         return None
-    return hardware.transport(transport).binding_socket_gbps(bandwidth_gbps)
+    return hardware.transport(transport or "ideal").binding_socket_gbps(bandwidth_gbps,
+                                                                        socket_gbps)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,16 @@ from ddpbench.experiments import validation as va
     ("iterations: 2\nwarmup: 2\n", "warmup"),
     ("colour: red\n", "colour"),
     ("published: /nonexistent/pub.yaml\n", "published"),
+    ("sensitivity: [{field: transport, values: [1], points: [p3_resnet50_4g], why: w}]\n",
+     "sensitivity field 'transport' cannot be varied"),
+    ("sensitivity: [{field: socket_gbps, values: [0], points: [p3_resnet50_4g], why: w}]\n",
+     "socket_gbps"),
+    ("sensitivity: [{field: socket_gbps, values: [8], points: [nope], why: w}]\n",
+     "unknown point id 'nope'"),
+    ("sensitivity: [{field: socket_gbps, values: [8], points: [byteps_osdi_vs_ps], why: w}]\n",
+     "is not simulated"),
+    ("sensitivity: [{field: socket_gbps, values: [], points: [p3_resnet50_4g], why: w}]\n",
+     "values"),
 ])
 def test_spec_errors_name_the_field(tmp_path, body, words):
     path = tmp_path / "v.yaml"
@@ -119,3 +129,42 @@ def test_simulated_values_equal_the_simulator_in_the_point_setting(tmp_path):
     ratios = {bw: thr("horovod", bw) / thr("mpi", bw) for bw in (1.0, 10.0)}
     assert rows.loc["peak", "simulated"] == pytest.approx(max(ratios.values()), rel=1e-12)
     assert rows.loc["peak", "peak_bandwidth_gbps"] == max(ratios, key=ratios.get)
+
+
+def test_simulated_values_at_a_sensitivity_are_the_simulator_with_that_field_and_unscored(
+        tmp_path):
+    from ddpbench.simulator import simulate
+
+    (tmp_path / "pub.yaml").write_text(PUBLISHED.replace("transport: ideal", "transport: tcp"))
+    path = tmp_path / "v.yaml"
+    path.write_text(f"name: v\nkind: validation\npublished: {tmp_path / 'pub.yaml'}\n"
+                    "bandwidths_gbps: [1, 40]\niterations: 2\n"
+                    "sensitivity: [{field: socket_gbps, values: [1, 8], points: [tput],\n"
+                    "               why: a constant no setting states}]\n")
+    out = tmp_path / "out"
+    summary = runner.run_experiment(schema.load_experiment(path), out, jobs=1, progress=False)
+    assert summary.ok == 4 and summary.failed == 0
+    df = pd.read_csv(out / "results.csv")
+    assert sorted(df["point"]) == ["peak", "tput", "tput[socket_gbps=1]", "tput[socket_gbps=8]"]
+
+    def thr(**kw):
+        return simulate("resnet50", "horovod", workers=2, hosts=2, bandwidth_gbps=10,
+                        transport="tcp", iterations=2, warmup=1, **kw).throughput
+
+    rows = df.set_index("point")
+    assert rows.loc["tput", "simulated"] == pytest.approx(thr(), rel=1e-12)
+    for cap in (1, 8):
+        r = rows.loc[f"tput[socket_gbps={cap}]"]
+        assert r["simulated"] == pytest.approx(thr(socket_gbps=float(cap)), rel=1e-12)
+        assert r["rel_error"] == pytest.approx(r["simulated"] / 100 - 1, rel=1e-12)
+    # At 1 Gbit/s one connection binds far below the 10 Gbit/s NIC: the ring slows.
+    assert rows.loc["tput[socket_gbps=1]", "simulated"] < 0.8 * rows.loc["tput", "simulated"]
+    # The scores count the published points only, once each.
+    from ddpbench.experiments.validation.report import summary as score
+
+    s = score(df, va.Spec.model_validate({"published": str(tmp_path / "pub.yaml")}))
+    assert s["scored"] == 2 and s["points"] == 2
+    md = (out / "report.md").read_text()
+    assert "Sensitivity (shown, not scored)" in md and "a constant no setting states" in md
+    assert "socket_gbps=1 on these points, every other point as shipped" in md
+    assert md.count("| tput |") == 2  # in the table of every point and in the sensitivity's

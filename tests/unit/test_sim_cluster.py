@@ -66,6 +66,36 @@ def test_a_tcp_ring_step_moves_at_most_one_connections_bandwidth(bandwidth, bind
     assert got == pytest.approx(2 * (p - 1) * step, rel=1e-12)
 
 
+@pytest.mark.parametrize("transport, socket, bandwidth, binds", [
+    ("tcp", 8.0, 25, True), ("tcp", 30.0, 25, False), ("rdma", 8.0, 25, True),
+    ("ideal", 4.0, 10, True), ("tcp", None, 25, True), ("rdma", None, 100, False)])
+def test_socket_gbps_sets_one_connections_ceiling_in_place_of_the_transports(
+        transport, socket, bandwidth, binds):
+    # The same closed form as above, with the cluster's own figure where it is given.
+    n, p = 40_000_000, 4
+    tr = hardware.transport(transport)
+    kw = {} if socket is None else {"socket_gbps": socket}
+    got = simulate_collective("allreduce", n, workers=p, bandwidth_gbps=bandwidth,
+                              latency_us=5, transport=transport, **kw)
+    nic = bandwidth * 1e9 / 8 * tr.efficiency * tr.duplex
+    cap = tr.socket_gbps if socket is None else socket
+    flow = nic if cap is None else min(nic, cap * 1e9 / 8)
+    assert (flow < nic) == binds
+    step = 5e-6 + tr.per_message_us * 1e-6 + (n // p) / flow
+    assert got == pytest.approx(2 * (p - 1) * step, rel=1e-12)
+
+
+def test_socket_gbps_at_the_transports_own_figure_changes_nothing():
+    kw = dict(workers=4, bandwidth_gbps=30, transport="tcp", iterations=2)
+    shipped = simulate("vgg19", "kvstore", **kw)
+    same = simulate("vgg19", "kvstore", socket_gbps=15.0, **kw)
+    slower = simulate("vgg19", "kvstore", socket_gbps=8.0, **kw)
+    assert same.iteration_end_s == shipped.iteration_end_s and same.events == shipped.events
+    # A kvstore server's socket takes in 3 x 1/4 of VGG-19's 548 MB at 8 Gbit/s: over 0.4 s
+    # per iteration of pushes alone, so the iteration grows.
+    assert slower.iteration_time_s > shipped.iteration_time_s + 0.1
+
+
 @pytest.mark.parametrize("workload", ["resnet50", "vgg19"])
 def test_hierarchical_with_one_gpu_per_host_equals_the_flat_ring(workload):
     flat = simulate(workload, "horovod", hosts=8, bandwidth_gbps=10, transport="tcp")
@@ -223,6 +253,9 @@ def test_rescaled_throughput_matches_published_single_device(workload, device, b
     (dict(batch_size=0), "batch_size"),
     (dict(batch_size=-32), "batch_size"),
     (dict(jitter=-0.1), "jitter"),
+    (dict(socket_gbps=0), "socket_gbps"),
+    (dict(socket_gbps=-8.0), "socket_gbps"),
+    (dict(socket_gbps="fast"), "socket_gbps"),
     (dict(stragglers=5), "stragglers"),
     (dict(workers=6, gpus_per_host=4), "gpus_per_host"),
 ])

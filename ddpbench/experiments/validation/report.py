@@ -53,10 +53,19 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _is_sensitivity(df: Any) -> Any:
+    """Return a boolean mask of ``df``'s sensitivity rows (shown, never scored)."""
+    if "sensitivity" not in df.columns:
+        return df["id"].map(lambda _: False).astype(bool)
+    return df["sensitivity"].map(lambda v: isinstance(v, str) and bool(v)).astype(bool)
+
+
 def summary(df: Any, spec: Spec) -> dict[str, Any]:
-    """Return the scores: median and largest |error|, over all and over fully pinned points."""
+    """Return the scores: median and largest |error|, over all and over fully pinned points
+    (sensitivity rows left out)."""
     pub = data.load(spec.published)
     by_id = {p.id: p for p in pub.points}
+    df = df[~_is_sensitivity(df)]
     errs, pinned = [], []
     for _, row in df.iterrows():
         e = _num(row.get("rel_error"))
@@ -92,6 +101,8 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     by_id = {p.id: p for p in pub.points}
     outdir.mkdir(parents=True, exist_ok=True)
     df = df[[str(i) in by_id for i in df["id"]]].copy()
+    sens_df = df[_is_sensitivity(df)]
+    df = df[~_is_sensitivity(df)]
     order = {p.id: i for i, p in enumerate(pub.points)}
     df["_order"] = [order[i] for i in df["id"]]
     df = df.sort_values("_order")
@@ -185,8 +196,67 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         doc.heading("Why the misses")
         doc.bullets(list(spec.notes))
 
+    if spec.sensitivity:
+        _sensitivity(doc, df, sens_df, by_id, spec)
+
     paths = _plots(df, by_id, outdir, spec, doc)
     return [*doc.write(outdir), *paths]
+
+
+def _sensitivity(doc: Document, df: Any, sens_df: Any, by_id: dict[str, data.Point],
+                 spec: Spec) -> None:
+    """One table per sensitivity: each chosen point as shipped and at each value tried, and
+    what the scores would read with that value on those points (shown, not scored)."""
+    import pandas as pd
+
+    from ddpbench.experiments.validation.run import sensitivity_label
+
+    doc.heading("Sensitivity (shown, not scored)")
+    shipped = {str(r["id"]): _num(r.get("rel_error")) for _, r in df.iterrows()}
+    shipped_sim = {str(r["id"]): _num(r.get("simulated")) for _, r in df.iterrows()}
+    got = {(str(r["id"]), str(r["sensitivity"])): (_num(r.get("simulated")),
+                                                   _num(r.get("rel_error")))
+           for _, r in sens_df.iterrows()}
+
+    def cell(sim: float | None, err: float | None) -> str:
+        return "-" if sim is None or err is None else f"{sim:.3g} ({100 * err:+.1f}%)"
+
+    for sens in spec.sensitivity:
+        labels = [sensitivity_label(sens.field, v) for v in sens.values]
+        doc.text(f"{sens.field} at {', '.join(f'{v:g}' for v in sens.values)} on "
+                 f"{len(sens.points)} points. {sens.why}")
+        rows = []
+        for pid in sens.points:
+            row = {"id": pid, "published": f"{by_id[pid].value:g}",
+                   "shipped": cell(shipped_sim.get(pid), shipped.get(pid))}
+            row.update({lab: cell(*got.get((pid, lab), (None, None))) for lab in labels})
+            rows.append(row)
+        doc.table(pd.DataFrame(rows))
+        lines = []
+        for lab in labels:
+            errs: dict[str, float | None] = {pid: e for pid, e in shipped.items()
+                                             if e is not None}
+            missing = [pid for pid in sens.points if got.get((pid, lab), (None, None))[1] is None]
+            if missing:
+                lines.append(f"{lab}: not run for {', '.join(missing)}")
+                continue
+            errs.update({pid: got[(pid, lab)][1] for pid in sens.points})
+            xs = sorted(abs(e) for e in errs.values() if e is not None)
+            m = len(xs) // 2
+            med = xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+            beyond = sorted(pid for pid, e in errs.items()
+                            if e is not None and abs(e) > spec.target_max)
+            text = (f"{lab} on these points, every other point as shipped: median "
+                    f"|error| {_pct(med)}, {len(beyond)} beyond {_pct(spec.target_max)}"
+                    + (f" ({', '.join(beyond)})" if beyond else ""))
+            if all(pid in sens.points for pid in _P3_ORDER):
+                peak = {pid: got[(pid, lab)][0] or 0.0 for pid in _P3_ORDER}
+                same = (sorted(_P3_ORDER, key=lambda i: -by_id[i].value)
+                        == sorted(_P3_ORDER, key=lambda i: -peak[i]))
+                text += "; the P3 paper's ordering of gains " + (
+                    "reproduced" if same else "NOT reproduced")
+            lines.append(text)
+        doc.bullets(lines)
 
 
 def _plots(df: Any, by_id: dict[str, data.Point], outdir: Path, spec: Spec,

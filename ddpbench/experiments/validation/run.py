@@ -11,7 +11,7 @@ from ddpbench.experiments.schema import ExperimentError, err_at
 from ddpbench.experiments.validation import data
 from ddpbench.experiments.validation.spec import Spec
 
-__all__ = ["check", "expand", "point_name", "run_point"]
+__all__ = ["check", "expand", "point_name", "run_point", "sensitivity_label"]
 
 
 def _published(spec: Spec) -> data.Published:
@@ -32,6 +32,15 @@ def check(spec: Spec, raw: Any, file: str | Path) -> Spec:
         if src not in pub.sources:
             raise err_at(file, raw, ("sources", i),
                          f"unknown source {src!r}; valid: {sorted(pub.sources)}")
+    by_id = {p.id: p for p in pub.points}
+    for i, sens in enumerate(spec.sensitivity):
+        for j, pid in enumerate(sens.points):
+            if pid not in by_id:
+                raise err_at(file, raw, ("sensitivity", i, "points", j),
+                             f"unknown point id {pid!r}; valid: {sorted(ids)}")
+            if not by_id[pid].simulate:
+                raise err_at(file, raw, ("sensitivity", i, "points", j),
+                             f"point {pid!r} is not simulated (simulate: false)")
     if spec.warmup >= spec.iterations:
         raise ExperimentError(file, None, "warmup",
                               f"warmup ({spec.warmup}) must be below iterations "
@@ -40,23 +49,40 @@ def check(spec: Spec, raw: Any, file: str | Path) -> Spec:
 
 
 def expand(spec: Spec) -> list[dict[str, Any]]:
-    """Return one point per selected published value, in the file's order."""
+    """Return one point per selected published value, in the file's order, then one per
+    sensitivity, value and chosen point (``sensitivity`` names the field and value)."""
     pub = _published(spec)
-    points = []
-    for p in pub.points:
-        if spec.only and p.id not in spec.only:
-            continue
-        if spec.sources and p.source not in spec.sources:
-            continue
-        points.append({
+    by_id = {p.id: p for p in pub.points}
+
+    def params(p: data.Point) -> dict[str, Any]:
+        return {
             "id": p.id, "source": p.source, "metric": p.metric, "published": p.value,
             "simulated_by": "simulator" if p.simulate else "none",
             "mode": "simulate",
             "_point": p.model_dump_json(),
             "_bandwidths": json.dumps(list(spec.bandwidths_gbps)),
             "_iterations": spec.iterations, "_warmup": spec.warmup,
-        })
+        }
+
+    points = []
+    for p in pub.points:
+        if spec.only and p.id not in spec.only:
+            continue
+        if spec.sources and p.source not in spec.sources:
+            continue
+        points.append(params(p))
+    for sens in spec.sensitivity:
+        for value in sens.values:
+            for pid in sens.points:
+                points.append({**params(by_id[pid]),
+                               "sensitivity": sensitivity_label(sens.field, value),
+                               "_override": json.dumps({sens.field: value})})
     return points
+
+
+def sensitivity_label(field: str, value: Any) -> str:
+    """Return how a sensitivity row names its field and value (``socket_gbps=8``)."""
+    return f"{field}={value:g}" if isinstance(value, (int, float)) else f"{field}={value}"
 
 
 def key_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -77,13 +103,16 @@ def key_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def point_name(params: dict[str, Any]) -> str:
-    """Return the point's id (ids are unique in a points file)."""
-    return str(params["id"])
+    """Return the point's id (ids are unique in a points file), with its sensitivity's
+    field and value in brackets for a sensitivity row (``p3_vgg19_30g[socket_gbps=8]``)."""
+    sens = params.get("sensitivity")
+    return f"{params['id']}[{sens}]" if sens else str(params["id"])
 
 
 def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandwidth: float,
                 hosts: int | None, gpus_per_host: int, iterations: int,
-                warmup: int, transport: str | None = None) -> float:
+                warmup: int, transport: str | None = None,
+                override: dict[str, Any] | None = None) -> float:
     from ddpbench.experiments.throughput.points import run_point as run_throughput
 
     s = point.setting
@@ -103,6 +132,7 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
         params["precision"] = s.precision
     if backend in ("kvstore", "p3", "byteps"):
         params["servers"] = s.servers
+    params.update(override or {})
     return float(run_throughput(params)["throughput"])
 
 
@@ -114,12 +144,13 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
                 "note": point.reason, "sweep": None}
     s = point.setting
     it, wu = int(params["_iterations"]), int(params["_warmup"])
+    override = json.loads(params.get("_override") or "{}")
 
     def thr(backend: str, knobs: dict[str, Any], bw: float, hosts: int | None = s.hosts,
             gpus_per_host: int = s.gpus_per_host, transport: str | None = None) -> float:
         return _throughput(point, backend, knobs, bandwidth=bw, hosts=hosts,
                            gpus_per_host=gpus_per_host, iterations=it, warmup=wu,
-                           transport=transport)
+                           transport=transport, override=override)
 
     def speedup(bw: float) -> float:
         assert point.baseline is not None

@@ -2,11 +2,53 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, field_validator
 
+from ddpbench import contract
 from ddpbench.experiments.schema import Frozen
 
-__all__ = ["Spec"]
+__all__ = ["Sensitivity", "Spec"]
+
+_NOT_VARIED = ("workers", "hosts", "gpus_per_host", "servers", "bandwidth_gbps", "latency_us",
+               "intra_link", "transport", "device", "nccl_proto", "machine", "paced")
+"""Cluster fields a sensitivity may not vary: each point's setting states them (or the sweep
+does), or they belong to real runs."""
+
+
+class Sensitivity(Frozen):
+    """A model constant that the published settings do not pin down, simulated at other
+    values on chosen points: shown in the report beside the shipped results, never scored.
+
+    Attributes:
+        field: a field of :class:`ddpbench.contract.Cluster` that no setting states
+            (``socket_gbps``, ``server_update_gbps``, ``overlap_slowdown``, ...).
+        values: the values tried (each checked against the field's bounds).
+        points: ids of the published points it is tried on.
+        why: what the constant stands for and why it is tried (printed above its table).
+    """
+
+    field: str
+    values: tuple[float, ...] = Field(min_length=1)
+    points: tuple[str, ...] = Field(min_length=1)
+    why: str = Field(min_length=1)
+
+    @field_validator("field")
+    @classmethod
+    def _field(cls, value: str) -> str:
+        valid = sorted(f for f in contract.Cluster.model_fields if f not in _NOT_VARIED)
+        if value not in valid:
+            raise ValueError(f"sensitivity field {value!r} cannot be varied; valid: {valid}")
+        return value
+
+    @field_validator("values")
+    @classmethod
+    def _values(cls, value: tuple[float, ...], info: Any) -> tuple[float, ...]:
+        field = info.data.get("field")
+        if field is None:  # the field's own check has failed and said so
+            return value
+        return tuple(sorted({contract.check_axis(field, v) for v in value}))
 
 
 class Spec(Frozen):
@@ -23,6 +65,8 @@ class Spec(Frozen):
         target_max: the largest |relative error| any point may have.
         notes: paragraphs the report prints under "Why the misses" (the analysis of the
             model gaps, written by whoever ran the validation).
+        sensitivity: constants tried at other values on chosen points (:class:`Sensitivity`;
+            shown, not scored).
     """
 
     published: str | None = None
@@ -34,6 +78,7 @@ class Spec(Frozen):
     target_median: float = Field(0.10, gt=0)
     target_max: float = Field(0.25, gt=0)
     notes: tuple[str, ...] = ()
+    sensitivity: tuple[Sensitivity, ...] = ()
 
     @field_validator("bandwidths_gbps")
     @classmethod
