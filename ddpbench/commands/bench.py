@@ -15,6 +15,7 @@ BENCHES = {
     "trainer": "ddpbench.benchmarks.trainer",
     "ps": "ddpbench.benchmarks.ps",
     "pushpull": "ddpbench.benchmarks.pushpull",
+    "noise": "ddpbench.benchmarks.noise",
 }
 
 
