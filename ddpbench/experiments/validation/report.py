@@ -199,7 +199,7 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     if spec.sensitivity:
         _sensitivity(doc, df, sens_df, by_id, spec)
 
-    paths = _plots(df, by_id, outdir, spec, doc)
+    paths = _plots(df, by_id, outdir, spec, doc, sens_df)
     return [*doc.write(outdir), *paths]
 
 
@@ -260,7 +260,7 @@ def _sensitivity(doc: Document, df: Any, sens_df: Any, by_id: dict[str, data.Poi
 
 
 def _plots(df: Any, by_id: dict[str, data.Point], outdir: Path, spec: Spec,
-           doc: Document) -> list[Path]:
+           doc: Document, sens_df: Any = None) -> list[Path]:
     plt = pyplot()
     scored = [(r["id"], by_id[r["id"]], _num(r.get("simulated")), _num(r.get("rel_error")))
               for _, r in df.iterrows() if _num(r.get("rel_error")) is not None]
@@ -330,6 +330,16 @@ def _plots(df: Any, by_id: dict[str, data.Point], outdir: Path, spec: Spec,
                        label=f"{p.setting.workload} published peak {p.value:g}x")
             if peak_bw is not None:
                 ax.plot([peak_bw], [p.value], marker="*", ms=12, color=line.get_color())
+            # The same point's sweeps at a sensitivity's values: thin, dashed, same colour.
+            tried = [] if sens_df is None else [
+                (str(r["sensitivity"]), r.get("sweep")) for _, r in sens_df.iterrows()
+                if r["id"] == _pid and isinstance(r.get("sweep"), str)]
+            for k, (label, text2) in enumerate(tried):
+                other = {float(b): float(v) for b, v in json.loads(text2).items()}
+                xs = sorted(other)
+                ax.plot(xs, [other[b] for b in xs], ls=("--", "-.", ":")[k % 3], lw=0.9,
+                        color=line.get_color(), alpha=0.8,
+                        label=f"{p.setting.workload} at {label} (sensitivity)")
         ax.set_xscale("log")
         ax.set_xlabel("bandwidth, Gbit/s (log)")
         ax.set_ylabel(f"speedup of {curves[0][1].backend} over {curves[0][1].baseline}")
