@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from typing import Any
@@ -145,16 +146,64 @@ def fitted_values(machine: Any) -> dict[str, float]:
     return out
 
 
+_RUN_OF_FIT = {"per_message_us": "small", "bandwidth_gbps": "large", "compute_factor": None}
+"""A backend fit -> the calibration run it is solved from (None: the workload's run)."""
+
+
+def launch_spread(machine: Any, backend: str, run: str) -> float | None:
+    """Return how far the launches of one calibration run spread: (largest - smallest) /
+    median of the launches' statistics (their medians; the workload's lower quartiles, as
+    ``calibrate`` takes them), from the profile's stored iteration times; None with fewer
+    than two launches stored."""
+    from ddpbench.calibration.machine import launch_time
+
+    runs = (machine.measurements or {}).get("iteration_ms", {}).get(backend, {})
+    launches = runs.get(run) or []
+    stat = launch_time if run not in ("small", "large") else statistics.median
+    values = [stat(x) for x in launches if x]
+    if len(values) < 2:
+        return None
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / mid if mid > 0 else None
+
+
+def _fit_spread(old: Any, new: Any, key: str) -> float | None:
+    """The wider of the two profiles' launch spreads behind backend fit ``key``."""
+    backend, _, field = key.partition(".")
+    run = _RUN_OF_FIT.get(field, "")
+    if run is None:  # the workload's run: the one that is neither synthetic run
+        names = [n for n in (new.measurements or {}).get("iteration_ms", {}).get(backend, {})
+                 if n not in ("small", "large")]
+        run = names[0] if names else ""
+    spreads = [x for x in (launch_spread(old, backend, run), launch_spread(new, backend, run))
+               if x is not None]
+    return max(spreads) if spreads else None
+
+
 def _compare(old: Any, new: Any) -> None:
     a, b = fitted_values(old), fitted_values(new)
-    print(f"against {old.measured_at}: value, earlier, this run, this/earlier")
+    print(f"against {old.measured_at}: value, earlier, this run, this/earlier, and for a "
+          "backend fit the spread of its run's launches ((largest - smallest) / median, the "
+          "wider of the two profiles)")
     within: dict[bool, list[bool]] = {True: [], False: []}  # backend fit? -> within 10%
+    noise = outside = 0
     shared = [k for k in b if k in a]
     for key in shared:
         ratio = b[key] / a[key] if a[key] else float("inf") if b[key] else 1.0
-        within[key.split(".")[0] in new.backends].append(abs(ratio - 1) <= 0.10)
-        print(f"  {key:<32} {a[key]:10.3f} {b[key]:10.3f} {ratio:8.3f}")
+        fit = key.split(".")[0] in new.backends
+        ok = abs(ratio - 1) <= 0.10
+        within[fit].append(ok)
+        spread = _fit_spread(old, new, key) if fit else None
+        if fit and not ok and spread is not None:
+            outside += 1
+            noise += abs(ratio - 1) <= spread
+        print(f"  {key:<32} {a[key]:10.3f} {b[key]:10.3f} {ratio:8.3f}"
+              + (f"   launches {100 * spread:5.1f}%" if spread is not None else ""))
     fits, figures = within[True], within[False]
     print(f"{sum(fits) + sum(figures)} of {len(shared)} fitted values within 10% of the "
           f"earlier profile ({sum(fits)} of {len(fits)} backend fits, {sum(figures)} of "
           f"{len(figures)} machine figures)")
+    if outside:
+        print(f"of the {outside} backend fits outside 10% (with launches stored), {noise} moved "
+              "by less than the range of their run's launches (largest - smallest, relative "
+              "to the median): within what the launches themselves repeat to")

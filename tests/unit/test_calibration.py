@@ -462,3 +462,28 @@ def test_compare_counts_the_values_within_10_percent_backend_fits_apart(capsys):
     assert f"{total - 3} of {total} fitted values within 10% of the earlier profile " \
            f"(4 of 6 backend fits, {total - 7} of {total - 6} machine figures)" in out
     assert "mpi.bandwidth_gbps" in out and " 1.200" in out
+
+
+def test_compare_shows_each_backend_fits_launch_spread_and_counts_the_moves_within_it(capsys):
+    from ddpbench.commands.calibrate import _compare, launch_spread
+
+    def runs(small, workload):
+        # Each launch: 8 iterations at one time (its median and lower quartile alike).
+        return {"iteration_ms": {"mpi": {"small": [[t] * 8 for t in small],
+                                         "large": [[5.0] * 8] * 3,
+                                         "resnet50": [[t] * 8 for t in workload]}}}
+
+    old = machine(measurements=runs([1.0, 1.2, 1.1], [30.0, 30.0, 30.0]))
+    new = machine(measurements=runs([1.0, 1.0, 1.0], [30.0, 45.0, 36.0]),
+                  backends={"mpi": {"per_message_us": 15.0 * 1.15, "bandwidth_gbps": 16.0,
+                                    "compute_factor": 1.5 * 1.6},
+                            "kvstore": {"per_message_us": 150.0, "bandwidth_gbps": 4.0,
+                                        "compute_factor": 2.0}})
+    assert launch_spread(old, "mpi", "small") == pytest.approx(0.2 / 1.1)
+    assert launch_spread(new, "mpi", "resnet50") == pytest.approx(15.0 / 36.0)
+    assert launch_spread(new, "kvstore", "small") is None  # no launches stored
+    _compare(old, new)
+    out = capsys.readouterr().out
+    # per_message moved 15% within its launches' 18.2%; compute_factor 60% beyond 41.7%.
+    assert "launches  18.2%" in out and "launches  41.7%" in out
+    assert "of the 2 backend fits outside 10% (with launches stored), 1 moved by less" in out
