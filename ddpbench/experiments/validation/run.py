@@ -64,16 +64,16 @@ def expand(spec: Spec) -> list[dict[str, Any]]:
             "_iterations": spec.iterations, "_warmup": spec.warmup,
         }
 
-    points = []
-    for p in pub.points:
-        if spec.only and p.id not in spec.only:
-            continue
-        if spec.sources and p.source not in spec.sources:
-            continue
-        points.append(params(p))
+    def selected(p: data.Point) -> bool:
+        return ((not spec.only or p.id in spec.only)
+                and (not spec.sources or p.source in spec.sources))
+
+    points = [params(p) for p in pub.points if selected(p)]
     for sens in spec.sensitivity:
         for value in sens.values:
             for pid in sens.points:
+                if not selected(by_id[pid]):
+                    continue  # outside this run's only/sources, as its shipped point is
                 points.append({**params(by_id[pid]),
                                "sensitivity": sensitivity_label(sens.field, value),
                                "_override": json.dumps({sens.field: value})})
