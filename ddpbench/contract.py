@@ -534,14 +534,6 @@ class Cluster(BaseModel):
         return self
 
     @property
-    def connection_cap_gbps(self) -> float | None:
-        """Return the one-connection ceiling that binds on this cluster's NICs (Gbit/s of
-        payload), or None: :attr:`socket_gbps`, else the transport's figure, where it is
-        below what a NIC delivers."""
-        return hardware.transport(self.transport).binding_socket_gbps(self.bandwidth_gbps,
-                                                                      self.socket_gbps)
-
-    @property
     def compute_overlap_slowdown(self) -> float:
         """Return the overlap slowdown in force: the field, else the named device's, else 0."""
         if self.overlap_slowdown is not None:

@@ -203,12 +203,14 @@ class _Sim:
         # Compute slows by this fraction for the time a GPU collective runs beside it.
         self.overlap_slowdown = c.compute_overlap_slowdown
         self._busy: list[_Busy] = [_Busy()]  # one per group once training runs
+        # One connection's ceiling (the cluster's socket_gbps, else the transport's), where
+        # it binds: what one ps-lite process receives, and a ring's step to the next host.
+        cap = tr.binding_socket_gbps(c.bandwidth_gbps, c.socket_gbps)
         self.net = None if symmetric else Network(
             self.env, nhosts, self.bandwidth, self.latency, self._record,
             oversubscription=c.oversubscription, rack_size=c.rack_size,
             per_message=self.per_message,
-            socket_bandwidth=(None if (cap := c.connection_cap_gbps) is None
-                              else cap * 1e9 / 8))
+            socket_bandwidth=None if cap is None else cap * 1e9 / 8)
         # A ring over racks of consecutive hosts sends one flow over each rack's link to
         # the core per direction, so that link limits a ring step only below one NIC.
         racks = -(-self.num_hosts // c.rack_size)
@@ -217,7 +219,6 @@ class _Sim:
         # A ring's step to the next host is one flow over one connection: over tcp one
         # kernel TCP connection carries at most the transport's socket figure (NCCL's
         # socket transport and MPI over TCP alike), however fast the NIC.
-        cap = c.connection_cap_gbps
         self.flow_bandwidth = math.inf if cap is None else cap * 1e9 / 8
         # Horovod's coordinator agrees on ready tensors each cycle with two bitwise
         # allreduces of its response-cache bit vector (horovod/common/controller.cc,
