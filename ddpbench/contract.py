@@ -433,6 +433,10 @@ class Cluster(BaseModel):
             servers do).
         server_update_gbps: each server's optimizer throughput for backends that update on
             the server (``kvstore``, ``p3``), Gbit/s of parameters; ``None`` = free.
+        per_message_us: sender CPU time per message (a ring step, a slice, a partition) on
+            top of its bytes, microseconds; ``None`` = the transport's figure
+            (:data:`ddpbench.hardware.TRANSPORTS`; a machine profile's fitted one). A
+            named GPU's rings priced by NCCL's own model do not use it; simulated only.
         socket_gbps: the most one connection carries, Gbit/s of payload: what one receiving
             parameter-server process takes in (ps-lite's one ZeroMQ socket) and what a ring's
             step to the next host moves; ``None`` = the transport's figure
@@ -484,6 +488,10 @@ class Cluster(BaseModel):
     server_update_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
                                              json_schema_extra=_expect(
                                                  "a finite number > 0 (or none: free)"))
+    per_message_us: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                         json_schema_extra=_expect(
+                                             "a finite number >= 0 (or none: the "
+                                             "transport's)"))
     socket_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
                                       json_schema_extra=_expect(
                                           "a finite number > 0 (or none: the transport's)"))
@@ -581,7 +589,7 @@ def _cluster_message(err: ValidationError) -> str:
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
     "device": None, "nccl_proto": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
-    "server_update_gbps": None, "socket_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
+    "server_update_gbps": None, "per_message_us": None, "socket_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
     "priority": True, "precision": "fp32", "bind": "none",
 }

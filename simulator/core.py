@@ -171,7 +171,8 @@ class _Sim:
         self.line_bandwidth = c.bandwidth_gbps * 1e9 / 8
         self.bandwidth = self.line_bandwidth * tr.efficiency * tr.duplex
         self.latency = c.latency_us * 1e-6
-        self.per_message = tr.per_message_us * 1e-6
+        self.per_message = (tr.per_message_us if c.per_message_us is None
+                            else c.per_message_us) * 1e-6
         self.intra_bandwidth = link.bandwidth_gbps * 1e9 / 8
         self.intra_latency = link.latency_us * 1e-6
         self.intra_link = link.name

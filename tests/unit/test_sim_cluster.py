@@ -85,6 +85,29 @@ def test_socket_gbps_sets_one_connections_ceiling_in_place_of_the_transports(
     assert got == pytest.approx(2 * (p - 1) * step, rel=1e-12)
 
 
+@pytest.mark.parametrize("transport, cost", [("tcp", 20.0), ("tcp", 0.0), ("rdma", 7.5),
+                                             ("ideal", 3.0)])
+def test_per_message_us_replaces_the_transports_cost_per_ring_step(transport, cost):
+    n, p = 40_000_000, 4
+    tr = hardware.transport(transport)
+    got = simulate_collective("allreduce", n, workers=p, bandwidth_gbps=10, latency_us=5,
+                              transport=transport, per_message_us=cost)
+    nic = 10e9 / 8 * tr.efficiency * tr.duplex
+    step = 5e-6 + cost * 1e-6 + (n // p) / nic
+    assert got == pytest.approx(2 * (p - 1) * step, rel=1e-12)
+
+
+def test_per_message_us_at_the_transports_own_figure_changes_nothing():
+    kw = dict(workers=4, bandwidth_gbps=10, transport="tcp", iterations=2)
+    shipped = simulate("vgg19", "p3", **kw)
+    same = simulate("vgg19", "p3", per_message_us=hardware.transport("tcp").per_message_us,
+                    **kw)
+    dearer = simulate("vgg19", "p3", per_message_us=50.0, **kw)
+    assert same.iteration_end_s == shipped.iteration_end_s and same.events == shipped.events
+    # Each of P3's 40,000-element slices costs 45 us more of its sender's time.
+    assert dearer.iteration_time_s > shipped.iteration_time_s
+
+
 def test_socket_gbps_at_the_transports_own_figure_changes_nothing():
     kw = dict(workers=4, bandwidth_gbps=30, transport="tcp", iterations=2)
     shipped = simulate("vgg19", "kvstore", **kw)
@@ -253,6 +276,7 @@ def test_rescaled_throughput_matches_published_single_device(workload, device, b
     (dict(batch_size=0), "batch_size"),
     (dict(batch_size=-32), "batch_size"),
     (dict(jitter=-0.1), "jitter"),
+    (dict(per_message_us=-1.0), "per_message_us"),
     (dict(socket_gbps=0), "socket_gbps"),
     (dict(socket_gbps=-8.0), "socket_gbps"),
     (dict(socket_gbps="fast"), "socket_gbps"),

@@ -110,6 +110,7 @@ class ThroughputSpec(Frozen):
     overlap_slowdown: tuple[float | None, ...] = (None,)
     server_sum_gbps: tuple[float, ...] = (80.0,)
     server_update_gbps: tuple[float | None, ...] = (None,)
+    per_message_us: tuple[float | None, ...] = (None,)
     socket_gbps: tuple[float | None, ...] = (None,)
     jitter: tuple[float, ...] = (0.0,)
     stragglers: tuple[int, ...] = (0,)

@@ -317,41 +317,62 @@ def _plots(df: Any, by_id: dict[str, data.Point], outdir: Path, spec: Spec,
     curves = [(r["id"], by_id[r["id"]], r.get("sweep")) for _, r in df.iterrows()
               if by_id[r["id"]].metric == "peak_speedup" and isinstance(r.get("sweep"), str)]
     if curves:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for _pid, p, text in curves:
-            sweep = {float(k): float(v) for k, v in json.loads(text).items()}
-            bws = sorted(sweep)
-            line, = ax.plot(bws, [sweep[b] for b in bws], marker="o", ms=3,
-                            label=f"{p.setting.workload} simulated")
-            peak_bw = next((q.value for q in by_id.values() if q.metric == "peak_bandwidth"
-                            and q.setting.workload == p.setting.workload
-                            and q.source.startswith("p3")), None)
-            ax.axhline(p.value, color=line.get_color(), ls=":", lw=0.9,
-                       label=f"{p.setting.workload} published peak {p.value:g}x")
-            if peak_bw is not None:
-                ax.plot([peak_bw], [p.value], marker="*", ms=12, color=line.get_color())
-            # The same point's sweeps at a sensitivity's values: thin, dashed, same colour.
-            tried = [] if sens_df is None else [
-                (str(r["sensitivity"]), r.get("sweep")) for _, r in sens_df.iterrows()
-                if r["id"] == _pid and isinstance(r.get("sweep"), str)]
-            for k, (label, text2) in enumerate(tried):
-                other = {float(b): float(v) for b, v in json.loads(text2).items()}
-                xs = sorted(other)
-                ax.plot(xs, [other[b] for b in xs], ls=("--", "-.", ":")[k % 3], lw=0.9,
-                        color=line.get_color(), alpha=0.8,
-                        label=f"{p.setting.workload} at {label} (sensitivity)")
-        ax.set_xscale("log")
-        ax.set_xlabel("bandwidth, Gbit/s (log)")
-        ax.set_ylabel(f"speedup of {curves[0][1].backend} over {curves[0][1].baseline}")
-        ax.set_title("Peak gains over the bandwidth sweep (stars: published peak bandwidth)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = outdir / "peak_gain_sweep.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-        doc.image(path, "speedup against bandwidth, simulated, with the published peaks")
+        fields = [None, *dict.fromkeys(sens.field for sens in spec.sensitivity)]
+        for field in fields:
+            # The shipped sweeps; then, one figure per sensitivity field, the same sweeps
+            # at each value tried (thin, dashed, in the shipped curve's colour).
+            tried: dict[str, list[tuple[str, str]]] = {}
+            if field is not None and sens_df is not None:
+                for _, r in sens_df.iterrows():
+                    if (str(r["sensitivity"]).startswith(f"{field}=")
+                            and isinstance(r.get("sweep"), str)):
+                        tried.setdefault(str(r["id"]), []).append(
+                            (str(r["sensitivity"]), str(r["sweep"])))
+                if not tried:
+                    continue
+            path = outdir / ("peak_gain_sweep.png" if field is None
+                             else f"peak_gain_sweep_{field}.png")
+            _sweep_figure(plt, curves, by_id, tried, path, field)
+            paths.append(path)
+            doc.image(path, "speedup against bandwidth, simulated, with the published peaks"
+                      if field is None else f"the same sweeps with {field} at the values "
+                      "tried (sensitivity, not scored)")
     return paths
+
+
+def _sweep_figure(plt: Any, curves: list[tuple[str, data.Point, str]],
+                  by_id: dict[str, data.Point], tried: dict[str, list[tuple[str, str]]],
+                  path: Path, field: str | None) -> None:
+    """Draw the peak-gain sweeps (and a sensitivity's sweeps of the same points) to ``path``."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for pid, p, text in curves:
+        sweep = {float(k): float(v) for k, v in json.loads(text).items()}
+        bws = sorted(sweep)
+        line, = ax.plot(bws, [sweep[b] for b in bws], marker="o", ms=3,
+                        label=f"{p.setting.workload} simulated")
+        peak_bw = next((q.value for q in by_id.values() if q.metric == "peak_bandwidth"
+                        and q.setting.workload == p.setting.workload
+                        and q.source.startswith("p3")), None)
+        ax.axhline(p.value, color=line.get_color(), ls=":", lw=0.9,
+                   label=f"{p.setting.workload} published peak {p.value:g}x")
+        if peak_bw is not None:
+            ax.plot([peak_bw], [p.value], marker="*", ms=12, color=line.get_color())
+        for k, (label, other_text) in enumerate(tried.get(pid, [])):
+            other = {float(b): float(v) for b, v in json.loads(other_text).items()}
+            xs = sorted(other)
+            ax.plot(xs, [other[b] for b in xs], ls=("--", "-.", (0, (5, 1, 1, 1, 1, 1)))[k % 3], lw=0.9,
+                    color=line.get_color(), alpha=0.8,
+                    label=f"{p.setting.workload} at {label.split('=', 1)[1]}")
+    ax.set_xscale("log")
+    ax.set_xlabel("bandwidth, Gbit/s (log)")
+    ax.set_ylabel(f"speedup of {curves[0][1].backend} over {curves[0][1].baseline}")
+    ax.set_title("Peak gains over the bandwidth sweep (stars: published peak bandwidth)"
+                 if field is None else f"The same sweeps at other values of {field} "
+                 "(dashed; sensitivity)")
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _transport_line(t: hardware.Transport) -> str:
