@@ -139,13 +139,14 @@ def test_simulated_values_at_a_sensitivity_are_the_simulator_with_that_field_and
     path = tmp_path / "v.yaml"
     path.write_text(f"name: v\nkind: validation\npublished: {tmp_path / 'pub.yaml'}\n"
                     "bandwidths_gbps: [1, 40]\niterations: 2\n"
-                    "sensitivity: [{field: socket_gbps, values: [1, 8], points: [tput],\n"
+                    "sensitivity: [{field: socket_gbps, values: [1, 8], points: [tput, peak],\n"
                     "               why: a constant no setting states}]\n")
     out = tmp_path / "out"
     summary = runner.run_experiment(schema.load_experiment(path), out, jobs=1, progress=False)
-    assert summary.ok == 4 and summary.failed == 0
+    assert summary.ok == 6 and summary.failed == 0
     df = pd.read_csv(out / "results.csv")
-    assert sorted(df["point"]) == ["peak", "tput", "tput[socket_gbps=1]", "tput[socket_gbps=8]"]
+    assert sorted(df["point"]) == ["peak", "peak[socket_gbps=1]", "peak[socket_gbps=8]", "tput",
+                                   "tput[socket_gbps=1]", "tput[socket_gbps=8]"]
 
     def thr(**kw):
         return simulate("resnet50", "horovod", workers=2, hosts=2, bandwidth_gbps=10,
@@ -168,3 +169,6 @@ def test_simulated_values_at_a_sensitivity_are_the_simulator_with_that_field_and
     assert "Sensitivity (shown, not scored)" in md and "a constant no setting states" in md
     assert "socket_gbps=1 on these points, every other point as shipped" in md
     assert md.count("| tput |") == 2  # in the table of every point and in the sensitivity's
+    # A swept point's sensitivity rows get a sweep figure of their own.
+    assert (out / "peak_gain_sweep_socket_gbps.png").stat().st_size > 0
+    assert "peak_gain_sweep_socket_gbps.png" in md
