@@ -53,6 +53,15 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _median(xs: list[float]) -> float | None:
+    """Return the median of ``xs`` (the mean of the middle two for an even count), or None."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
 def _is_sensitivity(df: Any) -> Any:
     """Return a boolean mask of ``df``'s sensitivity rows (shown, never scored)."""
     if "sensitivity" not in df.columns:
@@ -75,17 +84,10 @@ def summary(df: Any, spec: Spec) -> dict[str, Any]:
         if not by_id[row["id"]].assumed:
             pinned.append(abs(e))
 
-    def med(xs: list[float]) -> float | None:
-        if not xs:
-            return None
-        xs = sorted(xs)
-        m = len(xs) // 2
-        return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
-
-    return {"points": len(df), "scored": len(errs), "median_abs_error": med(errs),
+    return {"points": len(df), "scored": len(errs), "median_abs_error": _median(errs),
             "max_abs_error": max(errs) if errs else None,
             "beyond_max": sum(e > spec.target_max for e in errs),
-            "pinned_scored": len(pinned), "pinned_median_abs_error": med(pinned),
+            "pinned_scored": len(pinned), "pinned_median_abs_error": _median(pinned),
             "sources": len({row["source"] for _, row in df.iterrows()})}
 
 
@@ -101,8 +103,8 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     by_id = {p.id: p for p in pub.points}
     outdir.mkdir(parents=True, exist_ok=True)
     df = df[[str(i) in by_id for i in df["id"]]].copy()
-    sens_df = df[_is_sensitivity(df)]
-    df = df[~_is_sensitivity(df)]
+    sensitive = _is_sensitivity(df)
+    sens_df, df = df[sensitive], df[~sensitive]
     order = {p.id: i for i, p in enumerate(pub.points)}
     df["_order"] = [order[i] for i in df["id"]]
     df = df.sort_values("_order")
@@ -241,9 +243,7 @@ def _sensitivity(doc: Document, df: Any, sens_df: Any, by_id: dict[str, data.Poi
                 lines.append(f"{lab}: not run for {', '.join(missing)}")
                 continue
             errs.update({pid: got[(pid, lab)][1] for pid in sens.points})
-            xs = sorted(abs(e) for e in errs.values() if e is not None)
-            m = len(xs) // 2
-            med = xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+            med = _median([abs(e) for e in errs.values() if e is not None])
             beyond = sorted(pid for pid, e in errs.items()
                             if e is not None and abs(e) > spec.target_max)
             text = (f"{lab} on these points, every other point as shipped: median "
