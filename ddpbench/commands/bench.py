@@ -16,6 +16,7 @@ BENCHES = {
     "ps": "ddpbench.benchmarks.ps",
     "pushpull": "ddpbench.benchmarks.pushpull",
     "noise": "ddpbench.benchmarks.noise",
+    "backtest": "ddpbench.benchmarks.backtest",
 }
 
 

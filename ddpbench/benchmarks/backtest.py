@@ -1,0 +1,251 @@
+"""``ddpbench bench backtest``: a simulator change judged on every stored real run, not one.
+
+A report folder that puts real runs beside their simulated twins on a calibrated machine
+(``reports/real_local``) keeps, at each commit that changed it, what was measured: the real
+repetitions with their timed iterations (``results.csv``) and the machine profile the run
+was calibrated with (``machine.yaml``). On a noisy machine one run says little about a
+change to the model (the same point moves by up to 1.9x between runs an hour apart on this
+VM), so this benchmark reads every stored version of the folder from git history, simulates
+each real point's twin again on today's simulator with that run's own profile, and prints,
+per run, the scores as shipped (the twins stored with the run, made by the code of its day:
+the same run's baseline) beside today's: the median ``|real/sim - 1|``, the points beyond
+25%, and the medians at the calibration's worker count (in sample) and at the others (out of
+sample). A real point is the median over its repetitions of each repetition's lower quartile
+(:func:`~ddpbench.calibration.machine.launch_time`), as a report with ``aggregate:
+quartile`` shows it, for every stored run alike.
+
+Nothing is measured: the real runs are the stored ones. Runs whose folder had no machine
+profile, or whose profile or points today's code cannot read (fields renamed since), are
+listed as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HELP = ("re-simulate every stored real run of a report folder (its git history) on today's "
+        "simulator and print its scores beside those it shipped with")
+
+
+@dataclass
+class StoredRun:
+    """One stored version of a report folder: its commit, results and machine profile."""
+
+    label: str
+    date: str
+    results: str
+    machine: str | None
+
+
+@dataclass
+class Score:
+    """What a run scores: ``|real/sim - 1|`` per point, and which were in sample."""
+
+    errors: list[float] = field(default_factory=list)
+    inside: list[bool] = field(default_factory=list)
+
+    def line(self) -> tuple[str, str, str, str]:
+        """Return median, beyond 25%, in-sample and out-of-sample median, formatted."""
+        def med(xs: list[float]) -> str:
+            return f"{statistics.median(xs):.1%}" if xs else "-"
+
+        ins = [e for e, i in zip(self.errors, self.inside) if i]
+        outs = [e for e, i in zip(self.errors, self.inside) if not i]
+        return (med(self.errors), str(sum(e > 0.25 for e in self.errors)), med(ins), med(outs))
+
+
+def stored_runs(folder: str | Path, since: str | None = None,
+                limit: int | None = None, cwd: str | Path = ".") -> list[StoredRun]:
+    """Return the versions of ``folder``'s ``results.csv`` in git history, newest first.
+
+    Raises:
+        ValueError: ``folder`` is not inside a git work tree or has no committed results.
+    """
+    path = Path(folder).as_posix().rstrip("/")
+    cmd = ["git", "log", "--format=%h %cI", *([f"--since={since}"] if since else []),
+           "--", f"{path}/results.csv"]
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        detail = getattr(err, "stderr", "") or str(err)
+        raise ValueError(f"cannot read the git history of {path}: {detail.strip()}") from None
+    runs = []
+    for line in out.splitlines():
+        commit, date = line.split()
+        results = _show(commit, f"{path}/results.csv", cwd)
+        if results is None:
+            continue
+        runs.append(StoredRun(commit, date, results, _show(commit, f"{path}/machine.yaml", cwd)))
+        if limit is not None and len(runs) >= limit:
+            break
+    if not runs:
+        raise ValueError(f"{path}/results.csv has no committed version"
+                         + (f" since {since}" if since else ""))
+    return runs
+
+
+def _show(commit: str, path: str, cwd: str | Path) -> str | None:
+    res = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=cwd, capture_output=True,
+                         text=True)
+    return res.stdout if res.returncode == 0 else None
+
+
+def parse_point(name: str) -> tuple[str, dict[str, Any]]:
+    """Return the backend and parameters of a point name ``backend[k=v,...]``.
+
+    Raises:
+        ValueError: a name that is not of that form.
+    """
+    backend, sep, rest = name.partition("[")
+    if not sep or not rest.endswith("]") or not backend:
+        raise ValueError(f"not a point name: {name!r}")
+    params: dict[str, Any] = {}
+    for item in filter(None, rest[:-1].split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"point {name!r}: {item!r} is not key=value")
+        params[key] = yaml.safe_load(value)
+    return backend, params
+
+
+def real_points(results: str) -> dict[str, float]:
+    """Return each real point's time: the median over its repetitions of their lower
+    quartiles (the stored iteration time where a row has no samples)."""
+    from ddpbench.calibration.machine import launch_time
+
+    reps: dict[str, list[float]] = {}
+    for row in csv.DictReader(io.StringIO(results)):
+        if row.get("mode") != "real" or row.get("status") != "ok":
+            continue
+        samples = row.get("samples_s")
+        t = launch_time(json.loads(samples)) if samples else float(row["iteration_time_s"])
+        reps.setdefault(row["point"], []).append(t)
+    return {p: statistics.median(ts) for p, ts in reps.items()}
+
+
+def shipped_twins(results: str) -> dict[str, float]:
+    """Return each simulated point's stored iteration time (its first ok repetition)."""
+    out: dict[str, float] = {}
+    for row in csv.DictReader(io.StringIO(results)):
+        if row.get("mode") == "simulate" and row.get("status") == "ok":
+            out.setdefault(row["point"], float(row["iteration_time_s"]))
+    return out
+
+
+def simulate_twin(name: str, machine: str) -> float:
+    """Return today's simulated iteration time of point ``name`` on the profile ``machine``."""
+    from ddpbench.experiments.throughput.points import run_point
+
+    backend, params = parse_point(name)
+    params.update({"mode": "simulate", "backend": backend, "repetition": 0,
+                   "machine": machine})
+    return float(run_point(params)["iteration_time_s"])
+
+
+def _today(args: tuple[str, str]) -> float | str:
+    try:
+        return simulate_twin(*args)
+    except Exception as err:  # noqa: BLE001 - reported as the run's skip reason
+        return f"{type(err).__name__}: {err}"
+
+
+def backtest(run: StoredRun, workdir: Path, pool: Any = None) -> tuple[Score, Score] | str:
+    """Return the run's (shipped, today) scores, or why it cannot be re-simulated."""
+    from ddpbench.calibration.machine import parse_machine
+
+    if run.machine is None:
+        return "no machine profile stored with it"
+    try:
+        m = parse_machine(yaml.safe_load(run.machine), f"{run.label}:machine.yaml")
+    except (ValueError, yaml.YAMLError) as err:
+        return f"its profile does not load today ({err})"
+    path = workdir / f"{run.label}.yaml"
+    path.write_text(run.machine)
+    real, stored = real_points(run.results), shipped_twins(run.results)
+    names = [p for p in real if p in stored]
+    if not names:
+        return "no real point with a simulated twin"
+    jobs = [(p, str(path)) for p in names]
+    today = list(pool.map(_today, jobs) if pool is not None else map(_today, jobs))
+    for got in today:
+        if isinstance(got, str):
+            return f"a point does not simulate today ({got})"
+    shipped, now = Score(), Score()
+    for p, t in zip(names, today):
+        inside = parse_point(p)[1].get("workers") == m.workers
+        for score, sim in ((shipped, stored[p]), (now, float(t))):
+            score.errors.append(abs(real[p] / sim - 1))
+            score.inside.append(inside)
+    return shipped, now
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--folder", default="reports/real_local",
+                        help="report folder whose git history holds the runs (default "
+                             "reports/real_local)")
+    parser.add_argument("--since", default=None,
+                        help="only runs committed since this date (git log --since, e.g. "
+                             "2026-11-26)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="only the newest N runs")
+    parser.add_argument("--jobs", "-j", type=int, default=2,
+                        help="processes simulating points (default 2)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ddpbench.cli import UsageError
+
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        runs = stored_runs(args.folder, args.since, args.limit)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    header = ("run", "committed", "points", "shipped: median", ">25%", "in", "out",
+              "today: median", ">25%", "in", "out")
+    rows, skipped = [], []
+    totals: dict[str, list[float]] = {"shipped": [], "today": []}
+    beyond = {"shipped": 0, "today": 0}
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
+        for run in tqdm(runs, desc="backtest", unit="run", file=sys.stderr,
+                        dynamic_ncols=True):
+            got = backtest(run, Path(tmp), pool)
+            if isinstance(got, str):
+                skipped.append(f"{run.label} ({run.date[:16]}): {got}")
+                continue
+            shipped, now = got
+            rows.append((run.label, run.date[:16], str(len(now.errors)),
+                         *shipped.line(), *now.line()))
+            for key, score in (("shipped", shipped), ("today", now)):
+                totals[key].append(statistics.median(score.errors))
+                beyond[key] += sum(e > 0.25 for e in score.errors)
+    if rows:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for r in (header, *rows):
+            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        print(f"{len(rows)} runs: points beyond 25% {beyond['shipped']} as shipped, "
+              f"{beyond['today']} today; median of the runs' medians "
+              f"{statistics.median(totals['shipped']):.1%} as shipped, "
+              f"{statistics.median(totals['today']):.1%} today; today's median lower in "
+              f"{sum(t < s for s, t in zip(totals['shipped'], totals['today']))} of "
+              f"{len(rows)} runs")
+    for line in skipped:
+        print(f"skipped {line}")
+    return 0 if rows else 1
