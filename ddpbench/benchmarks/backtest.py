@@ -56,6 +56,7 @@ class Score:
 
     errors: list[float] = field(default_factory=list)
     inside: list[bool] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)  # point label -> real/sim
 
     def line(self) -> tuple[str, str, str, str]:
         """Return median, beyond 25%, in-sample and out-of-sample median, formatted."""
@@ -185,11 +186,22 @@ def backtest(run: StoredRun, workdir: Path, pool: Any = None) -> tuple[Score, Sc
             return f"a point does not simulate today ({got})"
     shipped, now = Score(), Score()
     for p, t in zip(names, today):
-        inside = parse_point(p)[1].get("workers") == m.workers
+        backend, params = parse_point(p)
+        inside = params.get("workers") == m.workers
+        label = point_label(backend, params)
         for score, sim in ((shipped, stored[p]), (now, float(t))):
             score.errors.append(abs(real[p] / sim - 1))
             score.inside.append(inside)
+            score.ratios[label] = real[p] / sim
     return shipped, now
+
+
+def point_label(backend: str, params: dict[str, Any]) -> str:
+    """Return a point's name without its machine profile's path (the same point across
+    runs calibrated into different files)."""
+    from ddpbench.experiments.naming import make_name
+
+    return make_name(backend, {k: v for k, v in params.items() if k != "machine"})
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -203,6 +215,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="only the newest N runs")
     parser.add_argument("--jobs", "-j", type=int, default=2,
                         help="processes simulating points (default 2)")
+    parser.add_argument("--points", action="store_true",
+                        help="also print each point's real/sim today over the runs: median, "
+                             "range and how many runs put it beyond 25%%")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -221,6 +236,7 @@ def main(args: argparse.Namespace) -> int:
     header = ("run", "committed", "points", "shipped: median", ">25%", "in", "out",
               "today: median", ">25%", "in", "out")
     rows, skipped = [], []
+    per_point: dict[str, list[float]] = {}
     totals: dict[str, list[float]] = {"shipped": [], "today": []}
     beyond = {"shipped": 0, "today": 0}
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
@@ -233,6 +249,8 @@ def main(args: argparse.Namespace) -> int:
             shipped, now = got
             rows.append((run.label, run.date[:16], str(len(now.errors)),
                          *shipped.line(), *now.line()))
+            for label, ratio in now.ratios.items():
+                per_point.setdefault(label, []).append(ratio)
             for key, score in (("shipped", shipped), ("today", now)):
                 totals[key].append(statistics.median(score.errors))
                 beyond[key] += sum(e > 0.25 for e in score.errors)
@@ -246,6 +264,13 @@ def main(args: argparse.Namespace) -> int:
               f"{statistics.median(totals['today']):.1%} today; today's median lower in "
               f"{sum(t < s for s, t in zip(totals['shipped'], totals['today']))} of "
               f"{len(rows)} runs")
+    if args.points and per_point:
+        print("real/sim today, per point over the runs (median, smallest-largest, runs "
+              "beyond 25%):")
+        for label, ratios in sorted(per_point.items(), key=lambda kv: kv[0]):
+            print(f"  {label}: {statistics.median(ratios):.2f} ({min(ratios):.2f}-"
+                  f"{max(ratios):.2f}), {sum(abs(r - 1) > 0.25 for r in ratios)} of "
+                  f"{len(ratios)}")
     for line in skipped:
         print(f"skipped {line}")
     return 0 if rows else 1

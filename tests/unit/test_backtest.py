@@ -91,8 +91,13 @@ def test_every_stored_run_is_scored_as_shipped_and_on_todays_simulator(tmp_path,
     assert B.backtest(runs[1], tmp_path) == "no machine profile stored with it"
 
     monkeypatch.chdir(repo)
-    assert B.main(argparse.Namespace(folder="reports/r", since=None, limit=None, jobs=1)) == 0
+    assert B.main(argparse.Namespace(folder="reports/r", since=None, limit=None, jobs=1,
+                                     points=True)) == 0
     out = capsys.readouterr().out
+    label = make_name("mpi", {k: v for k, v in AXES.items() if k != "machine"})
+    beyond = int(abs(real / today - 1) > 0.25)
+    assert (f"  {label}: {real / today:.2f} ({real / today:.2f}-{real / today:.2f}), "
+            f"{beyond} of 1") in out
     assert f"{abs(real / 0.04 - 1):.1%}" in out and f"{abs(real / today - 1):.1%}" in out
     assert "1 runs: points beyond 25%" in out
     assert "no machine profile stored with it" in out
