@@ -98,6 +98,27 @@ def stored_runs(folder: str | Path, since: str | None = None,
     return runs
 
 
+def folder_run(folder: str | Path) -> StoredRun:
+    """Return the run kept in ``folder`` (its results.csv and, if there, machine.yaml): one
+    that was never committed, such as a run on another machine.
+
+    Raises:
+        ValueError: ``folder`` has no results.csv.
+    """
+    path = Path(folder)
+    try:
+        results = (path / "results.csv").read_text()
+    except OSError as err:
+        raise ValueError(f"--run {folder}: cannot read its results.csv ({err.strerror})") from None
+    machine = path / "machine.yaml"
+    text = machine.read_text() if machine.is_file() else None
+    date = ""
+    if text is not None:
+        data = yaml.safe_load(text)
+        date = str(data.get("measured_at", "")) if isinstance(data, dict) else ""
+    return StoredRun(path.name or str(path), date, results, text)
+
+
 def _show(commit: str, path: str, cwd: str | Path) -> str | None:
     res = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=cwd, capture_output=True,
                          text=True)
@@ -213,6 +234,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "2026-11-26)")
     parser.add_argument("--limit", type=int, default=None,
                         help="only the newest N runs")
+    parser.add_argument("--run", action="append", default=[], metavar="DIR",
+                        help="also a run kept in DIR (its results.csv and machine.yaml), "
+                             "never committed: a run on another machine; repeatable")
+    parser.add_argument("--no-history", action="store_true",
+                        help="only the --run folders, not the folder's git history")
     parser.add_argument("--jobs", "-j", type=int, default=2,
                         help="processes simulating points (default 2)")
     parser.add_argument("--points", action="store_true",
@@ -230,10 +256,14 @@ def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     try:
-        runs = stored_runs(args.folder, args.since, args.limit)
+        runs = [folder_run(d) for d in args.run]
+        if not args.no_history:
+            runs += stored_runs(args.folder, args.since, args.limit)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    header = ("run", "committed", "points", "shipped: median", ">25%", "in", "out",
+    if not runs:
+        raise UsageError("nothing to backtest: --no-history needs --run DIR")
+    header = ("run", "date", "points", "shipped: median", ">25%", "in", "out",
               "today: median", ">25%", "in", "out")
     rows, skipped = [], []
     per_point: dict[str, list[float]] = {}

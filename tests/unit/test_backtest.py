@@ -92,7 +92,7 @@ def test_every_stored_run_is_scored_as_shipped_and_on_todays_simulator(tmp_path,
 
     monkeypatch.chdir(repo)
     assert B.main(argparse.Namespace(folder="reports/r", since=None, limit=None, jobs=1,
-                                     points=True)) == 0
+                                     points=True, run=[], no_history=False)) == 0
     out = capsys.readouterr().out
     label = make_name("mpi", {k: v for k, v in AXES.items() if k != "machine"})
     beyond = int(abs(real / today - 1) > 0.25)
@@ -110,3 +110,22 @@ def test_a_folder_without_history_is_a_clear_error(tmp_path):
         B.stored_runs("reports/none", cwd=tmp_path)
     with pytest.raises(ValueError, match="cannot read the git history"):
         B.stored_runs("x", cwd=tmp_path / "missing")
+
+
+def test_a_run_kept_in_a_folder_is_scored_like_a_stored_one(tmp_path, capsys):
+    from ddpbench.cli import UsageError
+
+    (tmp_path / "results.csv").write_text(results(0.05, [[0.06, 0.07]]))
+    (tmp_path / "machine.yaml").write_text(yaml.safe_dump(MACHINE))
+    run = B.folder_run(tmp_path)
+    assert (run.date, run.machine is not None) == ("2026-11-25T00:00:00Z", True)
+    shipped, _ = B.backtest(run, tmp_path)
+    assert shipped.errors == [pytest.approx(abs(0.06 / 0.05 - 1))]
+    args = dict(folder="reports/r", since=None, limit=None, jobs=1, points=False,
+                no_history=True)
+    assert B.main(argparse.Namespace(**args, run=[str(tmp_path)])) == 0
+    assert "1 runs: points beyond 25%" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="--no-history needs --run DIR"):
+        B.main(argparse.Namespace(**args, run=[]))
+    with pytest.raises(UsageError, match="cannot read its results.csv"):
+        B.main(argparse.Namespace(**args, run=[str(tmp_path / "none")]))
