@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import yaml
+from machines import BASE
 
 from ddpbench import simulator
 from ddpbench.benchmarks import backtest as B
@@ -16,15 +17,7 @@ from ddpbench.experiments.naming import make_name
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
-MACHINE = {
-    "kind": "ddpbench-machine", "host": "box", "measured_at": "2026-11-25T00:00:00Z",
-    "cores": 2, "workers": 2, "servers": 2, "latency_us": 2.0, "bandwidth_gbps": 100.0,
-    "copy_gbps": 90.0, "sum_gbps": 80.0, "compute_rate": 1.0, "compute_overhead_us": 70.0,
-    "ring_step_us": {"blocking": {2: 30.0, 3: 70.0, 4: 110.0},
-                     "polled": {2: 30.0, 4: 130.0, 6: 230.0}},
-    "backends": {"mpi": {"per_message_us": 15.0, "bandwidth_gbps": 16.0,
-                         "compute_factor": 1.5}},
-}
+MACHINE = BASE
 AXES = {"workload": "resnet50", "workers": 3, "bandwidth_gbps": 1, "latency_us": 20,
         "iterations": 4, "warmup": 1, "compute_scale": 0.05, "size_scale": 0.01,
         "machine": "reports/r/machine.yaml"}
