@@ -25,6 +25,7 @@ import argparse
 import csv
 import io
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,8 @@ def stored_runs(folder: str | Path, since: str | None = None,
         ValueError: ``folder`` is not inside a git work tree or has no committed results.
     """
     path = Path(folder).as_posix().rstrip("/")
+    if since and re.fullmatch(r"\d{4}-\d{2}-\d{2}", since):
+        since += " 00:00:00"  # git reads a bare date as that day at the current time
     cmd = ["git", "log", "--format=%h %cI", *([f"--since={since}"] if since else []),
            "--", f"{path}/results.csv"]
     try:

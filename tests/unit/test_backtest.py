@@ -96,6 +96,19 @@ def test_every_stored_run_is_scored_as_shipped_and_on_todays_simulator(tmp_path,
     assert "no machine profile stored with it" in out
 
 
+def test_since_a_bare_date_takes_the_whole_day(tmp_path, monkeypatch):
+    folder = tmp_path / "reports" / "r"
+    folder.mkdir(parents=True)
+    git(tmp_path, "init", "-q")
+    (folder / "results.csv").write_text(results(0.05, [[0.06]]))
+    git(tmp_path, "add", ".")
+    monkeypatch.setenv("GIT_COMMITTER_DATE", "2026-01-02T00:30:00+00:00")
+    git(tmp_path, "commit", "-qm", "a run just after midnight")
+    assert len(B.stored_runs("reports/r", since="2026-01-02", cwd=tmp_path)) == 1
+    with pytest.raises(ValueError, match="no committed version since 2026-01-03"):
+        B.stored_runs("reports/r", since="2026-01-03", cwd=tmp_path)
+
+
 def test_a_folder_without_history_is_a_clear_error(tmp_path):
     git(tmp_path, "init", "-q")
     git(tmp_path, "commit", "-q", "--allow-empty", "-m", "nothing stored")
