@@ -187,8 +187,15 @@ def _today(args: tuple[str, str]) -> float | str:
         return f"{type(err).__name__}: {err}"
 
 
-def backtest(run: StoredRun, workdir: Path, pool: Any = None) -> tuple[Score, Score] | str:
-    """Return the run's (shipped, today) scores, or why it cannot be re-simulated."""
+def backtest(run: StoredRun, workdir: Path, pool: Any = None,
+             refit: bool = False) -> tuple[Score, Score] | str:
+    """Return the run's (shipped, today) scores, or why it cannot be re-simulated.
+
+    With ``refit``, today's scores use the run's backend fits made again by today's
+    simulator from the launches its profile stored (:func:`ddpbench.calibration.run.refit`),
+    so that a change to what the calibration runs themselves simulate to is judged too.
+    """
+    from ddpbench import contract
     from ddpbench.calibration.machine import parse_machine
 
     if run.machine is None:
@@ -197,12 +204,23 @@ def backtest(run: StoredRun, workdir: Path, pool: Any = None) -> tuple[Score, Sc
         m = parse_machine(yaml.safe_load(run.machine), f"{run.label}:machine.yaml")
     except (ValueError, yaml.YAMLError) as err:
         return f"its profile does not load today ({err})"
-    path = workdir / f"{run.label}.yaml"
-    path.write_text(run.machine)
     real, stored = real_points(run.results), shipped_twins(run.results)
     names = [p for p in real if p in stored]
     if not names:
         return "no real point with a simulated twin"
+    path = workdir / f"{run.label}.yaml"
+    if refit:
+        from ddpbench.calibration.run import refit as refit_machine
+
+        default = contract.Schedule.model_fields["size_scale"].default
+        scale = parse_point(names[0])[1].get("size_scale", default)
+        try:
+            m = refit_machine(m, size_scale=float(scale))
+        except ValueError as err:
+            return f"cannot refit it ({err})"
+        m.save(path)
+    else:
+        path.write_text(run.machine)
     jobs = [(p, str(path)) for p in names]
     today = list(pool.map(_today, jobs) if pool is not None else map(_today, jobs))
     for got in today:
@@ -244,6 +262,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="only the --run folders, not the folder's git history")
     parser.add_argument("--jobs", "-j", type=int, default=2,
                         help="processes simulating points (default 2)")
+    parser.add_argument("--refit", action="store_true",
+                        help="fit each run's backends again from the launches its profile "
+                             "stored, on today's simulator, before simulating its points "
+                             "(judges a change to what the calibration runs simulate to)")
     parser.add_argument("--points", action="store_true",
                         help="also print each point's real/sim today over the runs: median, "
                              "range and how many runs put it beyond 25%%")
@@ -275,7 +297,7 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.jobs) as pool:
         for run in tqdm(runs, desc="backtest", unit="run", file=sys.stderr,
                         dynamic_ncols=True):
-            got = backtest(run, Path(tmp), pool)
+            got = backtest(run, Path(tmp), pool, refit=args.refit)
             if isinstance(got, str):
                 skipped.append(f"{run.label} ({run.date[:16]}): {got}")
                 continue

@@ -63,8 +63,9 @@ import yaml
 
 from ddpbench.calibration.machine import KIND, BackendFit, Machine, launch_time
 
-__all__ = ["SYNTHETIC", "SYNTHETIC_KNOBS", "calibrate", "fit_backend", "progress_steps",
-           "real_phases", "shared_bandwidth", "synthetic_profile"]
+__all__ = ["SYNTHETIC", "SYNTHETIC_KNOBS", "calibrate", "fit_backend", "fit_backends",
+           "launch_medians", "progress_steps", "real_phases", "refit", "shared_bandwidth",
+           "synthetic_profile"]
 
 STEP_PROCESSES = (2, 3, 4, 6, 8)
 """Process counts at which the ring step is timed (beyond 8: extended along 6 to 8)."""
@@ -429,6 +430,96 @@ def shared_bandwidth(fits: dict[str, BackendFit]) -> float | None:
                     / total)
 
 
+def launch_medians(samples: dict[str, dict[str, list[list[float]]]],
+                   workload: str) -> dict[str, dict[str, float]]:
+    """Return what each backend's runs stand for: the median over their launches of each
+    launch's time (seconds; ``samples``: backend -> run name -> launches' iterations).
+
+    The workload's launches (1-4 s) span the VM's slow phases, which begin and end inside
+    them: each stands for its lower quartile, as the reports' real points do. The synthetic
+    launches (0.1-0.4 s of 1-10 ms iterations) sit inside one phase, where a low quantile
+    only picks the luckiest iterations: each stands for its median.
+    """
+    def stands_for(name: str) -> Callable[[list[float]], float]:
+        return launch_time if name == workload else statistics.median
+
+    return {b: {name: statistics.median(map(stands_for(name), v)) for name, v in runs.items()}
+            for b, runs in samples.items()}
+
+
+def fit_backends(measured: dict[str, dict[str, float]], servers: dict[str, int],
+                 paths: dict[str, Path], *, workload: str, workers: int, latency_us: float,
+                 bandwidth_gbps: float, cores: int, compute: tuple[float, float],
+                 schedule: dict[str, float],
+                 tick: Callable[[str], None] = lambda _step: None) -> dict[str, BackendFit]:
+    """Fit every backend of ``measured`` (:func:`launch_medians`) through the simulator.
+
+    ``servers``: each backend's server processes (0: an allreduce backend); ``paths``: the
+    synthetic profiles' files; ``compute``: the sleep rule (rate, overhead us);
+    ``schedule``: the workload run's ``compute_scale`` and ``size_scale``.
+
+    The parameter-server backends move bytes through one transport: one bandwidth for all
+    of them, from all their large runs (each alone moved by up to 1.5x between two
+    calibrations of one machine); their own fits only weigh in.
+    """
+    group = [b for b in measured if servers[b]]
+    group = group if len(group) > 1 else []
+
+    def fit(b: str, shared: float | None = None, *, alone: bool = False) -> BackendFit:
+        tick(f"{b} fit" + (" (shared bandwidth)" if b in group and not alone else ""))
+        return fit_backend(
+            b, (paths["small"], measured[b]["small"]), (paths["large"], measured[b]["large"]),
+            workers=workers, servers=servers[b], latency_us=latency_us,
+            bandwidth_gbps=bandwidth_gbps, cores=cores,
+            workload=None if alone else (workload, measured[b][workload], compute, schedule),
+            shared_bandwidth=shared)
+
+    fits = {b: fit(b, alone=b in group) for b in measured}
+    if group:
+        shared = shared_bandwidth({b: fits[b] for b in group})
+        fits.update({b: fit(b, shared) for b in group})  # None: each keeps its own
+    return fits
+
+
+def refit(machine: Machine, *, size_scale: float) -> Machine:
+    """Return ``machine`` with every backend fit made again, by today's simulator, from the
+    launches it stored (``measurements.iteration_ms``); the machine's own figures (ping-pong,
+    ring steps, compute rule) stay as measured. ``size_scale``: the gradient scale of its
+    workload runs (the profile does not record it; ``calibrate``'s default is 0.01).
+
+    Raises:
+        ValueError: a profile without the stored launches or workload it needs.
+    """
+    from ddpbench import contract
+
+    m = machine.measurements or {}
+    try:
+        launches = m["iteration_ms"]
+        workload, compute_scale = m["compute"]["workload"], m["compute"]["compute_scale"]
+        samples = {b: {name: [[x / 1e3 for x in launch] for launch in launches[b][name]]
+                       for name in (*SYNTHETIC, workload)} for b in machine.backends}
+    except KeyError as err:
+        raise ValueError(f"the profile stores no launches to refit from (missing {err})") from None
+    except TypeError:
+        raise ValueError("the profile's stored runs are not lists of launches (an older "
+                         "profile kept one time per run)") from None
+    servers = {b: machine.servers if contract.backend(b).uses_servers else 0
+               for b in machine.backends}
+    with tempfile.TemporaryDirectory(prefix="ddpbench-refit-") as tmp:
+        paths = {}
+        for name in SYNTHETIC:
+            paths[name] = Path(tmp) / f"calibration_{name}.yaml"
+            paths[name].write_text(yaml.safe_dump(synthetic_profile(name)))
+        fits = fit_backends(launch_medians(samples, workload), servers, paths,
+                            workload=workload, workers=machine.workers,
+                            latency_us=machine.latency_us,
+                            bandwidth_gbps=machine.bandwidth_gbps, cores=machine.cores,
+                            compute=(machine.compute_rate, machine.compute_overhead_us),
+                            schedule={"compute_scale": compute_scale,
+                                      "size_scale": size_scale})
+    return machine.model_copy(update={"backends": fits})
+
+
 def progress_steps(backends: Sequence[str], rounds: int) -> int:
     """Return how many steps :func:`calibrate` reports to its ``progress`` callback."""
     from ddpbench import contract
@@ -533,43 +624,15 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
                     workers, srv[b] or workers, timeout_s, bind)
                 for name, times in zip((*SYNTHETIC, workload), got):
                     samples[b][name].append(times)
-        # The workload's launches (1-4 s) span the VM's slow phases, which begin and end
-        # inside them: each stands for its lower quartile, as the reports' real points do.
-        # The synthetic launches (0.1-0.4 s of 1-10 ms iterations) sit inside one phase,
-        # where a low quantile only picks the luckiest iterations: each stands for its
-        # median.
-        def stands_for(name: str) -> Callable[[list[float]], float]:
-            return launch_time if name == workload else statistics.median
-
-        measured = {b: {name: statistics.median(map(stands_for(name), v))
-                        for name, v in samples[b].items()}
-                    for b in backends}
+        measured = launch_medians(samples, workload)
         for b in backends:
             runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]
                        for name, v in samples[b].items()}
-
-        # The parameter-server backends move bytes through one transport: one bandwidth
-        # for all of them, from all their large runs (each alone moved by up to 1.5x
-        # between two calibrations of one machine); their own fits only weigh in.
-        ps = [b for b in backends if srv[b]]
-        group = ps if len(ps) > 1 else []
-
-        def fit(b: str, shared: float | None = None, *, alone: bool = False) -> BackendFit:
-            tick(f"{b} fit" + (" (shared bandwidth)" if b in group and not alone else ""))
-            return fit_backend(
-                b, (paths["small"], measured[b]["small"]),
-                (paths["large"], measured[b]["large"]),
-                workers=workers, servers=srv[b], latency_us=pp["latency_us"],
-                bandwidth_gbps=pp["bandwidth_gbps"], cores=cores,
-                workload=None if alone else (
-                    workload, measured[b][workload], (comp["rate"], comp["overhead_us"]),
-                    {"compute_scale": compute_scale, "size_scale": size_scale}),
-                shared_bandwidth=shared)
-
-        fits = {b: fit(b, alone=b in group) for b in backends}
-        if group:
-            shared = shared_bandwidth({b: fits[b] for b in group})
-            fits.update({b: fit(b, shared) for b in group})  # None: each keeps its own
+        fits = fit_backends(measured, srv, paths, workload=workload, workers=workers,
+                            latency_us=pp["latency_us"], bandwidth_gbps=pp["bandwidth_gbps"],
+                            cores=cores, compute=(comp["rate"], comp["overhead_us"]),
+                            schedule={"compute_scale": compute_scale,
+                                      "size_scale": size_scale}, tick=tick)
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Machine(
         kind=KIND, host=platform.node() or "unknown", measured_at=now, cores=cores,

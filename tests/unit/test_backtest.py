@@ -82,10 +82,12 @@ def test_every_stored_run_is_scored_as_shipped_and_on_todays_simulator(tmp_path,
     assert now.errors == [pytest.approx(abs(real / today - 1), rel=1e-12)]
     assert now.inside == [False]  # 3 workers against the profile's 2: out of sample
     assert B.backtest(runs[1], tmp_path) == "no machine profile stored with it"
+    assert B.backtest(runs[0], tmp_path, refit=True).startswith(
+        "cannot refit it (the profile stores no launches")
 
     monkeypatch.chdir(repo)
     assert B.main(argparse.Namespace(folder="reports/r", since=None, limit=None, jobs=1,
-                                     points=True, run=[], no_history=False)) == 0
+                                     points=True, run=[], no_history=False, refit=False)) == 0
     out = capsys.readouterr().out
     label = make_name("mpi", {k: v for k, v in AXES.items() if k != "machine"})
     beyond = int(abs(real / today - 1) > 0.25)
@@ -127,7 +129,7 @@ def test_a_run_kept_in_a_folder_is_scored_like_a_stored_one(tmp_path, capsys):
     assert (run.date, run.machine is not None) == ("2026-11-25T00:00:00Z", True)
     shipped, _ = B.backtest(run, tmp_path)
     assert shipped.errors == [pytest.approx(abs(0.06 / 0.05 - 1))]
-    args = dict(folder="reports/r", since=None, limit=None, jobs=1, points=False,
+    args = dict(folder="reports/r", since=None, limit=None, jobs=1, points=False, refit=False,
                 no_history=True)
     assert B.main(argparse.Namespace(**args, run=[str(tmp_path)])) == 0
     assert "1 runs: points beyond 25%" in capsys.readouterr().out

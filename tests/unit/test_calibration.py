@@ -476,3 +476,23 @@ def test_compare_shows_each_backend_fits_launch_spread_and_counts_the_moves_with
     # per_message moved 15% within its launches' 18.2%; compute_factor 60% beyond 41.7%.
     assert "launches  18.2%" in out and "launches  41.7%" in out
     assert "of the 2 backend fits outside 10% (with launches stored), 1 moved by less" in out
+
+
+def test_refit_from_stored_launches_reproduces_the_fits():
+    """A profile keeps every launch of its runs: fitting again from them on the same code
+    gives the fits it stored (to their rounding), here mpi's from the shipped profile."""
+    from pathlib import Path
+
+    from ddpbench.calibration.run import refit
+
+    shipped = M.load_machine(Path(__file__).parents[2] / "reports/real_local/machine.yaml")
+    launches = shipped.measurements["iteration_ms"]
+    one = shipped.model_copy(update={
+        "backends": {"mpi": shipped.backends["mpi"]},
+        "measurements": {**shipped.measurements, "iteration_ms": {"mpi": launches["mpi"]}}})
+    again = refit(one, size_scale=0.01).backends["mpi"]
+    before = shipped.backends["mpi"]
+    for field in ("per_message_us", "bandwidth_gbps", "compute_factor"):
+        assert getattr(again, field) == pytest.approx(getattr(before, field), rel=1e-3)
+    with pytest.raises(ValueError, match="stores no launches to refit from"):
+        refit(machine(), size_scale=0.01)
