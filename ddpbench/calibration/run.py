@@ -430,6 +430,14 @@ def shared_bandwidth(fits: dict[str, BackendFit]) -> float | None:
                     / total)
 
 
+def write_synthetic(folder: Path) -> dict[str, Path]:
+    """Write the calibration workloads' profiles into ``folder``; return name -> file."""
+    paths = {name: folder / f"calibration_{name}.yaml" for name in SYNTHETIC}
+    for name, path in paths.items():
+        path.write_text(yaml.safe_dump(synthetic_profile(name)))
+    return paths
+
+
 def launch_medians(samples: dict[str, dict[str, list[list[float]]]],
                    workload: str) -> dict[str, dict[str, float]]:
     """Return what each backend's runs stand for: the median over their launches of each
@@ -506,10 +514,7 @@ def refit(machine: Machine, *, size_scale: float) -> Machine:
     servers = {b: machine.servers if contract.backend(b).uses_servers else 0
                for b in machine.backends}
     with tempfile.TemporaryDirectory(prefix="ddpbench-refit-") as tmp:
-        paths = {}
-        for name in SYNTHETIC:
-            paths[name] = Path(tmp) / f"calibration_{name}.yaml"
-            paths[name].write_text(yaml.safe_dump(synthetic_profile(name)))
+        paths = write_synthetic(Path(tmp))
         fits = fit_backends(launch_medians(samples, workload), servers, paths,
                             workload=workload, workers=machine.workers,
                             latency_us=machine.latency_us,
@@ -602,10 +607,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
     comp = compute_rule(workload, compute_scale, size_scale)
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
-        paths = {}
-        for name in SYNTHETIC:
-            paths[name] = Path(tmp) / f"calibration_{name}.yaml"
-            paths[name].write_text(yaml.safe_dump(synthetic_profile(name)))
+        paths = write_synthetic(Path(tmp))
         samples: dict[str, dict[str, list[list[float]]]] = {
             b: {name: [] for name in (*SYNTHETIC, workload)} for b in backends}
         # Server processes of each backend's runs (0: an allreduce backend); a run launches
