@@ -34,6 +34,16 @@ def test_p3_gain_points_carry_the_abstract_values():
     assert "25%, 38% and 66%" in by_id["p3_vgg19_peak"].quote
 
 
+def test_byteps_points_run_nccl_without_ll128():
+    # Every BytePS figure ran on NCCL without LL128 (2.3.7 in the repository's images until
+    # 2019-12-19; LL128 came in 2.5.6): each simulated point of a BytePS source says so, so
+    # that neither side of a comparison gets a protocol its NCCL did not have.
+    points = [p for p in data.load().points if p.source.startswith("byteps") and p.simulate]
+    assert len(points) >= 7
+    for p in points:
+        assert p.setting.nccl_proto == "^LL128", p.id
+
+
 def _write(tmp_path, raw):
     path = tmp_path / "pub.yaml"
     path.write_text(yaml.safe_dump(raw))
