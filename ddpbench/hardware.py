@@ -165,6 +165,13 @@ class Transport:
             limit: what one receiving ps-lite process takes in (its one ZeroMQ socket; the
             parameter-server backends), and what one ring step moves to the next host (one
             TCP connection per ring; the allreduce backends).
+        loopback: whether a worker reaches the parameter server on its own host through
+            this transport's stack over the host's loopback, as ps-lite does (no local
+            shortcut: ps-lite/src/zmq_van.h ``Connect`` opens ``tcp://`` to every node,
+            its own host's included): each such message costs its sender ``per_message``
+            and crosses the receiving process's socket, but not the NIC. False: a colocated
+            server's parts are free (the ideal network, and ddpbench's own real backends,
+            which hand a local part over in memory).
     """
 
     name: str
@@ -174,6 +181,7 @@ class Transport:
     control_plane: bool
     source: str
     socket_gbps: float | None = None
+    loopback: bool = False
 
     def binding_socket_gbps(self, bandwidth_gbps: float,
                             socket_gbps: float | None = None) -> float | None:
@@ -208,8 +216,9 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "ceiling holds a ring's step to the next host, one connection per ring: NCCL's "
               "socket transport reached 14.5-14.9 Gbit/s of allreduce bus bandwidth on GCP's "
               "32 GbE with 8 GPUs per node, and 2.06 GB/s with one ring (NVIDIA/nccl issue "
-              "#209)",
-              socket_gbps=15.0),
+              "#209); loopback: ps-lite connects to its own host's server over TCP like any "
+              "other (ps-lite/src/zmq_van.h Connect)",
+              socket_gbps=15.0, loopback=True),
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
               "and ICRC (~3%), as NCCL's maintainers state it for allreduce (peak bus "

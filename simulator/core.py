@@ -207,11 +207,18 @@ class _Sim:
         # One connection's ceiling (the cluster's socket_gbps, else the transport's), where
         # it binds: what one ps-lite process receives, and a ring's step to the next host.
         cap = tr.binding_socket_gbps(c.bandwidth_gbps, c.socket_gbps)
+        # Colocated servers over a transport without a local shortcut: a worker's parts on
+        # its own host's server cross that server's socket too, so the ceiling can bind
+        # below the NIC's rate.
+        self.loopback = tr.loopback and not self.dedicated
+        socket_gbps = c.socket_gbps if c.socket_gbps is not None else tr.socket_gbps
+        sock = socket_gbps if self.loopback else cap
         self.net = None if symmetric else Network(
             self.env, nhosts, self.bandwidth, self.latency, self._record,
             oversubscription=c.oversubscription, rack_size=c.rack_size,
             per_message=self.per_message,
-            socket_bandwidth=None if cap is None else cap * 1e9 / 8)
+            socket_bandwidth=None if sock is None else sock * 1e9 / 8,
+            loopback=self.loopback)
         # A ring over racks of consecutive hosts sends one flow over each rack's link to
         # the core per direction, so that link limits a ring step only below one NIC.
         racks = -(-self.num_hosts // c.rack_size)

@@ -339,6 +339,10 @@ class Sender:
         sockets = self.sockets
         if sockets is not None:
             sockets.queue((-msg.priority, seq, msg))
+        elif msg.dst == self.host:  # to its own host's server: not through the NIC
+            env: Any = net.env
+            net.loop(msg, env._now)
+            return
         else:
             heapq.heappush(self._queue, (-msg.priority, seq, msg))
         if self._idle:
@@ -414,6 +418,13 @@ class Sender:
             self._idle = True
             return
         start = env._now
+        if msg.dst == self.host:
+            # Into the socket to its own host's server: the thread's turn costs the
+            # message's CPU, the bytes go over the loopback (not recorded: no NIC bytes).
+            tx = net.per_message
+            net.loop(msg, start)
+            _heappush(env._queue, (start + tx, 1, next(env._eid), self._go, None))
+            return
         # The sender's CPU spends per_message on each message besides its bytes (the
         # transport's cost; 0 on the ideal network).
         tx = msg.nbytes / net.bandwidth + net.per_message
@@ -449,12 +460,17 @@ class Network:
             which tops out near one TCP connection's rate whatever the number of senders;
             a host's server process (pushes) and worker process (every other message)
             each have their own, behind the host's downlink.
+        loopback: a message to its sender's own host (a worker's push to the server beside
+            it, that server's reply) goes through the stack over the host's loopback, as
+            ps-lite sends it (see :meth:`loop`); False: the strategies keep a colocated
+            server's parts off the network (no such message is sent).
     """
 
     def __init__(self, env: simpy.Environment, nhosts: int, bandwidth: float, latency: float,
                  record: Callable[[Message, float, float], None], *,
                  oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
-                 per_message: float = 0.0, socket_bandwidth: float | None = None) -> None:
+                 per_message: float = 0.0, socket_bandwidth: float | None = None,
+                 loopback: bool = False) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:
@@ -478,11 +494,14 @@ class Network:
         self.rack_down = [Port(self, -1 - r, core) for r in range(nracks)] if self.racked else []
         if socket_bandwidth is not None and not socket_bandwidth > 0:
             raise ValueError(f"socket_bandwidth must be > 0 bytes/s, got {socket_bandwidth}")
-        # (the server's socket, the worker's socket) per host, only where it binds
+        self.loopback = loopback
+        # (the server's socket, the worker's socket) per host, only where it can bind: below
+        # the NIC's rate, or wherever loopback traffic joins the NIC's
         self.sockets_in: list[tuple[Port, Port]] = (
             [(Port(self, h, socket_bandwidth), Port(self, h, socket_bandwidth))
              for h in range(nhosts)]
-            if socket_bandwidth is not None and socket_bandwidth < bandwidth else [])
+            if socket_bandwidth is not None and (socket_bandwidth < bandwidth or loopback)
+            else [])
         # every message goes straight to its receiver's port (no racks, no socket ports)
         self.direct = not self.racked and not self.sockets_in
 
@@ -501,6 +520,29 @@ class Network:
         if socket:
             msg.route = socket
         self.down[msg.dst].arrive(msg)
+
+    def loop(self, msg: Message, now: float) -> None:
+        """Carry ``msg`` from a process to another on its own host, starting at ``now``.
+
+        ps-lite has no local shortcut: a worker's push to the server beside it, and that
+        server's reply, go through ZeroMQ and the kernel's TCP stack over the loopback. The
+        message costs its sender ``per_message`` (not ``nbytes / bandwidth``: the NIC
+        carries none of it) and then enters the receiving process's socket port, where
+        it queues with what the NIC brings (the one-socket ceiling takes both); it is
+        delivered ``latency`` after that port has carried it, as every message is (the
+        stack's share of a message's latency is the same over the loopback). Without
+        socket ports it is delivered ``per_message + latency`` after ``now``.
+        """
+        msg.not_before = ready = now + self.per_message
+        if self.sockets_in:  # (cut-through, as from the NIC: done no sooner than handed over)
+            msg.route = ()
+            self.sockets_in[msg.dst][0 if msg.kind == "push" else 1].arrive(msg)
+            return
+        due = ready + self.latency
+        if msg.arrive_at is not None:
+            msg.arrive_at(msg, due)
+        else:
+            call_later(self.env, due - now, msg.on_arrive, msg)
 
     def use_fifo_ports(self) -> bool:
         """Every message crosses the switch at priority 0 (the strategy's promise), so a

@@ -425,7 +425,9 @@ class _PSBase(Strategy):
     """Push-pull through summation servers (colocated on worker hosts, or dedicated hosts).
 
     A worker pushes each part of a ready layer to its server; a part whose server sits on
-    the worker's own host costs no network transfer. The server adds each arriving push
+    the worker's own host costs no network transfer, unless the network carries it over the
+    host's loopback (:meth:`Network.loop`: ps-lite's rule over a real transport), where
+    it is a message like any other. The server adds each arriving push
     (``bytes / summation throughput``, one push after another) and, when all workers have
     pushed, sends the sum back to every worker in the order the pushes arrived. Backends
     whose servers run the optimizer (``server_update``: MXNet's KVStore and P3) then spend
@@ -445,6 +447,8 @@ class _PSBase(Strategy):
         if sim.net is None:
             raise RuntimeError(f"strategy {self.name!r} needs the simulated network")
         self.net: Network = sim.net
+        # Parts on the worker's own host skip the network (False: they go over the loopback)
+        self._local = not sim.net.loopback
         # With FIFO ports a pull's delivery time is known when its port takes it: each
         # worker then counts a layer's pulls (how many are on their way, the latest
         # arrival) and needs one event per layer instead of one per pull.
@@ -498,8 +502,9 @@ class _PSBase(Strategy):
     def grad_ready(self, w: int, layer: int) -> None:
         if self._plain_push:  # (post's work without a gate, inlined: once per push)
             send, on_push = self.net.senders[w].send, self._on_push
+            local = self._local
             for part in self.parts[layer]:
-                if part.host == w:
+                if local and part.host == w:
                     self._arrive_push(part, w)
                 else:
                     send(Message(w, part.host, part.nbytes, part.priority, "push", layer,
@@ -511,8 +516,11 @@ class _PSBase(Strategy):
     def post(self, w: int, part: _Part) -> None:
         """Hand ``part``'s push to the network (a scheduler may hold it back first)."""
         host = part.host
-        if host == w:
+        if host == w and self._local:
             self._arrive_push(part, w)
+        elif host == w:  # over the loopback: no NIC window to count it against
+            self.net.senders[w].send(Message(w, host, part.nbytes, self.push_priority(part),
+                                             "push", part.layer, self._on_push, (part, w)))
         else:
             gate, cost = self.gate(w, part)
             self.net.senders[w].send(Message(w, host, part.nbytes, self.push_priority(part),
@@ -581,16 +589,18 @@ class _PSBase(Strategy):
             # (_send_sum and send_reply inlined: once per pull)
             send, layer, nbytes = self.net.senders[host].send_direct, part.layer, part.nbytes
             on_pull, counted = self._on_pull, self._pull_on_its_way
+            local = self._local
             for w in order:
-                if w == host:
+                if local and w == host:
                     self._local_unit(w, layer)
                 else:
                     msg = Message(host, w, nbytes, 0, "pull", layer, on_pull, (part, w))
                     msg.arrive_at = counted
                     send(msg)
             return
+        local = self._local
         for w in order:
-            if w == host:
+            if local and w == host:
                 self._local_unit(w, part.layer)
             elif self.round_trip == "merged":
                 self._send_sum(part, w)
@@ -795,7 +805,7 @@ class BytepsStrategy(_PSBase):
             self._cores[w].finished(part)  # the server acknowledged this worker's push
 
     def _arrive_push(self, part: _Part, w: int) -> None:
-        if self.knobs.scheduler == "bytescheduler" and part.host == w:
+        if self.knobs.scheduler == "bytescheduler" and part.host == w and self._local:
             # the colocated server's answer comes back over loopback like any other
             self._later(self.sim.latency, self._pushed_local, (part, w))
         super()._arrive_push(part, w)

@@ -161,6 +161,73 @@ def test_transport_costs_per_message_so_small_slices_are_slower():
     assert p3(2_000, "ideal") < p3(2_000, "tcp")
 
 
+def _one_part(numel: int):
+    return simulator.Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "t0", "numel": numel}]}]})
+
+
+@pytest.mark.parametrize("backend,merged,answers", [("kvstore", False, 4), ("kvstore", True, 2),
+                                                     ("p3", True, 2)])
+def test_a_colocated_server_is_reached_over_the_loopback_closed_form(backend, merged, answers):
+    # One worker, its server on its own host: every byte goes over the loopback. Each of the
+    # push and the reply costs the sender its per-message time and crosses the receiving
+    # process's socket (15 Gbit/s), whichever is longer, then latency; MXNet's round trip
+    # adds the push's answer and the pull request (a latency each).
+    n = 1_000_000
+    kw: dict = dict(workers=1, bandwidth_gbps=10, latency_us=5, transport="tcp",
+                    iterations=2, summation_gbps=math.inf)
+    if backend == "kvstore":
+        kw["merged_push_pull"] = merged
+    else:  # (P3's slices are merged push-pulls)
+        kw["slice_params"] = n  # one slice
+    r = simulate(_one_part(n), backend, **kw)
+    hop = max(5e-6, 4 * n / (15e9 / 8))
+    assert r.iteration_time_s == pytest.approx(2 * hop + answers * 5e-6, rel=1e-9)
+    assert r.bytes_sent == {"worker0": 0.0}  # no byte crossed the NIC
+    # The ideal network keeps the local shortcut: nothing to pay.
+    assert simulate(_one_part(n), backend, **{**kw, "transport": "ideal"}).iteration_time_s == 0
+
+
+def test_loopback_and_nic_traffic_share_the_servers_socket():
+    from ddpbench.simulator.network import Message, Network
+
+    env = simulator.core.CountingEnvironment()
+    nbytes, sock, nic = 3_000_000, 15e9 / 8, 40e9 / 8
+    net = Network(env, 2, nic, 5e-6, lambda *a: None, per_message=5e-6,
+                  socket_bandwidth=sock, loopback=True)
+    got: dict[int, float] = {}
+
+    def arrived(msg):
+        got[msg.src] = env.now
+
+    net.send(Message(0, 0, nbytes, 0, "push", 0, arrived))  # the worker beside the server
+    net.send(Message(1, 0, nbytes, 0, "push", 0, arrived))  # a worker across the NIC
+    env.run()
+    # Both reach host 0's server socket at once; the socket takes one after the other at its
+    # own rate, though the NIC alone would have carried the remote push in nbytes / nic.
+    assert got[0] == pytest.approx(nbytes / sock + 5e-6)
+    assert got[1] == pytest.approx(2 * nbytes / sock + 5e-6)
+
+
+def test_loopback_follows_the_transport_and_dedicated_servers():
+    assert hardware.transport("tcp").loopback
+    assert not hardware.transport("ideal").loopback
+    kw: dict = dict(workers=4, bandwidth_gbps=10, transport="tcp", iterations=2, trace=False)
+    wl = _one_part(4_000_000)
+    tcp = simulate(wl, "kvstore", **kw)
+    ideal = simulate(wl, "kvstore", **{**kw, "transport": "ideal"})
+    # Each host pushes the three quarters of the tensor served elsewhere and answers the
+    # three other workers' pushes of its quarter; its own quarter never reaches the NIC.
+    for r in (tcp, ideal):
+        assert r.bytes_sent == {f"worker{h}": 2 * 3 / 4 * 16e6 for h in range(4)}
+    from ddpbench.simulator.core import _Sim
+
+    c = contract.Cluster(workers=4, transport="tcp")
+    assert _Sim(None, c, symmetric=False).loopback
+    assert not _Sim(None, c.model_copy(update={"servers": 4}), symmetric=False).loopback
+    assert not _Sim(None, c.model_copy(update={"transport": "ideal"}), symmetric=False).loopback
+
+
 @pytest.mark.parametrize("workers", [2, 3, 64, 8192])
 def test_negotiation_grows_with_world_size(workers):
     from ddpbench.simulator.core import _Sim
