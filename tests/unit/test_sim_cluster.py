@@ -228,6 +228,21 @@ def test_loopback_follows_the_transport_and_dedicated_servers():
     assert not _Sim(None, c.model_copy(update={"transport": "ideal"}), symmetric=False).loopback
 
 
+@pytest.mark.parametrize("backend,knobs", [
+    ("kvstore", {}), ("kvstore", {"merged_push_pull": True}), ("p3", {}),
+    ("p3", {"water_mark": 4}), ("p3", {"priority": False}), ("byteps", {}),
+    ("byteps", {"scheduler": "bytescheduler"}), ("byteps", {"scheduler": "window"})])
+def test_every_ps_mode_finishes_over_the_loopback_with_the_nics_bytes_unchanged(backend, knobs):
+    # Every round trip (acknowledgements, pull requests, ByteScheduler's credit, P3's
+    # sockets) completes for the local parts too; they add no NIC bytes.
+    kw: dict = dict(workers=3, bandwidth_gbps=1, iterations=2, trace=False, size_scale=0.05,
+                    **knobs)
+    tcp = simulate("resnet50", backend, transport="tcp", **kw)
+    ideal = simulate("resnet50", backend, transport="ideal", **kw)
+    assert tcp.bytes_sent == ideal.bytes_sent
+    assert tcp.iteration_time_s > ideal.iteration_time_s
+
+
 @pytest.mark.parametrize("workers", [2, 3, 64, 8192])
 def test_negotiation_grows_with_world_size(workers):
     from ddpbench.simulator.core import _Sim
