@@ -443,6 +443,12 @@ class Cluster(BaseModel):
             (:data:`ddpbench.hardware.TRANSPORTS`: 15 over ``tcp``, none over the others).
             For a cluster whose connections are known to run slower or faster (TCP over
             IPoIB, tuned kernel buffers); simulated only.
+        page_fault_us: a receiving parameter-server process's extra time per 4 KiB page of
+            a message above the transport's large-message size (a fresh memory mapping
+            whose pages fault as the bytes land; above 32 MiB over ``tcp``, where glibc's
+            malloc maps each anew); ``None`` = the transport's figure
+            (:data:`ddpbench.hardware.TRANSPORTS`: 0, not charged, since it depends on the
+            allocator); set it from a host's own measurement; simulated only.
         jitter: sigma of each worker's per-iteration compute factor, a log-normal of mean 1
             (0.05 = about 5% iteration-to-iteration variation); 0 = every worker equal.
         stragglers: workers (chosen by ``seed``) slower than the rest in every iteration.
@@ -495,6 +501,10 @@ class Cluster(BaseModel):
     socket_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
                                       json_schema_extra=_expect(
                                           "a finite number > 0 (or none: the transport's)"))
+    page_fault_us: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                        json_schema_extra=_expect(
+                                            "a finite number >= 0 (or none: the "
+                                            "transport's)"))
     jitter: float = Field(0.0, ge=0, le=2, allow_inf_nan=False,
                           json_schema_extra=_expect("a number in [0, 2]"))
     stragglers: int = Field(0, ge=0, strict=True, json_schema_extra=_expect(">= 0"))
@@ -589,7 +599,8 @@ def _cluster_message(err: ValidationError) -> str:
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
     "device": None, "nccl_proto": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
-    "server_update_gbps": None, "per_message_us": None, "socket_gbps": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
+    "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,
+    "page_fault_us": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
     "priority": True, "precision": "fp32", "bind": "none",
 }

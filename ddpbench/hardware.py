@@ -172,6 +172,16 @@ class Transport:
             and crosses the receiving process's socket, but not the NIC. False: a colocated
             server's parts are free (the ideal network, and ddpbench's own real backends,
             which hand a local part over in memory).
+        large_message_bytes: a received message of more than this many bytes lands in a
+            fresh memory mapping, or None. ps-lite receives every message into the
+            allocation libzmq makes for it (ps-lite/src/zmq_van.h ``RecvMsg``: zmq_msg_recv,
+            then the data is kept zero-copy until the server or worker is done with it),
+            and glibc's malloc serves a request above its mmap threshold, which rises with
+            use to at most 32 MiB on 64-bit (glibc malloc/malloc.c,
+            ``DEFAULT_MMAP_THRESHOLD_MAX``), with a new mapping, returned on free.
+        page_fault_us: the receiver's extra time per 4 KiB page of such a message: each page
+            faults and is zeroed as the bytes land, in the receiving socket's thread (0: not
+            charged unless a cluster gives its ``page_fault_us``).
     """
 
     name: str
@@ -182,6 +192,8 @@ class Transport:
     source: str
     socket_gbps: float | None = None
     loopback: bool = False
+    large_message_bytes: int | None = None
+    page_fault_us: float = 0.0
 
     def binding_socket_gbps(self, bandwidth_gbps: float,
                             socket_gbps: float | None = None) -> float | None:
@@ -217,8 +229,18 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "socket transport reached 14.5-14.9 Gbit/s of allreduce bus bandwidth on GCP's "
               "32 GbE with 8 GPUs per node, and 2.06 GB/s with one ring (NVIDIA/nccl issue "
               "#209); loopback: ps-lite connects to its own host's server over TCP like any "
-              "other (ps-lite/src/zmq_van.h Connect)",
-              socket_gbps=15.0, loopback=True),
+              "other (ps-lite/src/zmq_van.h Connect); large messages: above glibc's largest "
+              "mmap threshold (32 MiB) each received message lands in a fresh mapping whose "
+              "pages fault; not charged by default (page_fault_us 0), since it depends on "
+              "the process's allocator: MXNet's build links tcmalloc or jemalloc where it "
+              "finds them (make/config.mk: USE_GPERFTOOLS = 1, USE_JEMALLOC = 1), which "
+              "keep freed large spans; libzmq's own throughput tools moved 1443 MB/s in 16 MiB "
+              "messages and 1049 MB/s in 128 MiB ones (ufo-kit/ufo-filters pull request #147, "
+              "2017: 1.07 us per 4 KiB page), and on this project's build machine (a virtual "
+              "machine) 64-128 MiB messages over loopback TCP ran at 10-11 Gbit/s against "
+              "24-45 at 1-4 MiB, a fresh mapping costing 2.8 us per page more than mapped "
+              "memory",
+              socket_gbps=15.0, loopback=True, large_message_bytes=32 << 20),
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
               "and ICRC (~3%), as NCCL's maintainers state it for allreduce (peak bus "

@@ -212,13 +212,16 @@ class _Sim:
         # below the NIC's rate.
         self.loopback = tr.loopback and not self.dedicated
         socket_gbps = c.socket_gbps if c.socket_gbps is not None else tr.socket_gbps
-        sock = socket_gbps if self.loopback else cap
+        fault_us = tr.page_fault_us if c.page_fault_us is None else c.page_fault_us
+        large = (None if tr.large_message_bytes is None or not fault_us
+                 else (tr.large_message_bytes, fault_us * 1e-6 / 4096))
+        sock = socket_gbps if self.loopback or large is not None else cap
         self.net = None if symmetric else Network(
             self.env, nhosts, self.bandwidth, self.latency, self._record,
             oversubscription=c.oversubscription, rack_size=c.rack_size,
             per_message=self.per_message,
             socket_bandwidth=None if sock is None else sock * 1e9 / 8,
-            loopback=self.loopback)
+            loopback=self.loopback, large_message=large)
         # A ring over racks of consecutive hosts sends one flow over each rack's link to
         # the core per direction, so that link limits a ring step only below one NIC.
         racks = -(-self.num_hosts // c.rack_size)

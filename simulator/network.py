@@ -151,7 +151,7 @@ class Port:
     """
 
     __slots__ = ("net", "host", "bandwidth", "free_at", "_queue", "_deciding", "fifo",
-                 "_due", "_head", "_tail")
+                 "_due", "_head", "_tail", "large", "fault")
 
     def __init__(self, net: Network, host: int, bandwidth: float | None = None) -> None:
         self.net, self.host = net, host
@@ -165,6 +165,10 @@ class Port:
         self._due: collections.deque[tuple[float, int, Message]] = collections.deque()
         self._head = False
         self._tail = 0.0  # the time of the last delivery taken into that order
+        # A receiving socket's messages of more than ``large`` bytes cost ``fault`` s per
+        # byte besides (Network's ``large_message``); -1: none do.
+        self.large = -1
+        self.fault = 0.0
 
     def arrive(self, msg: Message) -> None:
         env: Any = self.net.env
@@ -208,6 +212,8 @@ class Port:
         # Cut-through: this stage starts as the previous one does, but cannot finish before
         # it (``not_before``: the previous stage's end, the sender's uplink for the first).
         tx = msg.nbytes / self.bandwidth
+        if msg.nbytes > self.large >= 0:
+            tx += msg.nbytes * self.fault
         # (compared, not max()ed, so that an unbound stage keeps exactly tx: no rounding)
         delay = tx if msg.not_before <= now + tx else msg.not_before - now
         self.free_at = now + delay
@@ -460,6 +466,12 @@ class Network:
             which tops out near one TCP connection's rate whatever the number of senders;
             a host's server process (pushes) and worker process (every other message)
             each have their own, behind the host's downlink.
+        large_message: ``(bytes, seconds per byte)``: a message of more than that many
+            bytes costs the receiving socket that much more per byte (ps-lite receives each
+            message into a fresh allocation, which above glibc's largest mmap threshold is a
+            fresh mapping whose pages fault as the bytes land: :mod:`ddpbench.hardware`,
+            ``Transport.page_fault_us``); None: no such cost. Socket ports then exist
+            wherever a socket rate is given, whatever the NIC's.
         loopback: a message to its sender's own host (a worker's push to the server beside
             it, that server's reply) goes through the stack over the host's loopback, as
             ps-lite sends it (see :meth:`loop`); False: the strategies keep a colocated
@@ -470,7 +482,8 @@ class Network:
                  record: Callable[[Message, float, float], None], *,
                  oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
                  per_message: float = 0.0, socket_bandwidth: float | None = None,
-                 loopback: bool = False) -> None:
+                 loopback: bool = False,
+                 large_message: tuple[int, float] | None = None) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:
@@ -496,12 +509,18 @@ class Network:
             raise ValueError(f"socket_bandwidth must be > 0 bytes/s, got {socket_bandwidth}")
         self.loopback = loopback
         # (the server's socket, the worker's socket) per host, only where it can bind: below
-        # the NIC's rate, or wherever loopback traffic joins the NIC's
+        # the NIC's rate, wherever loopback traffic joins the NIC's, or where large messages
+        # cost the receiver more than their bytes
         self.sockets_in: list[tuple[Port, Port]] = (
             [(Port(self, h, socket_bandwidth), Port(self, h, socket_bandwidth))
              for h in range(nhosts)]
-            if socket_bandwidth is not None and (socket_bandwidth < bandwidth or loopback)
+            if socket_bandwidth is not None
+            and (socket_bandwidth < bandwidth or loopback or large_message is not None)
             else [])
+        if large_message is not None:
+            for pair in self.sockets_in:
+                for port in pair:
+                    port.large, port.fault = large_message
         # every message goes straight to its receiver's port (no racks, no socket ports)
         self.direct = not self.racked and not self.sockets_in
 

@@ -175,7 +175,7 @@ def test_a_colocated_server_is_reached_over_the_loopback_closed_form(backend, me
     # adds the push's answer and the pull request (a latency each).
     n = 1_000_000
     kw: dict = dict(workers=1, bandwidth_gbps=10, latency_us=5, transport="tcp",
-                    iterations=2, summation_gbps=math.inf)
+                    iterations=2, summation_gbps=math.inf, page_fault_us=0)
     if backend == "kvstore":
         kw["merged_push_pull"] = merged
     else:  # (P3's slices are merged push-pulls)
@@ -188,13 +188,32 @@ def test_a_colocated_server_is_reached_over_the_loopback_closed_form(backend, me
     assert simulate(_one_part(n), backend, **{**kw, "transport": "ideal"}).iteration_time_s == 0
 
 
+@pytest.mark.parametrize("numel,large", [(8_000_000, False), (8_400_000, True)])
+def test_a_message_above_32_mib_costs_its_receiver_a_page_fault_per_4_kib(numel, large):
+    # One worker and its colocated server: the push and the reply each cross a receiving
+    # socket. Above 32 MiB (33,554,432 bytes: 8,388,608 fp32 values) each also pays the
+    # transport's page-fault cost per 4 KiB page as it lands in a fresh mapping.
+    kw: dict = dict(workers=1, bandwidth_gbps=10, latency_us=5, transport="tcp",
+                    iterations=2, summation_gbps=math.inf, merged_push_pull=True,
+                    bigarray_bound=10**9)
+    nbytes = 4 * numel
+    # (not charged by default: it depends on the process's allocator)
+    assert hardware.transport("tcp").page_fault_us == 0
+    assert hardware.transport("tcp").large_message_bytes == 32 << 20
+    for us in (None, 0.5, 2.8):
+        per_page = 0 if us is None else us
+        r = simulate(_one_part(numel), "kvstore", page_fault_us=us, **kw)
+        hop = nbytes / (15e9 / 8) + (nbytes / 4096 * per_page * 1e-6 if large else 0)
+        assert r.iteration_time_s == pytest.approx(2 * hop + 2 * 5e-6, rel=1e-9)
+
+
 def test_loopback_and_nic_traffic_share_the_servers_socket():
     from ddpbench.simulator.network import Message, Network
 
     env = simulator.core.CountingEnvironment()
     nbytes, sock, nic = 3_000_000, 15e9 / 8, 40e9 / 8
     net = Network(env, 2, nic, 5e-6, lambda *a: None, per_message=5e-6,
-                  socket_bandwidth=sock, loopback=True)
+                  socket_bandwidth=sock, loopback=True, large_message=(2_000_000, 1e-10))
     got: dict[int, float] = {}
 
     def arrived(msg):
@@ -205,8 +224,10 @@ def test_loopback_and_nic_traffic_share_the_servers_socket():
     env.run()
     # Both reach host 0's server socket at once; the socket takes one after the other at its
     # own rate, though the NIC alone would have carried the remote push in nbytes / nic.
-    assert got[0] == pytest.approx(nbytes / sock + 5e-6)
-    assert got[1] == pytest.approx(2 * nbytes / sock + 5e-6)
+    # (each message above 2 MB also costs the socket 1e-10 s per byte)
+    one = nbytes / sock + nbytes * 1e-10
+    assert got[0] == pytest.approx(one + 5e-6)
+    assert got[1] == pytest.approx(2 * one + 5e-6)
 
 
 def test_loopback_follows_the_transport_and_dedicated_servers():
@@ -362,6 +383,8 @@ def test_rescaled_throughput_matches_published_single_device(workload, device, b
     (dict(socket_gbps=0), "socket_gbps"),
     (dict(socket_gbps=-8.0), "socket_gbps"),
     (dict(socket_gbps="fast"), "socket_gbps"),
+    (dict(page_fault_us=-1.0), "page_fault_us"),
+    (dict(page_fault_us=math.inf), "page_fault_us"),
     (dict(stragglers=5), "stragglers"),
     (dict(workers=6, gpus_per_host=4), "gpus_per_host"),
 ])

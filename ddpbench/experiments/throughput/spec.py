@@ -112,6 +112,7 @@ class ThroughputSpec(Frozen):
     server_update_gbps: tuple[float | None, ...] = (None,)
     per_message_us: tuple[float | None, ...] = (None,)
     socket_gbps: tuple[float | None, ...] = (None,)
+    page_fault_us: tuple[float | None, ...] = (None,)
     jitter: tuple[float, ...] = (0.0,)
     stragglers: tuple[int, ...] = (0,)
     straggler_slowdown: tuple[float, ...] = (2.0,)

@@ -379,5 +379,8 @@ def _transport_line(t: hardware.Transport) -> str:
     socket = ("" if t.socket_gbps is None
               else f", one connection (a ps-lite process's socket, a ring's step to the "
                    f"next host) carries at most {t.socket_gbps:g} Gbit/s")
+    large = ("" if t.large_message_bytes is None or not t.page_fault_us
+             else f", a received message above {t.large_message_bytes / 2**20:g} MiB costs "
+                  f"{t.page_fault_us:g} us per 4 KiB page besides its bytes")
     return (f"transport {t.name}: efficiency {t.efficiency:g}, {t.per_message_us:g} us per "
-            f"message{socket}; {t.source}")
+            f"message{socket}{large}; {t.source}")
