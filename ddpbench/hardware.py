@@ -237,9 +237,9 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "keep freed large spans; libzmq's own throughput tools moved 1443 MB/s in 16 MiB "
               "messages and 1049 MB/s in 128 MiB ones (ufo-kit/ufo-filters pull request #147, "
               "2017: 1.07 us per 4 KiB page), and on this project's build machine (a virtual "
-              "machine) 64-128 MiB messages over loopback TCP ran at 10-11 Gbit/s against "
-              "24-45 at 1-4 MiB, a fresh mapping costing 2.8 us per page more than mapped "
-              "memory",
+              "machine) 64-128 MiB messages over loopback TCP ran at 10-13 Gbit/s against "
+              "20-51 at 1-16 MiB (benchmarks/zmq_large_messages.py), a fresh mapping costing "
+              "2.6-2.9 us per page more than mapped memory (benchmarks/page_fault_cost.c)",
               socket_gbps=15.0, loopback=True, large_message_bytes=32 << 20),
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
