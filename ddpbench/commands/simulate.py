@@ -152,9 +152,21 @@ def main(args: argparse.Namespace) -> int:
                 print(f"note: {over} each {args.backend} process receives "
                       f"at most {cap:g} Gbit/s (its one ZeroMQ socket, {why}), "
                       f"below the NIC's {args.bandwidth_gbps:g}")
+        if (servers == "colocated" and not _is_ring(args.backend)
+                and not cluster.get("machine") and _loopback(cluster.get("transport"))):
+            print(f"note: over {cluster.get('transport')} each worker reaches the server on "
+                  f"its own host over the loopback, as ps-lite does: no NIC time, but the "
+                  f"sender's per-message cost and the receiving socket")
         if args.trace:
             print(f"trace: {args.trace}")
     return 0
+
+
+def _loopback(transport: str | None) -> bool:
+    """Return whether a colocated server is reached through ``transport``'s stack."""
+    from ddpbench import hardware
+
+    return transport is not None and hardware.transport(transport).loopback
 
 
 def _is_ring(backend: str) -> bool:

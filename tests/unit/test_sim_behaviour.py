@@ -427,6 +427,20 @@ def test_simulate_cli_says_when_the_receiving_socket_binds(capsys):
         assert "receives at most" not in capsys.readouterr().out
 
 
+def test_simulate_cli_says_when_a_colocated_server_is_reached_over_the_loopback(capsys):
+    from ddpbench.cli import main as cli_main
+
+    args = ["simulate", "--workload", "resnet50", "--workers", "2", "--iterations", "2",
+            "--warmup", "1", "--bandwidth-gbps", "10"]
+    assert cli_main([*args, "--backend", "p3", "--transport", "tcp"]) == 0
+    assert "reaches the server on its own host over the loopback" in capsys.readouterr().out
+    for extra in (["--backend", "p3", "--transport", "tcp", "--servers", "2"],  # dedicated
+                  ["--backend", "p3", "--transport", "ideal"],  # the local shortcut
+                  ["--backend", "horovod", "--transport", "tcp"]):  # no servers
+        assert cli_main([*args, *extra]) == 0
+        assert "loopback" not in capsys.readouterr().out
+
+
 def test_engine_orders_callbacks_and_simpy_events_on_one_heap():
     # Scheduled callbacks (call_later) and simpy events share one heap of
     # (time, priority, id, function, value): one instant runs urgent first, then in order
