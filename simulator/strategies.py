@@ -518,14 +518,12 @@ class _PSBase(Strategy):
         host = part.host
         if host == w and self._local:
             self._arrive_push(part, w)
-        elif host == w:  # over the loopback: no NIC window to count it against
-            self.net.senders[w].send(Message(w, host, part.nbytes, self.push_priority(part),
-                                             "push", part.layer, self._on_push, (part, w)))
-        else:
-            gate, cost = self.gate(w, part)
-            self.net.senders[w].send(Message(w, host, part.nbytes, self.push_priority(part),
-                                             "push", part.layer, self._on_push, (part, w),
-                                             gate, cost))
+            return
+        # (over the loopback a push has no NIC window to count against)
+        gate, cost = (None, 1.0) if host == w else self.gate(w, part)
+        self.net.senders[w].send(Message(w, host, part.nbytes, self.push_priority(part),
+                                         "push", part.layer, self._on_push, (part, w),
+                                         gate, cost))
 
     def push_priority(self, part: _Part) -> float:
         """Return the priority a push carries on the worker's uplink."""
