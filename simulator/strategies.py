@@ -167,6 +167,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
         else:
             held, lat = nic_tx + sim.per_message, sim.latency + (tx - nic_tx)
     record = sim.timeline.append if sim.trace_steps else None
+    right = (1 % p) // sim.gpus  # the host of rank 0's right neighbour, rank 1
     sim.comm_begin()
     for s in range(2 * (p - 1)):
         chunk = (-s) % p if s < p - 1 else (1 - (s - p + 1)) % p
@@ -183,7 +184,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
             uplink.release()
             yield env.timeout(lat)
         if record is not None:
-            record(sim.span(0, "allreduce", layer, start, env.now, nbytes, 1 % p))
+            record(sim.span(0, "allreduce", layer, start, env.now, nbytes, right))
     sim.comm_end()
     if sim.gpus == 1:
         sim.add_sent_all(ring_bytes_per_rank(n, p, itemsize))

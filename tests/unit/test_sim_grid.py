@@ -1,0 +1,142 @@
+"""Every backend on every transport over a grid of hosts x GPUs per host (1x1 .. 4x8).
+
+Each point must finish; the bytes on each NIC must be what the scheme's closed form says;
+one host with g GPUs must be a g-GPU ring over the intra-host link, whatever the NIC.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ddpbench import contract, hardware
+from ddpbench.backends.ps import placement
+from ddpbench.simulator import simulate, simulate_collective
+from ddpbench.simulator.workload import ITEMSIZE, Layer, Tensor, Workload
+
+HOSTS = (1, 2, 3, 4)
+GPUS = (1, 2, 3, 4, 8)
+TRANSPORTS = tuple(sorted(hardware.TRANSPORTS))
+ALLREDUCE = ("mpi", "horovod", "collective")
+PS = ("kvstore", "p3", "byteps")
+
+# Three layers whose tensors are not multiples of any GPU count; the last one is split by
+# every parameter-server placement (over kvstore's big-array bound and p3's slice).
+TINY = Workload(
+    name="tiny", batch_size=8,
+    layers=(Layer(name="a", fwd_s=1e-3, bwd_s=2e-3), Layer(name="b", fwd_s=1e-3, bwd_s=2e-3),
+            Layer(name="c", fwd_s=1e-3, bwd_s=2e-3)),
+    tensors=(Tensor(name="a.w", numel=10_007, layer=0), Tensor(name="a.b", numel=13, layer=0),
+             Tensor(name="b.w", numel=250_001, layer=1),
+             Tensor(name="c.w", numel=1_200_007, layer=2)))
+N = sum(t.numel for t in TINY.tensors)
+
+
+def _bytes_per_server(backend: str, servers: int) -> list[int]:
+    """Bytes of the gradients each colocated server holds, by the backend's own rule."""
+    k = contract.defaults(backend, "sim")
+    on = [0] * servers
+    for key, t in enumerate(TINY.tensors):
+        if backend == "kvstore":
+            parts = placement.kvstore_parts(key, t.numel, k["bigarray_bound"], servers)
+        elif backend == "p3":
+            parts = placement.p3_parts(key, t.numel, k["slice_params"], servers)
+        else:
+            parts = placement.byteps_parts(key, t.numel, k["partition_bytes"] // ITEMSIZE,
+                                           servers)
+        for part in parts:
+            on[part.server] += part.count * ITEMSIZE
+    return on
+
+
+def _run(backend: str, hosts: int, gpus: int, transport: str, **kw):
+    return simulate(TINY, backend, hosts=hosts, gpus_per_host=gpus, transport=transport,
+                    bandwidth_gbps=10, iterations=2, warmup=1, **kw)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("backend", ALLREDUCE + PS)
+def test_every_backend_finishes_on_every_grid_point_with_the_closed_form_nic_bytes(
+        backend, transport):
+    for hosts in HOSTS:
+        for gpus in GPUS:
+            r = _run(backend, hosts, gpus, transport)
+            where = f"{backend} on {hosts} x {gpus} over {transport}"
+            assert r.iteration_time_s > 0 and math.isfinite(r.iteration_time_s), where
+            assert r.hosts == hosts and r.gpus_per_host == gpus, where
+            sent, recv = r.bytes_sent, r.bytes_received
+            assert len(sent) == hosts, where  # colocated servers: no server hosts
+            if backend in ALLREDUCE:
+                # A flat ring over p = hosts x gpus ranks: each host's one cross-host edge
+                # carries 2 (p-1)/p of the gradients; one host has no cross-host edge.
+                p = hosts * gpus
+                want = 0.0 if hosts == 1 else 2 * (p - 1) / p * N * ITEMSIZE
+                if gpus == 1:  # per rank, the ring's chunking: the sum is exact
+                    assert sum(sent.values()) == pytest.approx(hosts * want, rel=1e-12), where
+                    for v in sent.values():
+                        assert v == pytest.approx(want, rel=1e-4), where
+                else:
+                    for v in sent.values():
+                        assert v == pytest.approx(want, rel=1e-12), where
+            else:
+                # Host j pushes every part placed elsewhere and answers the other hosts'
+                # pushes of the parts placed on it; its own parts never cross its NIC.
+                on = _bytes_per_server(backend, hosts)
+                for j, name in enumerate(sent):
+                    want = (N * ITEMSIZE - on[j]) + (hosts - 1) * on[j]
+                    assert sent[name] == pytest.approx(want, rel=1e-12), (where, name)
+                    assert recv[name] == pytest.approx(want, rel=1e-12), (where, name)
+            assert sum(sent.values()) == pytest.approx(sum(recv.values()), rel=1e-12), where
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 4, 8])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_one_host_with_g_gpus_is_a_g_gpu_ring_over_the_intra_host_link(gpus, transport):
+    # The flat ring and Horovod's hierarchical allreduce both reduce over the host's link:
+    # 2 (g-1) steps of latency plus the largest chunk, whatever the NIC and transport.
+    n = 1_000_003
+    link = hardware.intra_link("nvlink")
+    step = link.latency_us * 1e-6 + math.ceil(n / gpus) / (link.bandwidth_gbps * 1e9 / 8)
+    want = 2 * (gpus - 1) * step
+    for hierarchical in (False, True):
+        for bw in (1, 100):
+            got = simulate_collective("allreduce", n, hosts=1, gpus_per_host=gpus,
+                                      bandwidth_gbps=bw, transport=transport,
+                                      intra_link="nvlink", hierarchical=hierarchical)
+            assert got == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("backend", ALLREDUCE)
+@pytest.mark.parametrize("gpus", [2, 3, 8])
+def test_training_on_one_host_does_not_depend_on_the_nic(backend, gpus):
+    times = {(tr, bw): _run(backend, 1, gpus, tr).iteration_time_s if bw == 10 else
+             simulate(TINY, backend, hosts=1, gpus_per_host=gpus, transport=tr,
+                      bandwidth_gbps=bw, iterations=2, warmup=1).iteration_time_s
+             for tr in ("ideal", "rdma") for bw in (1, 10)}
+    first = next(iter(times.values()))
+    for v in times.values():  # (horovod's negotiation may end a rounding apart)
+        assert v == pytest.approx(first, rel=1e-12), times
+
+
+def test_mpi_on_one_host_with_one_tensor_is_compute_plus_the_intra_host_ring():
+    # One tensor: the ring starts when backward ends and the next forward waits for it.
+    one = Workload(name="one", batch_size=8, layers=(Layer(name="a", fwd_s=1e-3, bwd_s=2e-3),),
+                   tensors=(Tensor(name="a.w", numel=3_000_001, layer=0),))
+    g = 4
+    link = hardware.intra_link("pcie")
+    ring = 2 * (g - 1) * (link.latency_us * 1e-6
+                          + math.ceil(3_000_001 / g) * ITEMSIZE / (link.bandwidth_gbps * 1e9 / 8))
+    r = simulate(one, "mpi", hosts=1, gpus_per_host=g, bandwidth_gbps=10, transport="tcp",
+                 iterations=3, warmup=1)
+    assert r.iteration_time_s == pytest.approx(3e-3 + ring, rel=1e-12)
+
+
+@pytest.mark.parametrize("backend", ALLREDUCE)
+def test_the_simulate_command_on_one_host_of_four_gpus_prints_a_result(backend, capsys):
+    from ddpbench.cli import main
+
+    assert main(["simulate", "-w", "resnet50", "-b", backend, "--hosts", "1",
+                 "--gpus-per-host", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "1 hosts x 4 GPUs" in out and "samples/s" in out
