@@ -75,7 +75,7 @@ def test_a_small_validation_run_renders(tmp_path):
     assert peak["simulated"] >= r["simulated"] - 1e-12  # 4 Gbps is in the sweep
     assert 0 < row["hvd_inception3_128"]["simulated"] <= 1.0 + 1e-9
     md = (out / "report.md").read_text()
-    for words in ("p3_resnet50_4g", "26% at 4 Gbps", "Median |error|", "a note the report prints",
+    for words in ("p3_resnet50_4g", "26% at 4 Gbps", "median abs. error", "a note the report prints",
                   "Constants and how they were chosen", "transport tcp: efficiency",
                   "byteps_osdi_vs_ps"):
         assert words in md, words

@@ -17,10 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ddpbench import contract, hardware
 
-__all__ = ["DEFAULT_FILE", "METRICS", "Point", "Published", "Setting", "Source", "load"]
+__all__ = ["DEFAULT_FILE", "METRICS", "SPLITS", "Point", "Published", "Reference", "Setting",
+           "Source", "load"]
 
 DEFAULT_FILE = Path(__file__).with_name("published.yaml")
-METRICS = ("speedup", "peak_speedup", "peak_bandwidth", "scaling_efficiency", "throughput")
+METRICS = ("speedup", "peak_speedup", "peak_bandwidth", "scaling_efficiency", "throughput",
+           "bus_bandwidth")
+SPLITS = ("fit", "test")
 _SWEPT = ("peak_speedup", "peak_bandwidth")
 
 
@@ -50,6 +53,14 @@ class Setting(_Frozen):
     bandwidth_gbps: float | None = Field(None, gt=0)
     latency_us: float = Field(5.0, ge=0)
     servers: int | Literal["colocated"] = "colocated"
+    message_bytes: int | None = Field(None, ge=1)
+
+
+class Reference(_Frozen):
+    """What a scaling efficiency is relative to: the same job on this many GPUs."""
+
+    hosts: int = Field(1, ge=1)
+    gpus_per_host: int = Field(1, ge=1)
 
 
 class Point(_Frozen):
@@ -61,7 +72,7 @@ class Point(_Frozen):
     quote: str = Field(min_length=1)
     setting: Setting
     metric: Literal["speedup", "peak_speedup", "peak_bandwidth", "scaling_efficiency",
-                    "throughput"]
+                    "throughput", "bus_bandwidth"]
     backend: str
     backend_knobs: dict[str, Any] = Field(default_factory=dict)
     baseline: str | None = None
@@ -71,12 +82,21 @@ class Point(_Frozen):
     assumed: tuple[str, ...] = ()
     simulate: bool = True
     reason: str | None = None
+    split: Literal["fit", "test"] = "fit"
+    curve: str | None = Field(None, pattern=r"^[a-z0-9_]+$")
+    reference: Reference | None = None
+    notes: str = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> Point:
         needs_baseline = self.metric in ("speedup", *_SWEPT)
         if needs_baseline and self.baseline is None:
             raise ValueError(f"point {self.id!r}: metric {self.metric!r} needs a baseline")
+        if self.reference is not None and self.metric != "scaling_efficiency":
+            raise ValueError(f"point {self.id!r}: reference applies to scaling_efficiency only")
+        if (self.metric == "bus_bandwidth") != (self.setting.message_bytes is not None):
+            raise ValueError(f"point {self.id!r}: setting.message_bytes is needed by, and only "
+                             f"by, metric 'bus_bandwidth'")
         for field in self.assumed:
             if field not in Setting.model_fields:
                 raise ValueError(f"point {self.id!r}: assumed field {field!r} is not a setting "

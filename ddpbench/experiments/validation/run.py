@@ -136,6 +136,24 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
     return float(run_throughput(params)["throughput"])
 
 
+def _bus_bandwidth(point: data.Point, override: dict[str, Any]) -> float:
+    """Return nccl-tests' bus bandwidth (GB/s) of one simulated allreduce in the point's
+    setting: ``bytes / time x 2 (p-1) / p`` (nccl-tests doc/PERFORMANCE.md)."""
+    from ddpbench.simulator import simulate_collective
+
+    s = point.setting
+    assert s.message_bytes is not None and s.bandwidth_gbps is not None
+    hosts = s.hosts or 1
+    p = hosts * s.gpus_per_host
+    cluster: dict[str, Any] = {"hosts": hosts, "gpus_per_host": s.gpus_per_host,
+                               "transport": s.transport, "intra_link": s.intra_link,
+                               "nccl_proto": s.nccl_proto, "device": s.device, **override}
+    t = simulate_collective("allreduce", s.message_bytes, bandwidth_gbps=s.bandwidth_gbps,
+                            latency_us=s.latency_us,
+                            **{k: v for k, v in cluster.items() if v is not None})
+    return s.message_bytes / t * 2 * (p - 1) / p / 1e9
+
+
 def run_point(params: dict[str, Any]) -> dict[str, Any]:
     """Simulate one published point; return the simulated value and its relative error."""
     point = data.Point.model_validate_json(params["_point"])
@@ -171,11 +189,14 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
         value = best if point.metric == "peak_speedup" else peak_bw
     elif point.metric == "scaling_efficiency":
         assert s.bandwidth_gbps is not None
+        ref = point.reference or data.Reference()
         n = (s.hosts or 1) * s.gpus_per_host
         many = thr(point.backend, point.backend_knobs, s.bandwidth_gbps)
-        one = thr(point.backend, point.backend_knobs, s.bandwidth_gbps, hosts=1,
-                  gpus_per_host=1)
-        value = many / (n * one)
+        few = thr(point.backend, point.backend_knobs, s.bandwidth_gbps, hosts=ref.hosts,
+                  gpus_per_host=ref.gpus_per_host)
+        value = many / (n / (ref.hosts * ref.gpus_per_host) * few)
+    elif point.metric == "bus_bandwidth":
+        value = _bus_bandwidth(point, override)
     else:
         assert s.bandwidth_gbps is not None
         value = thr(point.backend, point.backend_knobs, s.bandwidth_gbps)
