@@ -39,6 +39,8 @@ from typing import TypeVar
 __all__ = [
     "DEVICES",
     "INTRA_LINKS",
+    "MXNET_SERVER_BYTES",
+    "MXNET_SERVER_UPDATE_GBPS",
     "NCCL_PROTOCOLS",
     "NCCL_SOURCE",
     "OVERLAP_SLOWDOWN",
@@ -125,6 +127,10 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
            "NVIDIA Tesla M60 datasheet (two GPUs per board: 9.6 TFLOP/s fp32 and 2 x 160 GB/s "
            "GDDR5), one GPU of it: AWS g3.4xlarge's GPU, the P3 paper's scalability runs",
            overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=5.2),
+    Device("K80", 4.37, 240.0, _b0(4.37),
+           "NVIDIA Tesla K80 datasheet (two GK210 GPUs per board: 8.73 TFLOP/s fp32 at boost and "
+           "2 x 240 GB/s GDDR5), one GPU of it: AWS p2 instances' GPU",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=3.7),
     Device("P100", 10.6, 732.0, _b0(10.6),
            "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2)",
            overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.0),
@@ -182,6 +188,9 @@ class Transport:
         page_fault_us: the receiver's extra time per 4 KiB page of such a message: each page
             faults and is zeroed as the bytes land, in the receiving socket's thread (0: not
             charged unless a cluster gives its ``page_fault_us``).
+        server_cpu: whether parameter servers cost CPU time as the originals' servers spend it
+            (MXNet's one server thread: :data:`MXNET_SERVER_BYTES`); False on the analytic
+            network, whose servers only sum (the closed forms).
     """
 
     name: str
@@ -194,6 +203,7 @@ class Transport:
     loopback: bool = False
     large_message_bytes: int | None = None
     page_fault_us: float = 0.0
+    server_cpu: bool = False
 
     def binding_socket_gbps(self, bandwidth_gbps: float,
                             socket_gbps: float | None = None) -> float | None:
@@ -240,18 +250,37 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "machine) 64-128 MiB messages over loopback TCP ran at 10-13 Gbit/s against "
               "20-51 at 1-16 MiB (benchmarks/zmq_large_messages.py), a fresh mapping costing "
               "2.6-2.9 us per page more than mapped memory (benchmarks/page_fault_cost.c)",
-              socket_gbps=15.0, loopback=True, large_message_bytes=32 << 20),
+              socket_gbps=15.0, loopback=True, large_message_bytes=32 << 20, server_cpu=True),
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
               "and ICRC (~3%), as NCCL's maintainers state it for allreduce (peak bus "
               "bandwidth 12 GB/s per 100 Gbit/s NIC, 0.96: NVIDIA/nccl-tests issue #119); "
               "per message: a verbs post and completion, ~2 us (ib_send_lat-class "
-              "small-message cost)"),
+              "small-message cost)", server_cpu=True),
     Transport("shm", 1.0, 1.0, 1.0, True,
               "processes on one host through shared memory: bandwidth_gbps is the copy "
-              "bandwidth; ~1 us per message to signal the peer"),
+              "bandwidth; ~1 us per message to signal the peer", server_cpu=True),
 )}
 """Transport name -> :class:`Transport`: the ``transport`` axis of a point."""
+
+
+MXNET_SERVER_BYTES: dict[str, int] = {"copy": 2, "add": 3, "update": 5, "pull": 2}
+"""Bytes of memory traffic per byte of a key that MXNet's parameter server moves for each of
+its steps (apache/mxnet src/kvstore/kvstore_dist_server.h, 0.11.0 to 1.9.1, ``DataHandleDefault``
+and ``DefaultStorageResponse``): a round's first push is copied into the merge buffer (read,
+write), every later push is added to it (read two, write one), the last push runs the
+optimizer on the key (SGD with momentum: read weight, gradient and momentum, write weight
+and momentum) and every pull is answered from a copy of the stored value ("TODO(mli) try to
+remove this CopyFrom"). One ps-lite customer thread does all of it for a server process, one
+request after another, and waits for each push's engine operation before taking the next
+(the same file: ``WaitToRead`` after each merge), so a server's pushes and pulls of every key
+form one queue. P3's servers run the same code (its MXNet fork)."""
+
+MXNET_SERVER_UPDATE_GBPS = 21.5
+"""Gbit/s of parameters an MXNet server's optimizer updates: apache/mxnet issue #14485 (a
+BytePS author, 2019, MXNet 1.4, dist_sync, AlexNet): updating one 2 MB key on the server took
+about 780 us with one worker. With :data:`MXNET_SERVER_BYTES` it sets the server thread's
+memory traffic, 5 x 21.5 Gbit/s, which every other step of the thread moves too."""
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ class SimContext(Protocol):
     negotiation: float
     summation: float
     update: float
+    server_thread: float  # bytes/s of memory traffic of an MXNet server thread, 0 = free
     itemsize: int
     num_servers: int
     timeline: list[Any]

@@ -184,6 +184,13 @@ class _Sim:
         self.nccl_proto = hardware.nccl_protocols(c.nccl_proto)
         self.summation = summation
         self.update = math.inf if c.server_update_gbps is None else c.server_update_gbps * 1e9 / 8
+        # MXNet's server thread (kvstore, p3) on a real transport: bytes of memory traffic
+        # per second, which its copies, sums, updates and pull replies all draw on
+        # (hardware.MXNET_SERVER_BYTES); 0 = servers only sum, as the closed forms have them.
+        update_gbps = (hardware.MXNET_SERVER_UPDATE_GBPS if c.server_update_gbps is None
+                       else c.server_update_gbps)
+        self.server_thread = (update_gbps * 1e9 / 8 * hardware.MXNET_SERVER_BYTES["update"]
+                              if tr.server_cpu and summation < math.inf else 0.0)
         self.itemsize = ITEMSIZE
         self.dedicated = 0 if symmetric else c.dedicated_servers()
         self.num_servers = self.dedicated or self.num_hosts

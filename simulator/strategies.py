@@ -422,6 +422,9 @@ class _Part:
         self.summed: set[int] = set()  # workers whose sum is ready, no pull request yet
 
 
+_MX = hardware.MXNET_SERVER_BYTES
+
+
 class _PSBase(Strategy):
     """Push-pull through summation servers (colocated on worker hosts, or dedicated hosts).
 
@@ -460,6 +463,10 @@ class _PSBase(Strategy):
         self._direct_replies = False
         self._due_n = [[0] * nlayers for _ in range(sim.workers)]
         self._due_t = [[0.0] * nlayers for _ in range(sim.workers)]
+        # MXNet's server thread (kvstore, p3 on a real transport): seconds per byte of
+        # memory traffic; every copy, sum, update and pull reply of a server queues on it.
+        self._mx = (1.0 / sim.server_thread
+                    if self.server_update and sim.server_thread else 0.0)
 
     def use_fifo_ports(self) -> None:
         """Every message of this strategy is equal on the wire (see
@@ -558,17 +565,21 @@ class _PSBase(Strategy):
         env: Any = sim.env
         now = env._now  # (simpy's ``now`` without its property call)
         nbytes = part.nbytes
-        cost = nbytes / sim.summation
+        arrived = part.arrived
+        mx = self._mx
+        if mx:  # the round's first push is copied into the merge buffer, later ones added
+            cost = nbytes * mx * _MX["add" if arrived else "copy"]
+        else:
+            cost = nbytes / sim.summation
         server = part.server
         free = self._sum_free[server]
         start = now if now >= free else free
         done = start + cost
-        arrived = part.arrived
         arrived.append(w)
         last = len(arrived) == sim.workers
         if self.server_update and last:
             # MXNet's server runs the optimizer on a key once every push has been summed.
-            done += nbytes / sim.update
+            done += nbytes * mx * _MX["update"] if mx else nbytes / sim.update
         self._sum_free[server] = done
         if cost > 0 and sim.trace_sums:  # (sim.span inlined: once per push)
             hosts = sim.hosts
@@ -584,7 +595,7 @@ class _PSBase(Strategy):
         sim = self.sim
         host = part.host
         order, part.arrived = part.arrived, []
-        if self._direct_replies and self._count_pulls:
+        if self._direct_replies and self._count_pulls and not self._mx:
             # (_send_sum and send_reply inlined: once per pull)
             send, layer, nbytes = self.net.senders[host].send_direct, part.layer, part.nbytes
             on_pull, counted = self._on_pull, self._pull_on_its_way
@@ -600,7 +611,10 @@ class _PSBase(Strategy):
         local = self._local
         for w in order:
             if local and w == host:
-                self._local_unit(w, part.layer)
+                if self._mx:  # the worker beside the server still pulls a copy
+                    self._on_thread(part, w, self._local_pulled, (w, part.layer))
+                else:
+                    self._local_unit(w, part.layer)
             elif self.round_trip == "merged":
                 self._send_sum(part, w)
             elif self.round_trip == "ack_arrival":
@@ -611,6 +625,27 @@ class _PSBase(Strategy):
                     part.summed.add(w)
             else:  # MXNet: the push's answer reaches the worker, which then pulls
                 self._later(sim.latency, self._push_answered, (part, w))
+
+    def _on_thread(self, part: _Part, w: int, then: Callable[[Any], None], value: Any) -> None:
+        """Run ``then(value)`` once the server thread of ``part`` has copied it out for a
+        pull (MXNet's ``DefaultStorageResponse``), behind whatever that thread has queued."""
+        sim = self.sim
+        env: Any = sim.env
+        now = env._now
+        server = part.server
+        free = self._sum_free[server]
+        start = now if now >= free else free
+        done = start + part.nbytes * self._mx * _MX["pull"]
+        self._sum_free[server] = done
+        if sim.trace_sums:
+            hosts = sim.hosts
+            sim.timeline.append(new_span(Span, (hosts[part.host], "copy", part.layer, start,
+                                                done, part.nbytes, hosts[w])))
+        call_later(env, done - now, then, value)
+
+    def _local_pulled(self, value: tuple[int, int]) -> None:
+        w, layer = value
+        self._local_unit(w, layer)
 
     def _local_unit(self, w: int, layer: int) -> None:
         """The sum of a part whose server is on worker ``w``'s host is back without a pull."""
@@ -633,6 +668,15 @@ class _PSBase(Strategy):
             part.pulls.add(w)
 
     def _send_sum(self, part: _Part, w: int) -> None:
+        if self._mx:
+            self._on_thread(part, w, self._copied, (part, w))
+            return
+        self._send_copy(part, w)
+
+    def _copied(self, value: tuple[_Part, int]) -> None:
+        self._send_copy(*value)
+
+    def _send_copy(self, part: _Part, w: int) -> None:
         msg = Message(part.host, w, part.nbytes, self.reply_priority(part), "pull",
                       part.layer, self._on_pull, (part, w))
         if self._count_pulls:

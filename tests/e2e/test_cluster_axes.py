@@ -54,7 +54,7 @@ def test_cluster_axes_reach_the_simulator(tmp_path):
 @pytest.mark.parametrize("line,text,field", [
     (3, "gpus_per_host: 0", "gpus_per_host must be a positive integer"),
     (3, "gpus_per_host: 2.5", "gpus_per_host"),
-    (3, "device: K80", "device must be one of"),
+    (3, "device: Z80", "device must be one of"),
     (3, "transport: udp", "transport must be one of"),
     (3, "batch_size: 0", "batch_size must be a positive integer"),
     (3, "batch_size: -8", "batch_size"),

@@ -372,7 +372,7 @@ def test_rescaled_throughput_matches_published_single_device(workload, device, b
     (dict(gpus_per_host=0), "gpus_per_host"),
     (dict(gpus_per_host=2.5), "gpus_per_host"),
     (dict(gpus_per_host="8"), "gpus_per_host"),
-    (dict(device="K80"), "device"),
+    (dict(device="Z80"), "device"),
     (dict(transport="udp"), "transport"),
     (dict(intra_link="nvswitch"), "intra_link"),
     (dict(nccl_proto="LL256"), "nccl_proto"),
@@ -544,3 +544,48 @@ def test_a_real_point_refuses_mixed_precision_before_launching():
     with pytest.raises(ValueError, match="precision is simulated only"):
         run_point({"mode": "real", "backend": "mpi", "workload": "bert_large", "workers": 2,
                    "bandwidth_gbps": 10.0, "latency_us": 5.0, "precision": "mixed"})
+
+
+def _mxnet_thread_seconds_per_byte(update_gbps: float = hardware.MXNET_SERVER_UPDATE_GBPS):
+    return 1 / (update_gbps * 1e9 / 8 * hardware.MXNET_SERVER_BYTES["update"])
+
+
+@pytest.mark.parametrize("backend", ["kvstore", "p3"])
+def test_one_worker_beside_its_mxnet_server_pays_copy_update_and_pull_copy(backend):
+    # One worker, one key on the server beside it (rdma: no loopback, no NIC). MXNet's server
+    # thread copies the push into the merge buffer (2 bytes of traffic per byte), runs the
+    # optimizer (5) and copies the stored value out for the pull (2), one after another.
+    n = 2_000_000
+    kw: dict = dict(workers=1, bandwidth_gbps=10, transport="rdma", iterations=2)
+    if backend == "p3":
+        kw["slice_params"] = n
+    r = simulate(_one_part(n), backend, **kw)
+    assert r.iteration_time_s == pytest.approx(9 * 4 * n * _mxnet_thread_seconds_per_byte(),
+                                               rel=1e-12)
+    # The rate follows server_update_gbps; the ideal network keeps servers free.
+    slow = simulate(_one_part(n), backend, server_update_gbps=10.0, **kw)
+    assert slow.iteration_time_s == pytest.approx(
+        9 * 4 * n * _mxnet_thread_seconds_per_byte(10.0), rel=1e-12)
+    # The ideal network's servers only sum, at server_sum_gbps.
+    ideal = simulate(_one_part(n), backend, **{**kw, "transport": "ideal"})
+    assert ideal.iteration_time_s == pytest.approx(4 * n / (80e9 / 8), rel=1e-12)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+@pytest.mark.parametrize("transport", ["tcp", "rdma"])
+def test_an_mxnet_server_thread_does_every_copy_sum_update_and_pull_of_its_keys(workers,
+                                                                               transport):
+    # W workers push one key to one dedicated server: a copy, W-1 adds, one update and W pull
+    # copies, (2 + 3 (W-1) + 5 + 2 W) bytes of traffic per byte, all on the server's thread.
+    n = 1_000_000
+    r = simulate(_one_part(n), "kvstore", workers=workers, servers=1, bandwidth_gbps=10,
+                 transport=transport, iterations=1, warmup=0)
+    busy = sum(s.end - s.start for s in r.timeline
+               if s.host == "server0" and s.kind in ("sum", "copy"))
+    want = (2 + 3 * (workers - 1) + 5 + 2 * workers) * 4 * n * _mxnet_thread_seconds_per_byte()
+    assert busy == pytest.approx(want, rel=1e-9)
+    # BytePS's servers only sum (at server_sum_gbps), with no optimizer and no pull copy.
+    b = simulate(_one_part(n), "byteps", workers=workers, servers=1, bandwidth_gbps=10,
+                 transport=transport, iterations=1, warmup=0)
+    kinds = {s.kind for s in b.timeline if s.host == "server0"}
+    assert "copy" not in kinds

@@ -66,7 +66,7 @@ def expand(spec: Spec) -> list[dict[str, Any]]:
 
     def selected(p: data.Point) -> bool:
         return ((not spec.only or p.id in spec.only)
-                and (not spec.sources or p.source in spec.sources))
+                and (not spec.sources or p.source in spec.sources) and p.split in spec.splits)
 
     points = [params(p) for p in pub.points if selected(p)]
     for sens in spec.sensitivity:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -58,6 +58,8 @@ class Spec(Frozen):
         published: the points file; ``None`` = the shipped ``published.yaml``.
         only: point ids to run (empty = every point of the file).
         sources: source keys to run (empty = every source).
+        splits: the splits to run (``fit``, ``test``); a model under development runs
+            ``[fit]`` alone, and ``test`` is added once the model is frozen.
         bandwidths_gbps: the sweep of ``peak_speedup``/``peak_bandwidth`` points.
         iterations: simulated iterations per run (warm-up included).
         warmup: leading iterations left out.
@@ -74,6 +76,7 @@ class Spec(Frozen):
     published: str | None = None
     only: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    splits: tuple[Literal["fit", "test"], ...] = ("fit", "test")
     bandwidths_gbps: tuple[float, ...] = (1, 2, 4, 6, 8, 10, 15, 20, 25, 30, 40, 50, 100)
     iterations: int = Field(3, ge=1)
     warmup: int = Field(1, ge=0)
