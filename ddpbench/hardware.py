@@ -290,21 +290,42 @@ class IntraLink:
     Attributes:
         name: the table key.
         bandwidth_gbps: per GPU per direction, Gbit/s, as a ring over the host's GPUs
-            achieves it (bus bandwidth).
+            achieves it (bus bandwidth) where it stays under one switch; also each GPU's own
+            path to the host's memory.
         latency_us: per ring step.
         source: where the numbers come from.
+        switch_gpus: GPUs under one PCIe switch, or None (no switches in the way): a ring
+            over more GPUs than that crosses from one switch to the other through the CPU.
+        cross_gbps: what such a ring's step achieves then, Gbit/s per direction.
     """
 
     name: str
     bandwidth_gbps: float
     latency_us: float
     source: str
+    switch_gpus: int | None = None
+    cross_gbps: float | None = None
+
+    def ring_gbps(self, gpus: int) -> float:
+        """Return the bus bandwidth a ring over ``gpus`` GPUs of one host reaches, Gbit/s:
+        the link's, or the cross-switch figure once the ring leaves one switch."""
+        if self.switch_gpus is not None and self.cross_gbps is not None \
+                and gpus > self.switch_gpus:
+            return min(self.bandwidth_gbps, self.cross_gbps)
+        return self.bandwidth_gbps
 
 
 INTRA_LINKS: dict[str, IntraLink] = {x.name: x for x in (
     IntraLink("pcie", 96.0, 5.0,
               "PCIe 3.0 x16: 15.75 GB/s raw per direction, ~12 GB/s achieved by NCCL "
-              "all-reduce bus bandwidth across PCIe switches (nccl-tests on PCIe servers)"),
+              "all-reduce bus bandwidth under one PCIe switch (NCCL's own figure for a PCIe "
+              "Gen3 x16 path, src/graph/topo.h PCI_WIDTH 12, v2.5.6); an 8-GPU PCIe server "
+              "puts 4 GPUs under each of two switches (BytePS docs/performance.md: '4 GPUs "
+              "under one PCIe switch, and each machine contains two PCIe switches'), and a "
+              "ring that crosses from one switch to the other through the CPU reached 8.23 "
+              "GB/s of allreduce bus bandwidth against 11.28 under one switch (NVIDIA/nccl "
+              "issue #44, a pair of switches on one CPU)",
+              switch_gpus=4, cross_gbps=65.8),
     IntraLink("nvlink", 1040.0, 3.0,
               "NVLink 2 on a DGX-1V / p3.16xlarge: ~130 GB/s NCCL all-reduce bus bandwidth "
               "over 8 V100s (nccl-tests)"),

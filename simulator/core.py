@@ -173,7 +173,10 @@ class _Sim:
         self.latency = c.latency_us * 1e-6
         self.per_message = (tr.per_message_us if c.per_message_us is None
                             else c.per_message_us) * 1e-6
-        self.intra_bandwidth = link.bandwidth_gbps * 1e9 / 8
+        # A ring over the host's GPUs (it may cross PCIe switches); each GPU's own path to
+        # the host's memory, which a parameter-server host's local reduction uses.
+        self.intra_bandwidth = link.ring_gbps(c.gpus_per_host) * 1e9 / 8
+        self.local_bandwidth = link.bandwidth_gbps * 1e9 / 8
         self.intra_latency = link.latency_us * 1e-6
         self.intra_link = link.name
         # A named GPU's rings run NCCL, priced by NCCL's own model (hardware.nccl_ring) on a
@@ -241,9 +244,11 @@ class _Sim:
         # Horovod's coordinator agrees on ready tensors each cycle with two bitwise
         # allreduces of its response-cache bit vector (horovod/common/controller.cc,
         # CoordinateCacheAndState: CrossRankBitwiseAnd/Or), each ceil(log2 p) rounds of
-        # small messages; the ideal transport has no control plane.
+        # small messages; the ideal transport has no control plane. On one host those
+        # messages stay in the host (MPI's shared memory): the intra-host link's latency.
         rounds = math.ceil(math.log2(c.workers)) if c.workers > 1 else 0
-        self.negotiation = (2 * rounds * (self.latency + self.per_message)
+        hop = self.latency + self.per_message if self.num_hosts > 1 else self.intra_latency
+        self.negotiation = (2 * rounds * hop
                             if tr.control_plane else 0.0)
         self._bcast: list[float] | None = None
 
@@ -311,12 +316,14 @@ class _Sim:
         self._iter_end = [math.nan] * iterations
         if not self.symmetric and self.gpus > 1:
             # The host's GPUs reduce a layer before its push and receive it after its pull
-            # (one ring step pass over the intra-host link each way).
+            # (one ring step pass each way at each GPU's own path to the host: BytePS reduces
+            # under each PCIe switch and sums across switches on the CPU, its PCIE_REDUCE
+            # stage, byteps/common/core_loops.cc; no ring crosses the switches).
             g = self.gpus
             layer_bytes = [0.0] * nlayers
             for t in wl.tensors:
                 layer_bytes[t.layer] += t.numel * self.itemsize
-            self._bcast = [self.intra_latency + (g - 1) / g * b / self.intra_bandwidth
+            self._bcast = [self.intra_latency + (g - 1) / g * b / self.local_bandwidth
                            if b else 0.0 for b in layer_bytes]
             self._local_free = [0.0] * nsim
         self._busy = [_Busy() for _ in range(nsim)]

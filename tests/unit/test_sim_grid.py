@@ -109,14 +109,13 @@ def test_one_host_with_g_gpus_is_a_g_gpu_ring_over_the_intra_host_link(gpus, tra
 
 @pytest.mark.parametrize("backend", ALLREDUCE)
 @pytest.mark.parametrize("gpus", [2, 3, 8])
-def test_training_on_one_host_does_not_depend_on_the_nic(backend, gpus):
-    times = {(tr, bw): _run(backend, 1, gpus, tr).iteration_time_s if bw == 10 else
-             simulate(TINY, backend, hosts=1, gpus_per_host=gpus, transport=tr,
-                      bandwidth_gbps=bw, iterations=2, warmup=1).iteration_time_s
-             for tr in ("ideal", "rdma") for bw in (1, 10)}
-    first = next(iter(times.values()))
-    for v in times.values():  # (horovod's negotiation may end a rounding apart)
-        assert v == pytest.approx(first, rel=1e-12), times
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_training_on_one_host_does_not_depend_on_the_nic(backend, gpus, transport):
+    def run(bw: float) -> float:
+        return simulate(TINY, backend, hosts=1, gpus_per_host=gpus, transport=transport,
+                        bandwidth_gbps=bw, iterations=2, warmup=1).iteration_time_s
+
+    assert run(1) == run(100)
 
 
 def test_mpi_on_one_host_with_one_tensor_is_compute_plus_the_intra_host_ring():
@@ -140,3 +139,30 @@ def test_the_simulate_command_on_one_host_of_four_gpus_prints_a_result(backend, 
                  "--gpus-per-host", "4"]) == 0
     out = capsys.readouterr().out
     assert "1 hosts x 4 GPUs" in out and "samples/s" in out
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 5, 8])
+def test_a_pcie_ring_beyond_one_switch_runs_at_the_cross_switch_rate(gpus):
+    # Four GPUs share a PCIe switch; a ring over more crosses between the two switches
+    # through the CPU at the cross-switch figure (NVIDIA/nccl issue #44: 8.23 GB/s).
+    link = hardware.intra_link("pcie")
+    assert link.switch_gpus == 4
+    gbps = link.bandwidth_gbps if gpus <= 4 else link.cross_gbps
+    n = 10_000_001
+    want = 2 * (gpus - 1) * (link.latency_us * 1e-6 + math.ceil(n / gpus) / (gbps * 1e9 / 8))
+    got = simulate_collective("allreduce", n, hosts=1, gpus_per_host=gpus, bandwidth_gbps=10,
+                              intra_link="pcie")
+    assert got == pytest.approx(want, rel=1e-12)
+    assert hardware.intra_link("nvlink").ring_gbps(8) == hardware.intra_link("nvlink").bandwidth_gbps
+
+
+def test_a_parameter_server_host_reduces_its_gpus_without_crossing_the_switches():
+    # One layer, one host of 8 PCIe GPUs, ideal network, free servers: the host reduces its
+    # GPUs' gradients and broadcasts the sum back, each at one GPU's own path to the host.
+    one = Workload(name="one", batch_size=8, layers=(Layer(name="a", fwd_s=0.0, bwd_s=0.0),),
+                   tensors=(Tensor(name="a.w", numel=8_000_000, layer=0),))
+    link = hardware.intra_link("pcie")
+    each = link.latency_us * 1e-6 + 7 / 8 * 32e6 / (link.bandwidth_gbps * 1e9 / 8)
+    r = simulate(one, "byteps", hosts=1, gpus_per_host=8, bandwidth_gbps=10, iterations=2,
+                 summation_gbps=math.inf)
+    assert r.iteration_time_s == pytest.approx(2 * each, rel=1e-12)
