@@ -422,6 +422,15 @@ class Cluster(BaseModel):
         nccl_proto: the NCCL protocols a named GPU's rings may use, in ``NCCL_PROTO``'s
             syntax (``"^LL128"``, ``"LL,Simple"``; :func:`ddpbench.hardware.nccl_protocols`);
             ``None`` = NCCL's default; simulated only, on a real transport.
+        nccl_version: the NCCL release a named GPU's rings run (``"2.3.7"``): which
+            protocols it has and how many rings it opens through the NIC
+            (:func:`ddpbench.hardware.nccl_channels`); ``None`` = the newest modelled
+            (:data:`ddpbench.hardware.NCCL_NEWEST`); simulated only.
+        nccl_channels: rings (channels) through each host's NIC, as ``NCCL_MIN_NCHANNELS``
+            sets them; ``None`` = the release's default.
+        nccl_socket_flows: TCP connections each ring's connection uses over the socket
+            transport, ``NCCL_SOCKET_NTHREADS`` x ``NCCL_NSOCKS_PERTHREAD``; ``None`` = 1
+            (NCCL's default outside AWS and GCP, src/transport/net_socket.cc).
         overlap_slowdown: how much longer a GPU's compute takes while its own collectives
             run beside it (a ring allreduce's steps, a host's intra-host reduction or
             broadcast): 0.189 = 18.9% longer for the time they overlap; ``None`` = the
@@ -486,6 +495,13 @@ class Cluster(BaseModel):
         f"one of {sorted(hardware.DEVICES)} (or none: the profile's own)"))
     nccl_proto: str | None = Field(None, json_schema_extra=_expect(
         "NCCL_PROTO's syntax, e.g. '^LL128' or 'LL,Simple' (or none: NCCL's default)"))
+    nccl_version: str | None = Field(None, json_schema_extra=_expect(
+        "an NCCL 2.x release such as '2.3.7' (or none: the newest modelled)"))
+    nccl_channels: int | None = Field(None, ge=1, le=64, strict=True, json_schema_extra=_expect(
+        "an integer in [1, 64] (or none: the release's default)"))
+    nccl_socket_flows: int | None = Field(None, ge=1, le=64, strict=True,
+                                          json_schema_extra=_expect(
+                                              "an integer in [1, 64] (or none: one)"))
     overlap_slowdown: float | None = Field(None, ge=0, le=10, allow_inf_nan=False,
                                            json_schema_extra=_expect(
                                                "a number in [0, 10] (or none: the device's)"))
@@ -546,6 +562,7 @@ class Cluster(BaseModel):
         if self.device is not None:
             hardware.device(self.device)
         hardware.nccl_protocols(self.nccl_proto)
+        hardware.nccl_release(self.nccl_version)
         if self.stragglers > self.workers:
             raise ValueError(f"stragglers ({self.stragglers}) must be <= workers "
                              f"({self.workers})")
@@ -598,7 +615,8 @@ def _cluster_message(err: ValidationError) -> str:
 
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
-    "device": None, "nccl_proto": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
+    "device": None, "nccl_proto": None, "nccl_version": None, "nccl_channels": None,
+    "nccl_socket_flows": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
     "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,
     "page_fault_us": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",

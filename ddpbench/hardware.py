@@ -46,10 +46,13 @@ __all__ = [
     "INTRA_LINKS",
     "MXNET_SERVER_BYTES",
     "MXNET_SERVER_UPDATE_GBPS",
+    "NCCL_LL128_SINCE",
+    "NCCL_NEWEST",
     "NCCL_PROTOCOLS",
     "NCCL_SOURCE",
     "OVERLAP_SLOWDOWN",
     "OVERLAP_SOURCE",
+    "TCP_FLOW_SPREAD",
     "PROFILED_RESNET50_S",
     "TRANSPORTS",
     "Device",
@@ -59,9 +62,12 @@ __all__ = [
     "compute_factor",
     "device",
     "intra_link",
+    "nccl_channels",
     "nccl_protocols",
+    "nccl_release",
     "nccl_ring",
     "overlap_slowdown_of",
+    "slowest_share",
     "transport",
 ]
 
@@ -246,6 +252,10 @@ class Transport:
         page_fault_us: the receiver's extra time per 4 KiB page of such a message: each page
             faults and is zeroed as the bytes land, in the receiving socket's thread (0: not
             charged unless a cluster gives its ``page_fault_us``).
+        flow_spread: how unevenly connections that share a NIC split it: the standard
+            deviation of one connection's rate over their mean. A transfer striped evenly
+            over F such connections moves at F times the slowest (:func:`slowest_share`);
+            0 where no source measures it.
         server_cpu: whether parameter servers cost CPU time as the originals' servers spend it
             (MXNet's one server thread: :data:`MXNET_SERVER_BYTES`); False on the analytic
             network, whose servers only sum (the closed forms).
@@ -261,6 +271,7 @@ class Transport:
     loopback: bool = False
     large_message_bytes: int | None = None
     page_fault_us: float = 0.0
+    flow_spread: float = 0.0
     server_cpu: bool = False
 
     def binding_socket_gbps(self, bandwidth_gbps: float,
@@ -273,6 +284,28 @@ class Transport:
         if cap is None:
             return None
         return cap if cap < bandwidth_gbps * self.efficiency * self.duplex else None
+
+
+TCP_FLOW_SPREAD = 0.185
+"""Spread of TCP connections sharing a NIC: iperf3 with 2, 4 and 8 parallel connections
+between two 100 Gbit/s hosts moved 42.1, 72.2 and 86.6 Gbit/s with the slowest connection at
+17.8, 16 and 7.63 (NVIDIA/nccl issue #450), the slowest at 0.85, 0.89 and 0.70 of the mean;
+:func:`slowest_share` with this spread gives 0.90, 0.81 and 0.74 (least squares over the
+three). NCCL stripes each transfer evenly over its sockets, so it "will be the minimum speed
+of the sockets multiplied by the number of sockets" (NVIDIA/nccl-tests issue #83, the
+maintainer)."""
+
+
+def slowest_share(flows: int, spread: float) -> float:
+    """Return the expected slowest of ``flows`` connections over their mean rate:
+    ``1 - spread x E[max of flows standard normals]`` (Blom's approximation of the
+    expected maximum), at least 0.05; 1 for one connection or no spread."""
+    if flows <= 1 or spread <= 0:
+        return 1.0
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf((flows - 0.375) / (flows + 0.25))
+    return max(0.05, 1.0 - spread * z)
 
 
 TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
@@ -308,7 +341,8 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "machine) 64-128 MiB messages over loopback TCP ran at 10-13 Gbit/s against "
               "20-51 at 1-16 MiB (benchmarks/zmq_large_messages.py), a fresh mapping costing "
               "2.6-2.9 us per page more than mapped memory (benchmarks/page_fault_cost.c)",
-              socket_gbps=15.0, loopback=True, large_message_bytes=32 << 20, server_cpu=True),
+              socket_gbps=15.0, loopback=True, large_message_bytes=32 << 20, server_cpu=True,
+              flow_spread=TCP_FLOW_SPREAD),
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
               "and ICRC (~3%), as NCCL's maintainers state it for allreduce (peak bus "
@@ -419,6 +453,49 @@ NCCL_PROTOCOLS: tuple[NcclProtocol, ...] = (
 )
 """NCCL's ring protocols in the order its tuner tries them (the first of equal times wins)."""
 
+NCCL_NEWEST = (2, 20, 3)
+"""The NCCL release whose rules apply when a point names none (:data:`NCCL_SOURCE`)."""
+
+NCCL_LL128_SINCE = (2, 5, 6)
+"""LL128 first shipped in NCCL v2.5.6-1 (NVIDIA/nccl commit 299c554d, 2019-11-19)."""
+
+
+def nccl_release(value: str | None) -> tuple[int, int, int]:
+    """Return an ``nccl_version`` such as ``"2.3.7"`` as a tuple (None: :data:`NCCL_NEWEST`).
+
+    Raises:
+        ValueError: not of the form major.minor.patch with major 2, naming ``nccl_version``.
+    """
+    if value is None:
+        return NCCL_NEWEST
+    parts = str(value).strip().split(".")
+    try:
+        release = tuple(int(x) for x in parts)
+    except ValueError:
+        release = ()
+    if len(release) != 3 or release[0] != 2 or min(release) < 0:
+        raise ValueError(f"nccl_version: expected a release such as '2.3.7' (NCCL 2.x), "
+                         f"got {value!r}")
+    return (release[0], release[1], release[2])
+
+
+def nccl_channels(release: tuple[int, int, int], intra_link: str) -> int:
+    """Return the rings (channels) NCCL opens through a host's one NIC by default.
+
+    As each release's topology code decides it (NVIDIA/nccl, read at the release tags):
+    2.3.x gives each inter-host ring a NIC of its own, so one NIC carries one ring
+    (src/transport/net.cu ``netGetRings``); 2.4.x duplicates the rings of NVLink hosts that
+    span several nodes (src/misc/rings.cc, "Duplicate the rings in case of
+    multinode+NVLink"); from 2.5 the search finds one channel at the NIC's speed and
+    src/graph/connect.cc doubles every channel. Each channel opens its own connection.
+    """
+    if release < (2, 4, 0):
+        return 1
+    if release < (2, 5, 0):
+        return 2 if intra_link == "nvlink" else 1
+    return 2
+
+
 def nccl_protocols(value: str | None) -> dict[str, int]:
     """Return each protocol's state under an ``NCCL_PROTO`` setting: 1 on, 0 off, 2 NCCL's
     own choice (LL128 by default: on only where NCCL enables it, see :func:`nccl_ring`).
@@ -455,7 +532,8 @@ _NCCL_NET_OVERHEAD_US = 1.0
 
 def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
               compute_capability: float, transfer_s: float,
-              protocols: dict[str, int] | None = None) -> tuple[str, float, float]:
+              protocols: dict[str, int] | None = None,
+              release: tuple[int, int, int] = NCCL_NEWEST) -> tuple[str, float, float]:
     """Return the protocol NCCL's tuner picks for a ring collective, its latency and its
     bandwidth factor: ``(name, latency seconds, fraction of Simple's bandwidth)``.
 
@@ -469,7 +547,8 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
     third otherwise), LL128 120 of 128 (0.92 of it; 0.7 with one GPU per host; only over
     NVLink on compute capability 7.0, 8.0 and 9.0 GPUs, where NCCL enables it), Simple all
     of it. The tuner picks the protocol of least time among those ``protocols`` leaves on
-    (:func:`nccl_protocols`; ``None``: NCCL's default). ``transfer_s`` is the bytes' time
+    (:func:`nccl_protocols`; ``None``: NCCL's default), LL128 only from
+    :data:`NCCL_LL128_SINCE` on (``release``). ``transfer_s`` is the bytes' time
     at Simple's rate (the simulator's ring of the same size). Not modelled: NCCL's tree
     and other algorithms (the simulated collective is a ring), the per-channel caps on
     LL's and LL128's rates, and the number of channels (the plateau's 64 bytes per rank are
@@ -491,6 +570,8 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
         state = states[proto.name]
         if state == 0 or (state == 2 and not (intra_link == "nvlink"
                                               and compute_capability in (7.0, 8.0, 9.0))):
+            continue
+        if proto.name == "LL128" and release < NCCL_LL128_SINCE:
             continue
         intra = proto.step_us[intra_link]
         if nodes > 1:

@@ -49,6 +49,7 @@ class SimContext(Protocol):
     intra_link: str
     nccl: float | None  # the GPUs' compute capability where rings run NCCL's model
     nccl_proto: dict[str, int]  # the protocols NCCL may use (hardware.nccl_protocols)
+    nccl_release: tuple[int, int, int]  # the NCCL release (hardware.nccl_release)
     negotiation: float
     summation: float
     update: float

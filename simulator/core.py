@@ -186,6 +186,7 @@ class _Sim:
         self.nccl: float | None = (dev.compute_capability if dev is not None
                                    and tr.name != "ideal" else None)
         self.nccl_proto = hardware.nccl_protocols(c.nccl_proto)
+        self.nccl_release = hardware.nccl_release(c.nccl_version)
         self.summation = summation
         self.update = math.inf if c.server_update_gbps is None else c.server_update_gbps * 1e9 / 8
         # MXNet's server thread (kvstore, p3) on a real transport: bytes of memory traffic
@@ -238,10 +239,21 @@ class _Sim:
         racks = -(-self.num_hosts // c.rack_size)
         self.ring_bandwidth = (min(self.bandwidth, c.rack_size * self.bandwidth
                                    / c.oversubscription) if racks > 1 else self.bandwidth)
-        # A ring's step to the next host is one flow over one connection: over tcp one
-        # kernel TCP connection carries at most the transport's socket figure (NCCL's
-        # socket transport and MPI over TCP alike), however fast the NIC.
-        self.flow_bandwidth = math.inf if cap is None else cap * 1e9 / 8
+        # A ring's step to the next host travels over connections: over tcp one kernel TCP
+        # connection carries at most the transport's socket figure, however fast the NIC.
+        # MPI over TCP sends it over one; NCCL's rings over as many as it opens channels
+        # through the NIC, each split over its socket flows (NCCL runs at the slowest
+        # socket times their number: NVIDIA/nccl-tests issue #83).
+        flows = 1
+        if self.nccl is not None:
+            flows = ((c.nccl_channels or hardware.nccl_channels(self.nccl_release, link.name))
+                     * (c.nccl_socket_flows or 1))
+        self.flow_bandwidth = math.inf if cap is None else flows * cap * 1e9 / 8
+        # Connections sharing the NIC split it unevenly, and a ring's step, striped evenly
+        # over them, waits for the slowest.
+        share = hardware.slowest_share(flows, tr.flow_spread)
+        self.ring_bandwidth *= share
+        self.flow_bandwidth *= share
         # Horovod's coordinator agrees on ready tensors each cycle with two bitwise
         # allreduces of its response-cache bit vector (horovod/common/controller.cc,
         # CoordinateCacheAndState: CrossRankBitwiseAnd/Or), each ceil(log2 p) rounds of

@@ -156,7 +156,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
         steps = 2 * (p - 1)
         _, total, share = hardware.nccl_ring("allreduce", n * itemsize, p, sim.num_hosts,
                                              sim.intra_link, sim.nccl, steps * tx,
-                                             sim.nccl_proto)
+                                             sim.nccl_proto, sim.nccl_release)
         lat, tx = total / steps, tx / share
     held = tx
     if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
@@ -226,7 +226,8 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     if sim.nccl is not None:  # ncclReduceScatter and ncclAllGather on one host
         moved = (g - 1) * shard / sim.intra_bandwidth
         _, lat, share = hardware.nccl_ring("reduce_scatter", g * shard, g, 1, sim.intra_link,
-                                           sim.nccl, moved, sim.nccl_proto)
+                                           sim.nccl, moved, sim.nccl_proto,
+                                           sim.nccl_release)
         local = lat + moved / share
     sim.comm_begin()
     start = env.now

@@ -47,7 +47,8 @@ def test_one_host_reduce_scatter_has_no_network_steps_and_no_plateau():
 def test_simulated_ring_on_a_named_gpu_over_tcp_pays_nccls_latency_instead_of_per_step_costs():
     n, kw = 64 << 20, {"workers": 4, "bandwidth_gbps": 10.0, "transport": "tcp"}
     plain = simulate_collective("allreduce", n, **kw)
-    nccl = simulate_collective("allreduce", n, device="P100", **kw)
+    # (one channel: NCCL's own connections through the NIC are another test's subject)
+    nccl = simulate_collective("allreduce", n, device="P100", nccl_channels=1, **kw)
     tcp = hardware.transport("tcp")
     per_step = 5e-6 + tcp.per_message_us * 1e-6  # latency_us 5 + the transport's cost
     want = plain - 6 * per_step + (8.4 + (6 - 8) * 5.7 + 8 * 14.0) * 1.9e-6
@@ -90,7 +91,7 @@ def test_nccl_proto_reads_as_nccl_reads_its_variable():
 
 def test_nccl_proto_is_a_cluster_field_that_changes_only_nccl_rings():
     n, kw = 64 << 20, {"workers": 4, "bandwidth_gbps": 10.0, "transport": "tcp",
-                       "device": "P100"}
+                       "device": "P100", "nccl_channels": 1}
     small = 4096
     # a small allreduce takes LL; without LL it pays Simple's latency
     assert (simulate_collective("allreduce", small, nccl_proto="^LL", **kw)
@@ -100,3 +101,54 @@ def test_nccl_proto_is_a_cluster_field_that_changes_only_nccl_rings():
             == simulate_collective("allreduce", n, **kw))
     with pytest.raises(ValueError, match="nccl_proto"):
         simulate_collective("allreduce", n, nccl_proto="LL256", **kw)
+
+
+def test_nccl_channels_through_one_nic_by_release():
+    # 2.3: one ring per NIC; 2.4: doubled on NVLink hosts; 2.5 on: doubled everywhere.
+    assert hardware.nccl_channels((2, 3, 7), "nvlink") == 1
+    assert hardware.nccl_channels((2, 4, 8), "nvlink") == 2
+    assert hardware.nccl_channels((2, 4, 8), "pcie") == 1
+    assert hardware.nccl_channels((2, 5, 6), "pcie") == 2
+    assert hardware.nccl_channels(hardware.NCCL_NEWEST, "nvlink") == 2
+
+
+@pytest.mark.parametrize("value", ["2.3", "3.0.1", "two", "2.x.1", "-2.1.1"])
+def test_a_bad_nccl_version_names_the_field(value):
+    with pytest.raises(ValueError, match="nccl_version"):
+        hardware.nccl_release(value)
+    with pytest.raises(ValueError, match="nccl_version"):
+        simulate_collective("allreduce", 1 << 20, hosts=2, bandwidth_gbps=10, device="V100",
+                            transport="tcp", nccl_version=value)
+
+
+def test_ll128_only_from_the_release_that_added_it():
+    args = ("allreduce", 10 << 20, 16, 2, "nvlink", 7.0, 1e-4)
+    assert hardware.nccl_ring(*args, release=(2, 5, 6))[0] == "LL128"
+    assert hardware.nccl_ring(*args, release=(2, 4, 8))[0] != "LL128"
+
+
+def test_slowest_connection_share_tracks_the_measured_spread():
+    # iperf3 with 2, 4 and 8 parallel connections (NVIDIA/nccl issue #450): the slowest at
+    # 0.85, 0.89 and 0.70 of the mean.
+    for flows, measured in ((2, 0.846), (4, 0.886), (8, 0.705)):
+        got = hardware.slowest_share(flows, hardware.TCP_FLOW_SPREAD)
+        assert got == pytest.approx(measured, abs=0.09)
+    assert hardware.slowest_share(1, hardware.TCP_FLOW_SPREAD) == 1.0
+    assert hardware.slowest_share(8, 0.0) == 1.0
+
+
+@pytest.mark.parametrize("channels,sockets", [(1, 1), (2, 1), (4, 1), (2, 12)])
+def test_a_tcp_ring_moves_at_its_connections_slowest_times_their_number(channels, sockets):
+    # Two hosts of one V100 over 100 Gbit/s tcp: the ring's bytes cross channels x sockets
+    # connections, each at most 15 Gbit/s, striped evenly, so at F x the slowest. The
+    # difference of two large messages (NCCL's Simple protocol) leaves the bytes' time.
+    tr = hardware.transport("tcp")
+    kw = dict(hosts=2, gpus_per_host=1, bandwidth_gbps=100, device="V100", transport="tcp",
+              nccl_version="2.3.7", nccl_channels=channels, nccl_socket_flows=sockets)
+    n = 1 << 30
+    t1 = simulate_collective("allreduce", n, **kw)
+    t2 = simulate_collective("allreduce", 2 * n, **kw)
+    flows = channels * sockets
+    rate = (hardware.slowest_share(flows, tr.flow_spread)
+            * min(100e9 / 8 * tr.efficiency, flows * tr.socket_gbps * 1e9 / 8))
+    assert t2 - t1 == pytest.approx(2 * (2 - 1) * (n / 2) / rate, rel=1e-9)

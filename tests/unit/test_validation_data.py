@@ -34,14 +34,14 @@ def test_p3_gain_points_carry_the_abstract_values():
     assert "25%, 38% and 66%" in by_id["p3_vgg19_peak"].quote
 
 
-def test_byteps_points_run_nccl_without_ll128():
-    # Every BytePS figure ran on NCCL without LL128 (2.3.7 in the repository's images until
-    # 2019-12-19; LL128 came in 2.5.6): each simulated point of a BytePS source says so, so
-    # that neither side of a comparison gets a protocol its NCCL did not have.
+def test_byteps_points_run_nccl_2_3_7():
+    # Every BytePS figure ran on NCCL 2.3.7 (the repository's images until 2019-12-19):
+    # each simulated point of a BytePS source says so, so that neither side of a comparison
+    # gets a protocol (LL128 came in 2.5.6) or a second ring its NCCL did not have.
     points = [p for p in data.load().points if p.source.startswith("byteps") and p.simulate]
     assert len(points) >= 7
     for p in points:
-        assert p.setting.nccl_proto == "^LL128", p.id
+        assert p.setting.nccl_version == "2.3.7", p.id
 
 
 def _write(tmp_path, raw):

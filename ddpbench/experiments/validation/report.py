@@ -32,6 +32,12 @@ def _setting_text(point: data.Point) -> str:
         parts.append(s.intra_link)
     if s.nccl_proto is not None:
         parts.append(f"NCCL_PROTO={s.nccl_proto}")
+    if s.nccl_version is not None:
+        parts.append(f"NCCL {s.nccl_version}")
+    if s.nccl_channels is not None:
+        parts.append(f"{s.nccl_channels} channels")
+    if s.nccl_socket_flows is not None:
+        parts.append(f"{s.nccl_socket_flows} sockets per connection")
     what = point.backend + "".join(f" {k}={v}" for k, v in point.backend_knobs.items())
     if point.baseline:
         what += f" vs {point.baseline}" + "".join(

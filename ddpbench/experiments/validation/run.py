@@ -124,8 +124,9 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
         "transport": transport or s.transport, "intra_link": s.intra_link, "iterations": iterations, "warmup": warmup, **knobs}
     if s.device is not None:
         params["device"] = s.device
-    if s.nccl_proto is not None:
-        params["nccl_proto"] = s.nccl_proto
+    for field in ("nccl_proto", "nccl_version", "nccl_channels", "nccl_socket_flows"):
+        if getattr(s, field) is not None:
+            params[field] = getattr(s, field)
     if s.batch_size is not None:
         params["batch_size"] = s.batch_size
     if s.precision != "fp32":
@@ -147,7 +148,10 @@ def _bus_bandwidth(point: data.Point, override: dict[str, Any]) -> float:
     p = hosts * s.gpus_per_host
     cluster: dict[str, Any] = {"hosts": hosts, "gpus_per_host": s.gpus_per_host,
                                "transport": s.transport, "intra_link": s.intra_link,
-                               "nccl_proto": s.nccl_proto, "device": s.device, **override}
+                               "nccl_proto": s.nccl_proto, "nccl_version": s.nccl_version,
+                               "nccl_channels": s.nccl_channels,
+                               "nccl_socket_flows": s.nccl_socket_flows, "device": s.device,
+                               **override}
     t = simulate_collective("allreduce", s.message_bytes, bandwidth_gbps=s.bandwidth_gbps,
                             latency_us=s.latency_us,
                             **{k: v for k, v in cluster.items() if v is not None})
