@@ -140,6 +140,16 @@ class HorovodKnobs(Knobs):
         False, side="sim", env="HOROVOD_HIERARCHICAL_ALLREDUCE",
         source="horovod/common/ops/nccl_operations.cc, NCCLHierarchicalAllreduce",
         doc="intra-host reduce-scatter, inter-host allreduce, intra-host all-gather")
+    coordinator: Literal["cache", "gather", "p2p"] = knob(
+        "cache", side="sim",
+        source="horovod/common/controller.cc (v0.16.2+); operations.cc (v0.13.4-v0.16.1); "
+               "tensorflow/mpi_ops.cc (v0.9-v0.13.3)",
+        doc="how ranks agree on ready tensors: 'cache' (since v0.16.2, PR #902: two bitwise "
+            "allreduces of the response cache's bit vector), 'gather' (v0.13.4-v0.16.1, PR "
+            "#276: MPI_Gather, MPI_Gatherv and MPI_Bcast through rank 0) or 'p2p' (v0.9-"
+            "v0.13.3: rank 0 receives every rank's requests one by one and sends every "
+            "fused response to each rank before running it; the loop sleeps cycle_time "
+            "after its work)")
     cache_capacity: int = knob(
         1024, ge=0, side="real", env="HOROVOD_CACHE_CAPACITY",
         source="horovod/common/response_cache.cc, HOROVOD_CACHE_CAPACITY",
@@ -620,6 +630,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,
     "page_fault_us": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
+    "coordinator": "cache",
     "priority": True, "precision": "fp32", "bind": "none",
 }
 """Fields and knobs added after results were first keyed, with the value under which they

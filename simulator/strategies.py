@@ -349,6 +349,8 @@ class HorovodStrategy(_AllreduceBase):
         sim, env = self.sim, self.sim.env
         cycle = self.knobs.cycle_time / 1e3
         hierarchical = self.knobs.hierarchical
+        gather, response = self._coordination()
+        sleep_after = self.knobs.coordinator == "p2p"
         next_start = 0.0
         while True:
             if not self._queue:
@@ -356,7 +358,7 @@ class HorovodStrategy(_AllreduceBase):
                 yield self._wake
             if env.now < next_start:
                 yield env.timeout(next_start - env.now)
-            elif cycle > 0 and env.now > next_start:
+            elif cycle > 0 and env.now > next_start and not sleep_after:
                 # Idle cycles kept ticking: start at the first boundary at or after now.
                 k = math.ceil((env.now - next_start) / cycle - 1e-9)
                 boundary = next_start + k * cycle
@@ -364,12 +366,14 @@ class HorovodStrategy(_AllreduceBase):
                     yield env.timeout(boundary - env.now)
             cycle_start = env.now
             ready, self._queue = self._queue, []
-            if sim.negotiation > 0:
+            if gather > 0 or sim.negotiation > 0:
                 # The coordinator agrees on `ready`, then handles each tensor's response
                 # (a cache lookup, a fusion-buffer entry) at the transport's message cost.
-                yield env.timeout(sim.negotiation + len(ready) * sim.per_message)
+                yield env.timeout(gather + len(ready) * sim.per_message)
             for buf in self._buffers(ready):
                 self.plan_log.append((cycle_start, [t.name for t in buf]))
+                if response > 0:  # rank 0 sends this response to every rank first
+                    yield env.timeout(response)
                 n = sum(t.numel for t in buf)
                 if hierarchical:
                     yield from hierarchical_allreduce(sim, n, sim.itemsize, buf[0].layer)
@@ -377,7 +381,33 @@ class HorovodStrategy(_AllreduceBase):
                     yield from ring_allreduce(sim, n, sim.itemsize, buf[0].layer)
                 for t in buf:
                     sim.unit_done(0, t.layer)
-            next_start = next_cycle_start(cycle_start, env.now, cycle)
+            if sleep_after:  # v0.9-v0.13.3: a fixed sleep after each cycle's work
+                next_start = env.now + cycle
+            else:
+                next_start = next_cycle_start(cycle_start, env.now, cycle)
+
+    def _coordination(self) -> tuple[float, float]:
+        """Return the coordinator's time per cycle and per fused response (seconds).
+
+        ``cache`` (Horovod v0.16.2 on): two bitwise allreduces, ``sim.negotiation``.
+        ``gather`` (v0.13.4-v0.16.1): MPI_Gather and MPI_Gatherv of the requests to rank 0
+        and MPI_Bcast of the responses, ceil(log2 p) rounds each. ``p2p`` (v0.9-v0.13.3):
+        rank 0 receives each other rank's request list in turn, one message cost each, and
+        sends every fused response to each rank in turn before running it. Free where the
+        transport has no control plane.
+        """
+        sim = self.sim
+        if sim.negotiation == 0:
+            return 0.0, 0.0
+        coordinator = self.knobs.coordinator
+        if coordinator == "cache":
+            return sim.negotiation, 0.0
+        if coordinator == "gather":
+            return 1.5 * sim.negotiation, 0.0
+        p = sim.workers
+        hop = sim.negotiation / (2 * math.ceil(math.log2(p))) if p > 1 else 0.0
+        serial = hop + (p - 1) * sim.per_message
+        return serial, serial
 
 
 @register

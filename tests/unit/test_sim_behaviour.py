@@ -320,7 +320,8 @@ def test_collective_bad_input():
 def test_strategies_table_matches_contract():
     assert simulator.STRATEGIES == {
         "mpi": {},
-        "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False},
+        "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False,
+                    "coordinator": "cache"},
         "kvstore": {"bigarray_bound": 1_000_000, "merged_push_pull": False},
         "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0, "priority": True},
         "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",
@@ -529,3 +530,23 @@ def test_racks_keep_the_deciding_ports():
                   oversubscription=2.0, rack_size=2)
     assert not net.use_fifo_ports()
     assert not any(p.fifo for p in net.down)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_horovod_coordinators_of_each_era_closed_form(workers):
+    # One tensor, no compute, cycle_time 0: an iteration is one cycle, its coordination,
+    # the tensor's response cost and the ring. 'cache' (v0.16.2 on): two bitwise allreduces
+    # of ceil(log2 p) rounds; 'gather' (v0.13.4-v0.16.1): three collectives of as many
+    # rounds; 'p2p' (v0.9-v0.13.3): rank 0 takes p-1 requests one by one, then sends the
+    # response to p-1 ranks one by one.
+    wl = simulator.Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "t0", "numel": 1000}]}]})
+    kw = dict(workers=workers, bandwidth_gbps=10, transport="rdma", latency_us=5,
+              iterations=3, warmup=1, cycle_time=0.0)
+    t = {c: simulate(wl, "horovod", coordinator=c, **kw).iteration_time_s
+         for c in ("cache", "gather", "p2p")}
+    hop, msg = 5e-6 + 2e-6, 2e-6
+    rounds = math.ceil(math.log2(workers))
+    assert t["gather"] - t["cache"] == pytest.approx(rounds * hop, rel=1e-9)
+    p2p = 2 * (hop + (workers - 1) * msg)
+    assert t["p2p"] - t["cache"] == pytest.approx(p2p - 2 * rounds * hop, rel=1e-9)
