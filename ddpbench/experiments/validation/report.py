@@ -283,6 +283,13 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
              "its own.")
     doc.bullets(items)
 
+    if spec.mechanisms:
+        doc.heading("Mechanisms: the split each was chosen on, and what it did to both")
+        doc.table(pd.DataFrame([{"mechanism": m.name, "source": m.source,
+                                 "chosen on": m.chosen_on, "fit (without -> with)": m.fit,
+                                 "test (without -> with)": m.test}
+                                for m in spec.mechanisms]))
+
     if spec.notes:
         doc.heading("Why the misses")
         doc.bullets(list(spec.notes))

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from ddpbench import contract
 from ddpbench.experiments.schema import Frozen
 
-__all__ = ["Sensitivity", "Spec"]
+__all__ = ["Mechanism", "Sensitivity", "Spec"]
 
 _NOT_VARIED = ("workers", "hosts", "gpus_per_host", "servers", "bandwidth_gbps", "latency_us",
                "intra_link", "transport", "device", "nccl_proto", "nccl_version",
@@ -52,6 +52,26 @@ class Sensitivity(Frozen):
         return tuple(sorted({contract.check_axis(field, v) for v in value}))
 
 
+class Mechanism(Frozen):
+    """One mechanism of the model, as the validation chose it: what it is, its source, the
+    split it was chosen on, and the scores of both splits without and with it.
+
+    Attributes:
+        name: what the mechanism does, in a few words.
+        source: where its rule and constants come from.
+        chosen_on: the split looked at while choosing it (``fit``).
+        fit: the ``fit`` split's scores without and with it (median |error|, points beyond
+            the target), as measured when it was added.
+        test: the ``test`` split's, measured once the model was frozen.
+    """
+
+    name: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    chosen_on: Literal["fit", "test"] = "fit"
+    fit: str = Field(min_length=1)
+    test: str = Field(min_length=1)
+
+
 class Spec(Frozen):
     """The keys of a ``kind: validation`` experiment file.
 
@@ -72,6 +92,8 @@ class Spec(Frozen):
             model gaps, written by whoever ran the validation).
         sensitivity: constants tried at other values on chosen points (:class:`Sensitivity`;
             shown, not scored).
+        mechanisms: the model's mechanisms and what each did to both splits
+            (:class:`Mechanism`).
     """
 
     published: str | None = None
@@ -87,6 +109,7 @@ class Spec(Frozen):
     test_target_max: float = Field(0.40, gt=0)
     notes: tuple[str, ...] = ()
     sensitivity: tuple[Sensitivity, ...] = ()
+    mechanisms: tuple[Mechanism, ...] = ()
 
     @field_validator("bandwidths_gbps")
     @classmethod
