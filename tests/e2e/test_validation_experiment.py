@@ -172,3 +172,112 @@ def test_simulated_values_at_a_sensitivity_are_the_simulator_with_that_field_and
     # A swept point's sensitivity rows get a sweep figure of their own.
     assert (out / "peak_gain_sweep_socket_gbps.png").stat().st_size > 0
     assert "peak_gain_sweep_socket_gbps.png" in md
+
+
+SPLIT_POINTS = textwrap.dedent("""\
+    sources:
+      t: {title: a test, url: nowhere}
+    points:
+      - id: eff_one_host
+        source: t
+        where: here
+        quote: "a sentence"
+        setting: {workload: resnet50, hosts: 4, gpus_per_host: 2, transport: ideal, bandwidth_gbps: 10}
+        metric: scaling_efficiency
+        reference: {hosts: 1, gpus_per_host: 2}
+        backend: horovod
+        curve: c1
+        value: 0.8
+      - id: eff_two_hosts
+        source: t
+        where: here
+        quote: "a sentence"
+        setting: {workload: resnet50, hosts: 2, gpus_per_host: 2, transport: ideal, bandwidth_gbps: 10}
+        metric: scaling_efficiency
+        reference: {hosts: 1, gpus_per_host: 2}
+        backend: horovod
+        curve: c1
+        value: 0.9
+      - id: busbw
+        source: t
+        where: here
+        quote: "a sentence"
+        setting: {workload: none, hosts: 2, gpus_per_host: 4, device: V100, transport: tcp, intra_link: nvlink, nccl_version: "2.3.7", bandwidth_gbps: 25, message_bytes: 134217728}
+        metric: bus_bandwidth
+        backend: mpi
+        split: test
+        value: 2.5
+    """)
+
+
+def _split_run(tmp_path, extra=""):
+    (tmp_path / "pub.yaml").write_text(SPLIT_POINTS)
+    path = tmp_path / "v.yaml"
+    path.write_text(f"name: v\nkind: validation\npublished: {tmp_path / 'pub.yaml'}\n"
+                    f"iterations: 2\n{extra}")
+    out = tmp_path / "out"
+    summary = runner.run_experiment(schema.load_experiment(path), out, jobs=1, progress=False)
+    return summary, pd.read_csv(out / "results.csv").set_index("id"), out
+
+
+def test_scaling_efficiency_against_a_reference_and_bus_bandwidth_closed_forms(tmp_path):
+    from ddpbench.simulator import simulate, simulate_collective
+
+    summary, rows, out = _split_run(tmp_path)
+    assert summary.failed == 0 and summary.ok == 3
+
+    def thr(hosts):
+        return simulate("resnet50", "horovod", hosts=hosts, gpus_per_host=2, bandwidth_gbps=10,
+                        transport="ideal", iterations=2, warmup=1).throughput
+
+    # efficiency relative to one host of 2 GPUs: throughput / (hosts x that host's)
+    assert rows.loc["eff_one_host", "simulated"] == pytest.approx(thr(4) / (4 * thr(1)))
+    # nccl-tests' bus bandwidth: bytes / time x 2 (p-1) / p, in GB/s
+    n, p = 134217728, 8
+    t = simulate_collective("allreduce", n, hosts=2, gpus_per_host=4, bandwidth_gbps=25,
+                            device="V100", transport="tcp", intra_link="nvlink",
+                            nccl_version="2.3.7")
+    assert rows.loc["busbw", "simulated"] == pytest.approx(n / t * 2 * (p - 1) / p / 1e9)
+    md = (out / "report.md").read_text()
+    # both splits side by side, and the curve's slope checked (0.9 -> 0.8 published)
+    assert "| fit | 2 | 2 |" in md and "| test | 1 | 1 |" in md
+    assert "Published curves: slopes" in md and "| c1 | fit |" in md
+
+
+def test_a_validation_run_of_one_split_runs_only_its_points(tmp_path):
+    summary, rows, _ = _split_run(tmp_path, "splits: [fit]\n")
+    assert summary.ok == 2 and set(rows.index) == {"eff_one_host", "eff_two_hosts"}
+
+
+def test_curve_slopes_flag_a_step_of_the_wrong_sign():
+    from ddpbench.experiments.validation.report import curve_slopes
+
+    pub = va.data.Published.model_validate(__import__("yaml").safe_load(SPLIT_POINTS))
+    by_id = {p.id: p for p in pub.points}
+    # published: 0.9 at 4 GPUs, 0.8 at 8 (falling); simulated rising -> wrong sign
+    df = pd.DataFrame({"id": ["eff_two_hosts", "eff_one_host"], "simulated": [0.7, 0.9]})
+    (c,) = curve_slopes(df, by_id)
+    assert c["curve"] == "c1" and c["agree"] == [False]
+    df = pd.DataFrame({"id": ["eff_two_hosts", "eff_one_host"], "simulated": [0.95, 0.85]})
+    assert curve_slopes(df, by_id)[0]["agree"] == [True]
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"reference": {"hosts": 1}, "metric": "throughput"}, "reference applies to"),
+    ({"setting": {"workload": "resnet50", "bandwidth_gbps": 10, "message_bytes": 8}},
+     "message_bytes is needed by, and only by"),
+])
+def test_reference_and_message_bytes_belong_to_their_metrics(edit, words):
+    raw = {"id": "x", "source": "t", "where": "w", "quote": "q", "metric": "throughput",
+           "setting": {"workload": "resnet50", "bandwidth_gbps": 10}, "backend": "horovod",
+           "value": 1.0, **edit}
+    with pytest.raises(ValueError, match=words):
+        va.data.Point.model_validate(raw)
+
+
+def test_the_report_lists_each_mechanism_with_its_split_and_effects(tmp_path):
+    extra = ("mechanisms:\n  - {name: a rule, source: a file, chosen_on: fit,\n"
+             "     fit: 'median 9% -> 8%', test: 'median 12% -> 13%'}\n")
+    _, _, out = _split_run(tmp_path, extra)
+    md = (out / "report.md").read_text()
+    assert "| a rule | a file | fit | median 9% -> 8% | median 12% -> 13% |" in md
