@@ -362,8 +362,8 @@ its steps (apache/mxnet src/kvstore/kvstore_dist_server.h, 0.11.0 to 1.9.1, ``Da
 and ``DefaultStorageResponse``): a round's first push is copied into the merge buffer (read,
 write), every later push is added to it (read two, write one), the last push runs the
 optimizer on the key (SGD with momentum: read weight, gradient and momentum, write weight
-and momentum) and every pull is answered from a copy of the stored value ("TODO(mli) try to
-remove this CopyFrom"). One ps-lite customer thread does all of it for a server process, one
+and momentum) and every pull is answered from a copy of the stored value (a copy its source
+comment asks to remove one day). One ps-lite customer thread does all of it for a server process, one
 request after another, and waits for each push's engine operation before taking the next
 (the same file: ``WaitToRead`` after each merge), so a server's pushes and pulls of every key
 form one queue. P3's servers run the same code (its MXNet fork)."""

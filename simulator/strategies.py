@@ -317,9 +317,10 @@ class HorovodStrategy(_AllreduceBase):
     allreduces took longer); the tensors ready at its start are fused, in readiness order,
     into buffers of at most ``fusion_threshold`` bytes (a larger tensor goes alone), and the
     buffers are ring-allreduced one after the other (``hierarchical``: with
-    :func:`hierarchical_allreduce`). Before its allreduces a cycle spends the negotiation
-    of the ready tensors (``sim.negotiation``: grows with log2 of the world size) and one
-    message cost per ready tensor for its response (both free on the ideal transport).
+    :func:`hierarchical_allreduce`). Before its allreduces a cycle spends the coordination
+    of the ready tensors (``coordinator``, the rule of Horovod's era: :meth:`_coordination`)
+    and one message cost per ready tensor for its response (both free on the ideal
+    transport).
     """
 
     name = "horovod"
