@@ -174,8 +174,8 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     doc.text(
         f"{s['points']} published points from {s['sources']} sources; {s['scored']} simulated "
         f"and scored. The `fit` split holds the points looked at while the model's "
-        f"mechanisms were chosen; the `test` split holds points added after the model was "
-        f"frozen, scored once and never tuned against.")
+        f"mechanisms were chosen; the `test` split holds points set aside before any of them "
+        f"was simulated, to score the model once it is frozen.")
     met = targets_met(s, spec)
     split_rows = []
     for k, target_med in (("fit", spec.target_median), ("test", spec.test_target_median)):
