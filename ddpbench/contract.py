@@ -276,6 +276,12 @@ class BytepsKnobs(PSKnobs):
     merged_push_pull: bool = knob(
         False, doc="false = BytePS's round trip (push, its acknowledgement, then the pull); "
                    "true = one merged push-pull message, ddpbench's own")
+    force_distributed: bool = knob(
+        False, side="sim", env="BYTEPS_FORCE_DISTRIBUTED",
+        source="byteps/common/global.cc (_is_distributed_job), operations.cc",
+        doc="one worker machine is not a distributed job: BytePS reduces and broadcasts on "
+            "the host and never pushes or pulls, unless this forces it (the real backend "
+            "always pushes)")
 
     @model_validator(mode="after")
     def _credit_needs_acknowledged_pushes(self) -> BytepsKnobs:
@@ -630,7 +636,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,
     "page_fault_us": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
-    "coordinator": "cache",
+    "coordinator": "cache", "force_distributed": False,
     "priority": True, "precision": "fp32", "bind": "none",
 }
 """Fields and knobs added after results were first keyed, with the value under which they

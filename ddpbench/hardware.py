@@ -18,17 +18,22 @@ calibrate``) all speak of the same things:
 Rescaling rule of compute times (:func:`compute_factor`), used by the simulator when a point
 names a ``device`` or a ``batch_size`` other than its profile's:
 
-``t' = t x (a x F_ref / F_dev + (1 - a) x M_ref / M_dev) x (b' + b0_dev) / (b + b0_ref)``
+``t' = t x R x (b' + b0_dev) / (b + b0_ref)``
 
-where ``a`` is the fraction of the profile's time spent in matrix products (convolutions,
-linear layers, LSTM gates; recorded in the profile), ``F`` the fp32 peak FLOP/s, ``M`` the
-memory bandwidth, ``b`` and ``b'`` the profile's and the point's per-worker batch, and
-``b0`` the device's half-saturation batch (:attr:`Device.saturation_batch`). Limits: the
-rule knows nothing of tensor cores (TF32, fp16 AMP: the A100 and H100 rows are their fp32
-peaks), of memory capacity (a batch that would not fit is not refused), of kernel launch
-overheads that dominate tiny layers, or of cuDNN choosing other algorithms at other batch
-sizes; away from the profile's device and batch, expect the error to grow (the unit tests
-check it against published single-device throughputs within the stated tolerance).
+where ``b`` and ``b'`` are the profile's and the point's per-worker batch and ``b0`` a
+device's half-saturation batch (:attr:`Device.saturation_batch`). ``R`` is the ratio of the
+two devices' measured speeds (:attr:`Device.resnet50`: published fp32 ResNet-50 training
+throughputs, one constant per device), where both have one directly or through
+:attr:`Device.like` (a device without a published figure scales its nearest measured one by
+the peaks); otherwise the peaks alone: ``R = a x F_ref / F_dev + (1 - a) x M_ref / M_dev``
+with ``a`` the fraction of the profile's time in matrix products (convolutions, linear
+layers, LSTM gates; recorded in the profile), ``F`` the fp32 peak FLOP/s and ``M`` the
+memory bandwidth. Limits: one measured model (ResNet-50) stands for every profile on a
+device; the rule knows nothing of tensor cores (TF32, fp16 AMP: the A100 and H100 rows are
+their fp32 peaks), of memory capacity (a batch that would not fit is not refused), of kernel
+launch overheads that dominate tiny layers, or of cuDNN choosing other algorithms at other
+batch sizes; away from the profile's device and batch, expect the error to grow (the unit
+tests check it against published single-device throughputs within the stated tolerance).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ __all__ = [
     "NCCL_SOURCE",
     "OVERLAP_SLOWDOWN",
     "OVERLAP_SOURCE",
+    "PROFILED_RESNET50_S",
     "TCP_FLOW_SPREAD",
     "TRANSPORTS",
     "Device",
@@ -86,6 +92,13 @@ class Device:
             whose contention a calibrated machine profile measures instead.
         compute_capability: CUDA compute capability (6.1 for a Pascal P4000), None for
             the CPU; a GPU's rings run NCCL (:func:`nccl_ring`), whose model depends on it.
+        resnet50: published fp32 training throughputs of ResNet-50 on one such device,
+            ``((batch, images/s), ...)``: its measured speed (:func:`compute_factor`); two
+            batches also set :attr:`saturation_batch`.
+        like: for a device without ``resnet50``, the measured device of the same or the
+            nearest architecture that the peak rule scales from; for ``pipedream``, the
+            device it stands for (a profile's mixed-precision speedup, measured there,
+            applies to it).
     """
 
     name: str
@@ -95,12 +108,30 @@ class Device:
     source: str
     overlap_slowdown: float = 0.0
     compute_capability: float | None = None
+    resnet50: tuple[tuple[int, float], ...] = ()
+    like: str | None = None
+
+    def speed(self) -> float | None:
+        """Return ResNet-50 images/s at an unbounded batch, from :attr:`resnet50` and the
+        batch rule (``images/s at b = speed x b / (b + b0)``), or None if not measured."""
+        if not self.resnet50:
+            return None
+        batch, ips = self.resnet50[0]
+        return ips * (batch + self.saturation_batch) / batch
+
+
+def _b0_measured(points: tuple[tuple[int, float], ...]) -> float:
+    """Return b0 from two (batch, images/s) of one device: images/s = S b / (b + b0)."""
+    (b1, x1), (b2, x2) = points[:2]
+    # x1 (b1 + b0) / b1 = x2 (b2 + b0) / b2
+    return round((x2 - x1) / (x1 / b1 - x2 / b2), 2)
 
 
 # b0 for a P100 comes from TensorFlow's published ResNet-50 training throughput on one P100
 # (tensorflow.org/performance/benchmarks, DGX-1, synthetic data): 195 images/s at batch 32
 # and 219 at batch 64; t(b) ~ (b + b0) fits both with b0 = 9. A faster device needs more
-# work in flight to fill it, so b0 scales with fp32 peak (b0 = 9 x F / 10.6 TFLOP/s).
+# work in flight to fill it, so b0 scales with fp32 peak (b0 = 9 x F / 10.6 TFLOP/s) where a
+# device's own throughputs at two batches do not set it.
 _B0_P100, _F_P100 = 9.0, 10.6
 
 
@@ -125,33 +156,64 @@ OVERLAP_SOURCE = ("arXiv 2507.03114 (Characterizing Compute-Communication Overla
                   "overlaps it, on A100, H100, MI250 and MI210; the average, for every GPU")
 
 
+# Published fp32 ResNet-50 training throughputs (images/s per GPU, synthetic data):
+# TensorFlow's benchmarks page (tensorflow/tensorflow docs_src/performance/benchmarks.md at
+# 5984ffef, May 2017: DGX-1 P100, and one K80 of a GCE n1-standard-32-k80x8) and MXNet's
+# performance page (apache/mxnet docs/faq/perf.md at 054aeee5, MXNet 1.2: a p3.2xlarge's V100
+# SXM2 and a g3.4xlarge's M60).
+_RN50_P100 = ((32, 195.0), (64, 219.0))
+_RN50_K80 = ((32, 49.5), (64, 51.9))
+_RN50_V100 = ((32, 298.51), (64, 343.19))
+_RN50_M60 = ((32, 68.34),)
+# The shipped profiles' GPU: PipeDream's ResNet-50 profile (msr-fiddle/pipedream) takes
+# 0.443419 s per iteration at batch 128 (simulator/profiles/resnet50.yaml), the speed every
+# profile's times stand for (the others are built at its effective rates).
+PROFILED_RESNET50_S = 0.443419
+_RN50_PIPEDREAM = ((128, 128 / PROFILED_RESNET50_S),)
+
 DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("pipedream", 15.7, 900.0, _b0_measured(_RN50_V100),
+           "the GPU of PipeDream's published profiles, which every shipped workload profile "
+           "stands for (its model not recorded; PipeDream ran on V100s, SOSP 2019 section "
+           "5.1): the V100's peaks and half-saturation batch, and ResNet-50 at 288.7 images/s "
+           "at batch 128, below the V100's published speed",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0,
+           resnet50=_RN50_PIPEDREAM, like="V100"),
     Device("P4000", 5.3, 243.0, _b0(5.3),
            "NVIDIA Quadro P4000 datasheet (5.3 TFLOP/s fp32, 243 GB/s GDDR5): the P3 paper's GPU",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.1),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.1, like="P100"),
     Device("M60", 4.8, 160.0, _b0(4.8),
            "NVIDIA Tesla M60 datasheet (two GPUs per board: 9.6 TFLOP/s fp32 and 2 x 160 GB/s "
-           "GDDR5), one GPU of it: AWS g3.4xlarge's GPU, the P3 paper's scalability runs",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=5.2),
-    Device("K80", 4.37, 240.0, _b0(4.37),
+           "GDDR5), one GPU of it: AWS g3.4xlarge's GPU, the P3 paper's scalability runs; "
+           "ResNet-50 at 68.34 images/s at batch 32 (MXNet 1.2's performance page)",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=5.2, resnet50=_RN50_M60),
+    Device("K80", 4.37, 240.0, _b0_measured(_RN50_K80),
            "NVIDIA Tesla K80 datasheet (two GK210 GPUs per board: 8.73 TFLOP/s fp32 at boost and "
-           "2 x 240 GB/s GDDR5), one GPU of it: AWS p2 instances' GPU",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=3.7),
-    Device("P100", 10.6, 732.0, _b0(10.6),
-           "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.0),
-    Device("V100", 15.7, 900.0, _b0(15.7),
-           "NVIDIA Tesla V100 SXM2 datasheet (15.7 TFLOP/s fp32, 900 GB/s HBM2)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0),
+           "2 x 240 GB/s GDDR5), one GPU of it: AWS p2 instances' GPU; ResNet-50 at 49.5 and "
+           "51.9 images/s at batch 32 and 64 (TensorFlow's benchmarks page, one GCE K80)",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=3.7, resnet50=_RN50_K80),
+    Device("P100", 10.6, 732.0, _b0_measured(_RN50_P100),
+           "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2); ResNet-50 at "
+           "195 and 219 images/s at batch 32 and 64 (TensorFlow's benchmarks page, DGX-1)",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.0, resnet50=_RN50_P100),
+    Device("V100", 15.7, 900.0, _b0_measured(_RN50_V100),
+           "NVIDIA Tesla V100 SXM2 datasheet (15.7 TFLOP/s fp32, 900 GB/s HBM2); ResNet-50 at "
+           "298.51 and 343.19 images/s at batch 32 and 64 (MXNet 1.2's performance page, "
+           "p3.2xlarge)",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0, resnet50=_RN50_V100),
+    Device("V100-PCIe", 14.0, 900.0, _b0(14.0),
+           "NVIDIA Tesla V100 PCIe datasheet (14 TFLOP/s fp32, 900 GB/s HBM2): the V100 of "
+           "PCIe servers, its clock below the SXM2 board's",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0, like="V100"),
     Device("T4", 8.1, 320.0, _b0(8.1),
            "NVIDIA T4 datasheet (8.1 TFLOP/s fp32, 320 GB/s GDDR6)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.5),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.5, like="V100"),
     Device("A100", 19.5, 1555.0, _b0(19.5),
            "NVIDIA A100 40GB SXM datasheet (19.5 TFLOP/s fp32 without TF32, 1,555 GB/s)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=8.0),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=8.0, like="V100"),
     Device("H100", 67.0, 3350.0, _b0(67.0),
            "NVIDIA H100 SXM datasheet (67 TFLOP/s fp32 without TF32, 3,350 GB/s HBM3)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=9.0),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=9.0, like="V100"),
     Device("cpu", 0.2, 4.1, _b0(0.2),
            "this project's build machine (2 cores of an AMD EPYC): 200 GFLOP/s for a "
            "1024x1024 fp32 np.matmul and 4.1 GB/s for np.copyto of 256 MiB, measured with "
@@ -565,6 +627,34 @@ def intra_link(name: str) -> IntraLink:
     return _lookup(INTRA_LINKS, "intra_link", name)
 
 
+def _peak_ratio(a: float, ref: Device, dev: Device) -> float:
+    """Return t_dev / t_ref by the peaks: ``a F_ref / F_dev + (1 - a) M_ref / M_dev``."""
+    return a * ref.fp32_tflops / dev.fp32_tflops + (1.0 - a) * ref.mem_gbps / dev.mem_gbps
+
+
+def _measured_base(a: float, dev: Device) -> tuple[Device, float] | None:
+    """Return the measured device ``dev``'s speed comes from and t_dev / t_base, or None."""
+    if dev.resnet50:
+        return dev, 1.0
+    base = DEVICES.get(dev.like) if dev.like else None
+    if base is None or not base.resnet50:
+        return None
+    return base, _peak_ratio(a, base, dev)
+
+
+def _time_ratio(a: float, ref: Device, dev: Device) -> float:
+    """Return t_dev / t_ref at an unbounded batch: measured speeds where both devices have
+    them (directly or through :attr:`Device.like`), else the peak rule."""
+    if ref is dev:
+        return 1.0
+    r, d = _measured_base(a, ref), _measured_base(a, dev)
+    if r is None or d is None:
+        return _peak_ratio(a, ref, dev)
+    speed_r, speed_d = r[0].speed(), d[0].speed()
+    assert speed_r is not None and speed_d is not None
+    return d[1] / r[1] * speed_r / speed_d
+
+
 def compute_factor(matmul_fraction: float, ref: Device, dev: Device, batch: int,
                    new_batch: int) -> float:
     """Return the factor on one iteration's compute times from ``ref``/``batch`` to ``dev``/``new_batch``.
@@ -585,6 +675,5 @@ def compute_factor(matmul_fraction: float, ref: Device, dev: Device, batch: int,
         raise ValueError(f"matmul_fraction must be in [0, 1], got {matmul_fraction!r}")
     if batch < 1 or new_batch < 1:
         raise ValueError(f"batch sizes must be >= 1, got {batch} and {new_batch}")
-    speed = (matmul_fraction * ref.fp32_tflops / dev.fp32_tflops
-             + (1.0 - matmul_fraction) * ref.mem_gbps / dev.mem_gbps)
+    speed = _time_ratio(matmul_fraction, ref, dev)
     return speed * (new_batch + dev.saturation_batch) / (batch + ref.saturation_batch)

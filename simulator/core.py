@@ -139,9 +139,10 @@ def _rescaled(wl: Workload, c: contract.Cluster, sched: contract.Schedule) -> Wo
             raise ValueError(f"precision: workload {wl.name!r} records no "
                              f"mixed_precision_speedup (a measured one), so mixed precision "
                              f"cannot be simulated for it")
-        if c.device is not None and c.device != wl.device:
+        measured_on = hardware.DEVICES[wl.device].like if wl.device in hardware.DEVICES else None
+        if c.device is not None and c.device not in (wl.device, measured_on):
             raise ValueError(f"precision: workload {wl.name!r}'s mixed-precision speedup was "
-                             f"measured on {wl.device}, not {c.device}")
+                             f"measured on {measured_on or wl.device}, not {c.device}")
         factor /= wl.mixed_precision_speedup
         wl = wl.resized(0.5)  # fp16 gradients: half the bytes
     return wl.scaled(factor)

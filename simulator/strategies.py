@@ -863,6 +863,14 @@ class BytepsStrategy(_PSBase):
                                  prioritised=self.knobs.scheduler != "byteps")
 
     def grad_ready(self, w: int, layer: int) -> None:
+        if self.sim.workers == 1 and not self.knobs.force_distributed:
+            # One worker machine is not a distributed job: BytePS reduces and broadcasts on
+            # the host (and through the CPU across PCIe switches) and never pushes or pulls
+            # (byteps/common/global.cc: distributed only with DMLC_NUM_WORKER > 1;
+            # operations.cc: PUSH and PULL queued only then).
+            for _ in self.parts[layer]:
+                self.sim.unit_done(w, layer)
+            return
         if self.knobs.scheduler != "bytescheduler":
             super().grad_ready(w, layer)
             return

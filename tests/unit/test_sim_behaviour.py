@@ -209,7 +209,7 @@ def push_layers(result, host="worker0"):
 def test_byteps_is_fifo_and_the_schedulers_let_priority_overtake():
     wl = two_layers(0, 0.01, 4000, 0, 0.01, 20_000)
     kw = dict(workers=1, servers=1, bandwidth_gbps=8, latency_us=1, partition_bytes=4000,
-              iterations=1, warmup=0)
+              iterations=1, warmup=0, force_distributed=True)
     fifo = simulate(wl, "byteps", **kw)
     assert push_layers(fifo) == [1] * 20 + [0] * 4  # ready order, whatever the priority
     window = simulate(wl, "byteps", scheduler="window", credit_bytes=4000, **kw)
@@ -245,6 +245,8 @@ def test_separate_push_and_pull_cost_a_round_trip(backend):
         {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "a", "numel": 1000}]}]})
     kw = dict(workers=1, servers=1, bandwidth_gbps=8, latency_us=100, iterations=1,
               warmup=0, summation_gbps=math.inf)
+    if backend == "byteps":  # (one worker machine pushes only when forced)
+        kw["force_distributed"] = True
     merged = simulate(wl, backend, merged_push_pull=True, **kw).iteration_time_s
     original = simulate(wl, backend, **kw).iteration_time_s
     assert merged == pytest.approx(208 * US)
@@ -326,7 +328,7 @@ def test_strategies_table_matches_contract():
         "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0, "priority": True},
         "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",
                    "credit_params": 4_000_000, "credit_bytes": 4_096_000,
-                   "merged_push_pull": False},
+                   "merged_push_pull": False, "force_distributed": False},
         "collective": {"nrings": 2},
     }
 
@@ -408,7 +410,9 @@ def test_tcp_caps_ps_receivers_but_not_rings():
 
     assert hardware.transport("tcp").socket_gbps == 15.0
     assert hardware.transport("rdma").socket_gbps is None
-    kw = dict(workload="vgg19", bandwidth_gbps=30, workers=4, iterations=2, warmup=1)
+    # (servers free of CPU costs, so that the network alone sets the pace)
+    kw = dict(workload="vgg19", bandwidth_gbps=30, workers=4, iterations=2, warmup=1,
+              summation_gbps=math.inf)
     tcp = simulate(backend="kvstore", transport="tcp", **kw).iteration_time_s
     at15 = simulate(backend="kvstore", transport="tcp", **{**kw, "bandwidth_gbps": 15})
     assert at15.iteration_time_s > tcp  # the NIC still sends at 30
@@ -548,3 +552,18 @@ def test_horovod_coordinators_of_each_era_closed_form(workers):
     assert t["gather"] - t["cache"] == pytest.approx(rounds * hop, rel=1e-9)
     p2p = 2 * (hop + (workers - 1) * msg)
     assert t["p2p"] - t["cache"] == pytest.approx(p2p - 2 * rounds * hop, rel=1e-9)
+
+
+def test_byteps_on_one_worker_machine_reduces_and_broadcasts_without_servers():
+    # BytePS with DMLC_NUM_WORKER=1 is not a distributed job: no push, no pull, whatever the
+    # network; with force_distributed (BYTEPS_FORCE_DISTRIBUTED) it pushes as usual.
+    wl = Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "a", "numel": 1_000_000}]}]})
+    kw = dict(workers=1, servers=1, bandwidth_gbps=1, latency_us=100, iterations=2)
+    alone = simulate(wl, "byteps", **kw)
+    assert alone.iteration_time_s == 0 and alone.bytes_sent["worker0"] == 0
+    forced = simulate(wl, "byteps", force_distributed=True, **kw)
+    assert forced.iteration_time_s > 0.06 and forced.bytes_sent["worker0"] == 4_000_000
+    # a host of 8 GPUs still reduces and broadcasts over its own link
+    host = simulate(wl, "byteps", hosts=1, gpus_per_host=8, bandwidth_gbps=1, iterations=2)
+    assert host.iteration_time_s > 0 and host.bytes_sent["host0"] == 0

@@ -333,9 +333,11 @@ def test_jitter_is_seeded_and_slows_the_job():
 
 def test_device_rescaling_rule():
     wl = load_workload("resnet50")
-    ref, p4000 = hardware.device(wl.device), hardware.device("P4000")
+    ref, p4000, p100 = (hardware.device(n) for n in (wl.device, "P4000", "P100"))
     a = wl.matmul_fraction
-    want = ((a * ref.fp32_tflops / p4000.fp32_tflops + (1 - a) * ref.mem_gbps / p4000.mem_gbps)
+    # The P4000 has no published throughput: the peaks scale the P100's measured speed.
+    peak = a * p100.fp32_tflops / p4000.fp32_tflops + (1 - a) * p100.mem_gbps / p4000.mem_gbps
+    want = (peak * ref.speed() / p100.speed()
             * (32 + p4000.saturation_batch) / (wl.batch_size + ref.saturation_batch))
     assert wl.compute_factor("P4000", 32) == pytest.approx(want)
     assert wl.compute_factor(None, None) == 1.0
@@ -345,6 +347,21 @@ def test_device_rescaling_rule():
     compute = sum(x.fwd_s + x.bwd_s for x in wl.layers) * want
     assert r.iteration_time_s == pytest.approx(compute)
     assert r.throughput == pytest.approx(32 / compute)
+
+
+@pytest.mark.parametrize("device", [n for n, d in hardware.DEVICES.items() if d.resnet50])
+def test_resnet50_runs_at_each_measured_devices_published_speed(device):
+    wl = load_workload("resnet50")
+    assert sum(x.fwd_s + x.bwd_s for x in wl.layers) == pytest.approx(
+        hardware.PROFILED_RESNET50_S, rel=1e-12)
+    assert wl.device == "pipedream"
+    # Each measured device runs the profiles at its own published speed and half-saturation
+    # batch; the profiles' own GPU is measured by the ResNet-50 profile itself.
+    dev = hardware.device(device)
+    for batch, ips in dev.resnet50:
+        r = simulate("resnet50", "mpi", workers=1, bandwidth_gbps=10, device=device,
+                     batch_size=batch)
+        assert r.throughput == pytest.approx(ips, rel=1e-4)
 
 
 # Published single-device fp32 training throughputs, images/s, and the tolerance the rule

@@ -104,7 +104,7 @@ def test_a_baseline_transport_runs_the_baseline_over_that_transport():
 
     point = data.Point.model_validate({
         "id": "x", "source": "s", "where": "w", "quote": "q", "metric": "speedup",
-        "setting": {"workload": "resnet50", "hosts": 4, "gpus_per_host": 1,
+        "setting": {"workload": "vgg19", "hosts": 4, "gpus_per_host": 1,
                     "transport": "rdma", "bandwidth_gbps": 10},
         "backend": "horovod", "baseline": "horovod", "baseline_transport": "tcp",
         "value": 1.1})
@@ -113,7 +113,7 @@ def test_a_baseline_transport_runs_the_baseline_over_that_transport():
 
     def thr(transport: str) -> float:
         return float(run_throughput({
-            "mode": "simulate", "workload": "resnet50", "backend": "horovod", "workers": 4,
+            "mode": "simulate", "workload": "vgg19", "backend": "horovod", "workers": 4,
             "hosts": 4, "gpus_per_host": 1, "bandwidth_gbps": 10.0, "latency_us": 5.0,
             "transport": transport, "intra_link": "pcie", "iterations": 3,
             "warmup": 1})["throughput"])
