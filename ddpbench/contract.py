@@ -232,6 +232,19 @@ class KvstoreKnobs(PSKnobs):
     merged_push_pull: bool = knob(
         False, doc="false = MXNet's round trip (the pull goes once the server has answered "
                    "the push); true = one merged push-pull message, ddpbench's own")
+    system: Literal["mxnet", "tensorflow"] = knob(
+        "mxnet", side="sim",
+        source="tensorflow/python/training/device_setter.py; "
+               "core/distributed_runtime/rpc/grpc_tensor_coding.cc",
+        doc="'mxnet': MXNet's KVStore; 'tensorflow': TensorFlow's parameter servers over "
+            "gRPC (whole variables round-robin over the servers, each worker's gradient "
+            "applied as it comes, variables read once all are in, every connection at "
+            "most grpc_gbps)")
+    grpc_gbps: float = knob(
+        1.3, gt=0, allow_inf_nan=False, side="sim", unit="Gbit/s",
+        source="tensorflow/tensorflow issues #4498 and #6116",
+        doc="system 'tensorflow': what one gRPC connection carries (about 1.3 Gbit/s up to "
+            "TensorFlow 1.3; 6.4 after gRPC's upgrade of August 2017)")
 
 
 class P3Knobs(PSKnobs):
@@ -636,7 +649,8 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,
     "page_fault_us": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
-    "coordinator": "cache", "force_distributed": False,
+    "coordinator": "cache", "force_distributed": False, "system": "mxnet",
+    "grpc_gbps": 1.3,
     "priority": True, "precision": "fp32", "bind": "none",
 }
 """Fields and knobs added after results were first keyed, with the value under which they

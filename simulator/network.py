@@ -524,6 +524,16 @@ class Network:
         # every message goes straight to its receiver's port (no racks, no socket ports)
         self.direct = not self.racked and not self.sockets_in
 
+    def cap_receivers(self, bandwidth: float) -> None:
+        """Give every host's receiving processes (its server's and its worker's) a port of
+        ``bandwidth`` bytes/s behind its downlink, in place of any they had: what one
+        process takes in at most (TensorFlow's gRPC; a strategy calls it before it runs)."""
+        if not bandwidth > 0:
+            raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
+        self.sockets_in = [(Port(self, h, bandwidth), Port(self, h, bandwidth))
+                           for h in range(len(self.down))]
+        self.direct = False
+
     def enter(self, msg: Message) -> None:
         """Start ``msg`` into the switch: its receiver's port, through the core if between
         racks of an oversubscribed network."""

@@ -759,6 +759,15 @@ class KvstoreStrategy(_PSBase):
     MXNet's round trip: the server answers each push once every worker's push is in, and
     the worker's pull request follows that answer; the server answers it with the sum
     (``merged_push_pull=True``: one merged message, ddpbench's own).
+
+    ``system="tensorflow"``: TensorFlow's parameter servers instead. Every variable lies
+    whole on one server, round-robin in creation order; each worker's gradient is applied to
+    it as it arrives (gRPC copies it out of the byte stream, 2 bytes of memory traffic per
+    byte, then SGD reads the weight and the gradient and writes the weight, 3 more), one
+    after another on that variable and beside the server's other variables (TensorFlow's
+    thread pool); the workers read the variable once every gradient is in (the round trip
+    above); and every message crosses a gRPC connection that carries at most
+    ``grpc_gbps``.
     """
 
     name = "kvstore"
@@ -767,13 +776,54 @@ class KvstoreStrategy(_PSBase):
 
     def start(self) -> None:
         self.round_trip = "merged" if self.knobs.merged_push_pull else "ack_round"
-        self.use_fifo_ports()  # pushes and replies alike carry priority 0
         self._plain_push = True
+        self._tf = self.knobs.system == "tensorflow"
+        if self._tf:
+            rate = self.sim.server_thread  # the server CPU's memory traffic, 0 = free
+            self._tf_cost = (_TF_BYTES / rate) if rate else 0.0
+            self._mx = 0.0
+            self._var_free = [0.0] * sum(len(x) for x in self.parts)
+            if self.sim.workers == 1 and self.sim.server_host(0) == 0:
+                # One machine runs TensorFlow in one process: its variables are updated in
+                # place, without gRPC (no cluster, no parameter-server task).
+                self._local = True
+            else:
+                self.net.cap_receivers(self.knobs.grpc_gbps * 1e9 / 8)
+        self.use_fifo_ports()  # pushes and replies alike carry priority 0
 
     def make_parts(self) -> list[_Part]:
         s, bound = self.sim.num_servers, self.knobs.bigarray_bound
+        if self.knobs.system == "tensorflow":
+            return self.placed_parts(lambda key, n: placement.tensorflow_parts(key, n, s),
+                                     prioritised=False)
         return self.placed_parts(lambda key, n: placement.kvstore_parts(key, n, bound, s),
                                  prioritised=False)
+
+    def _arrive_push(self, part: _Part, w: int) -> None:
+        if not self._tf:
+            super()._arrive_push(part, w)
+            return
+        sim = self.sim
+        env: Any = sim.env
+        now = env._now
+        free = self._var_free[part.index]
+        start = now if now >= free else free
+        done = start + part.nbytes * self._tf_cost
+        self._var_free[part.index] = done
+        if done > start and sim.trace_sums:
+            hosts = sim.hosts
+            sim.timeline.append(new_span(Span, (hosts[part.host], "update", part.layer, start,
+                                                done, part.nbytes, hosts[w])))
+        part.arrived.append(w)
+        if len(part.arrived) == sim.workers:  # the last gradient: the variable is ready
+            call_later(env, done - now, self._reply, part)
+
+
+_TF_BYTES = 2 + 3
+"""Bytes of memory traffic per byte of a gradient a TensorFlow parameter server moves: gRPC's
+receive copies it out of the byte stream (core/distributed_runtime/tensor_coding.cc,
+``TensorResponse::ParseTensorSubmessage``) and SGD's ``ApplyGradientDescent`` reads the
+weight and the gradient and writes the weight."""
 
 
 @register

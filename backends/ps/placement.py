@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["P3_HASH", "Part", "byteps_parts", "djb2", "even_split", "hashed_server", "kvstore_parts",
-           "p3_parts"]
+           "p3_parts", "tensorflow_parts"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +94,10 @@ def byteps_parts(declared_key: int, numel: int, partition_elems: int,
     """
     return [Part(lo, min(partition_elems, numel - lo), djb2((declared_key << 16) + i) % servers)
             for i, lo in enumerate(range(0, numel, partition_elems))]
+
+
+def tensorflow_parts(key: int, numel: int, servers: int) -> list[Part]:
+    """TensorFlow's placement: every variable whole, on parameter server ``key % servers``
+    in the order the variables are created (``replica_device_setter``'s default
+    round-robin strategy, tensorflow/python/training/device_setter.py)."""
+    return [Part(0, numel, key % servers)]

@@ -606,3 +606,38 @@ def test_an_mxnet_server_thread_does_every_copy_sum_update_and_pull_of_its_keys(
                  transport=transport, iterations=1, warmup=0)
     kinds = {s.kind for s in b.timeline if s.host == "server0"}
     assert "copy" not in kinds
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_tensorflow_parameter_servers_closed_form(workers):
+    # One variable on one dedicated server over rdma: each process takes in at most
+    # grpc_gbps (its gRPC receiving side), the server copies each gradient out of the stream
+    # and applies it (2 + 3 bytes of traffic per byte, one gradient after another), the
+    # workers read the variable back once every gradient is in (the push's answer and the
+    # read request: a latency each), each read into its worker at most grpc_gbps.
+    n = 2_000_000
+    nbytes = 4 * n
+    r = simulate(_one_part(n), "kvstore", system="tensorflow", workers=workers, servers=1,
+                 bandwidth_gbps=10, latency_us=5, transport="rdma", iterations=2)
+    cap = 1.3e9 / 8
+    rate = hardware.MXNET_SERVER_UPDATE_GBPS * 1e9 / 8 * hardware.MXNET_SERVER_BYTES["update"]
+    # the server's receiving side takes the gradients one after another at the cap
+    applied = 0.0
+    for k in range(workers):
+        applied = max(applied, (k + 1) * nbytes / cap + 5e-6) + 5 * nbytes / rate
+    want = applied + 2 * 5e-6 + nbytes / cap + 5e-6
+    assert r.iteration_time_s == pytest.approx(want, rel=1e-9)
+    # the placement: whole variables, round-robin in creation order
+    from ddpbench.backends.ps import placement
+    assert [p.server for k in range(5) for p in placement.tensorflow_parts(k, 10**8, 3)] == \
+        [0, 1, 2, 0, 1]
+
+
+def test_tensorflow_on_one_machine_updates_in_place_without_grpc():
+    # No cluster: one process, its variables updated where they lie (copy and SGD on the
+    # CPU), no receiving cap.
+    n = 2_000_000
+    rate = hardware.MXNET_SERVER_UPDATE_GBPS * 1e9 / 8 * hardware.MXNET_SERVER_BYTES["update"]
+    r = simulate(_one_part(n), "kvstore", system="tensorflow", workers=1, bandwidth_gbps=10,
+                 transport="tcp", iterations=2)
+    assert r.iteration_time_s == pytest.approx(5 * 4 * n / rate, rel=1e-9)
