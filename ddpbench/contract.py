@@ -442,7 +442,12 @@ class Cluster(BaseModel):
         oversubscription: 1 = one non-blocking switch; above 1 racks of ``rack_size``
             hosts reach the core over links of ``rack_size * bandwidth / oversubscription``
             (simulated only).
-        rack_size: hosts per rack when oversubscribed.
+        rack_size: hosts per rack when oversubscribed or with several ECMP paths.
+        ecmp_paths: equal-cost paths each rack's links to the core are split into (a
+            multi-tier fabric's spine uplinks); every flow hashes onto one (RFC 2992), so
+            flows can collide: "if you have 2 levels of switches, you only need 2 flows to be
+            routed through the same link to halve the bandwidth" (NVIDIA/nccl issue #307,
+            the maintainer). 1 = one link per rack (no collisions); simulated only.
         intra_link: the link between a host's GPUs (:data:`ddpbench.hardware.INTRA_LINKS`).
         transport: how NICs are driven (:data:`ddpbench.hardware.TRANSPORTS`): achievable
             fraction of line rate, per-message cost, duplex.
@@ -516,6 +521,8 @@ class Cluster(BaseModel):
         "a finite number >= 1 (1 = a non-blocking switch)"))
     rack_size: int = Field(DEFAULT_RACK_SIZE, ge=1, strict=True,
                            json_schema_extra=_expect(">= 1"))
+    ecmp_paths: int = Field(1, ge=1, le=256, strict=True, json_schema_extra=_expect(
+        "an integer in [1, 256] (1 = one link per rack to the core)"))
     intra_link: str = Field("pcie", json_schema_extra=_expect(
         f"one of {sorted(hardware.INTRA_LINKS)}"))
     transport: str = Field("ideal", json_schema_extra=_expect(
@@ -645,7 +652,8 @@ def _cluster_message(err: ValidationError) -> str:
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
     "device": None, "nccl_proto": None, "nccl_version": None, "nccl_channels": None,
-    "nccl_socket_flows": None, "overlap_slowdown": None, "server_sum_gbps": 80.0,
+    "nccl_socket_flows": None, "ecmp_paths": 1, "overlap_slowdown": None,
+    "server_sum_gbps": 80.0,
     "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,
     "page_fault_us": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",

@@ -483,7 +483,7 @@ def nccl_release(value: str | None) -> tuple[int, int, int]:
     return (release[0], release[1], release[2])
 
 
-def nccl_channels(release: tuple[int, int, int], intra_link: str) -> int:
+def nccl_channels(release: tuple[int, int, int], intra_link: str, gpus_per_host: int = 2) -> int:
     """Return the rings (channels) NCCL opens through a host's one NIC by default.
 
     As each release's topology code decides it (NVIDIA/nccl, read at the release tags):
@@ -492,11 +492,12 @@ def nccl_channels(release: tuple[int, int, int], intra_link: str) -> int:
     span several nodes (src/misc/rings.cc, "Duplicate the rings in case of
     multinode+NVLink"); from 2.5 the search finds one channel at the NIC's speed and
     src/graph/connect.cc doubles every channel. Each channel opens its own connection.
+    One GPU per host has no NVLink to duplicate over.
     """
     if release < (2, 4, 0):
         return 1
     if release < (2, 5, 0):
-        return 2 if intra_link == "nvlink" else 1
+        return 2 if intra_link == "nvlink" and gpus_per_host > 1 else 1
     return 2
 
 

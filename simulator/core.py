@@ -25,7 +25,13 @@ import simpy
 
 from ddpbench import contract, hardware, trace
 from ddpbench.simulator.context import Span, new_span
-from ddpbench.simulator.network import CountingEnvironment, Message, Network, call_later
+from ddpbench.simulator.network import (
+    CountingEnvironment,
+    Message,
+    Network,
+    call_later,
+    ecmp_path,
+)
 from ddpbench.simulator.strategies import (
     Strategy,
     hierarchical_allreduce,
@@ -233,12 +239,7 @@ class _Sim:
             oversubscription=c.oversubscription, rack_size=c.rack_size,
             per_message=self.per_message,
             socket_bandwidth=None if sock is None else sock * 1e9 / 8,
-            loopback=self.loopback, large_message=large)
-        # A ring over racks of consecutive hosts sends one flow over each rack's link to
-        # the core per direction, so that link limits a ring step only below one NIC.
-        racks = -(-self.num_hosts // c.rack_size)
-        self.ring_bandwidth = (min(self.bandwidth, c.rack_size * self.bandwidth
-                                   / c.oversubscription) if racks > 1 else self.bandwidth)
+            loopback=self.loopback, large_message=large, ecmp_paths=c.ecmp_paths)
         # A ring's step to the next host travels over connections: over tcp one kernel TCP
         # connection carries at most the transport's socket figure, however fast the NIC.
         # MPI over TCP sends it over one; NCCL's rings over as many as it opens channels
@@ -246,9 +247,14 @@ class _Sim:
         # socket times their number: NVIDIA/nccl-tests issue #83).
         flows = 1
         if self.nccl is not None:
-            flows = ((c.nccl_channels or hardware.nccl_channels(self.nccl_release, link.name))
+            flows = ((c.nccl_channels
+                      or hardware.nccl_channels(self.nccl_release, link.name, c.gpus_per_host))
                      * (c.nccl_socket_flows or 1))
         self.flow_bandwidth = math.inf if cap is None else flows * cap * 1e9 / 8
+        # A ring over racks of consecutive hosts crosses each rack's links to the core once
+        # per direction: those links limit a ring step only below one NIC, or where the
+        # step's flows collide on one of the rack's equal-cost paths.
+        self.ring_bandwidth = min(self.bandwidth, self._cross_rack(flows))
         # Connections sharing the NIC split it unevenly, and a ring's step, striped evenly
         # over them, waits for the slowest.
         share = hardware.slowest_share(flows, tr.flow_spread)
@@ -264,6 +270,28 @@ class _Sim:
         self.negotiation = (2 * rounds * hop
                             if tr.control_plane else 0.0)
         self._bcast: list[float] | None = None
+
+    def _cross_rack(self, flows: int) -> float:
+        """Return what a ring's step moves from one rack to the next, bytes/s: ``flows``
+        flows over the rack's links to the core (``rack_size`` NICs' worth over the
+        oversubscription, split into ``ecmp_paths`` paths); each flow hashes onto a path
+        (:func:`ddpbench.simulator.network.ecmp_path`), flows on one path share it, and the
+        step, striped evenly over its flows, moves at their number times the slowest; the
+        slowest rack boundary of the ring sets it. Unbounded with one rack."""
+        c = self.cluster
+        h, rs, m = self.num_hosts, c.rack_size, c.ecmp_paths
+        racks = -(-h // rs)
+        if racks <= 1:
+            return math.inf
+        path = rs * self.bandwidth / c.oversubscription / m
+        worst = math.inf
+        for r in range(racks):
+            src, dst = min((r + 1) * rs, h) - 1, ((r + 1) * rs) % h
+            load = [0] * m
+            for i in range(flows):  # one flow per connection: its own ports, its own hash
+                load[ecmp_path(src + i * h, dst, m)] += 1
+            worst = min(worst, flows * path / max(load))
+        return worst
 
     # -- helpers used by strategies
     def host_name(self, h: int) -> str:

@@ -35,7 +35,7 @@ from ddpbench import contract
 from ddpbench.backends.ps.sockets import Sockets
 
 __all__ = ["CountingEnvironment", "Gate", "Link", "Message", "Network", "Port", "Sender",
-           "call_later"]
+           "call_later", "ecmp_path"]
 
 
 class CountingEnvironment(simpy.Environment):
@@ -444,6 +444,20 @@ class Sender:
         _heappush(env._queue, (start + tx, 1, next(env._eid), self._go, None))
 
 
+def ecmp_path(src: int, dst: int, paths: int) -> int:
+    """Return the path (0..paths-1) a switch's ECMP hash gives the flow ``src`` -> ``dst``.
+
+    Switches hash a flow's header fields and take the result modulo the number of equal
+    paths (RFC 2992, hash-threshold), so a flow keeps its path and two flows can share one
+    while another path is idle. The hash here is a fixed 32-bit mix of the two host indices
+    (Knuth's multiplicative hash), deterministic from run to run."""
+    if paths <= 1:
+        return 0
+    h = ((src * 2654435761) ^ (dst * 40503 + 0x9E3779B9)) & 0xFFFFFFFF
+    h ^= h >> 16
+    return (h * 0x45D9F3B & 0xFFFFFFFF) % paths
+
+
 class Network:
     """Hosts 0..nhosts-1 with NICs of ``bandwidth`` bytes/s per direction and ``latency`` s.
 
@@ -459,7 +473,11 @@ class Network:
             of ``rack_size`` consecutive hosts, and a message between racks also crosses
             its rack's uplink and the other rack's downlink to the core, each a port of
             ``rack_size * bandwidth / oversubscription`` bytes/s.
-        rack_size: hosts per rack (used only when oversubscribed).
+        rack_size: hosts per rack (used only when oversubscribed or with several paths).
+        ecmp_paths: equal-cost paths a rack's links to the core are split into, each carrying
+            its share of the rack's core bandwidth; a flow (a source and destination host)
+            hashes onto one of them (:func:`ecmp_path`), so flows can collide on a path
+            while another is idle. 1: one link per rack.
         per_message: seconds of sender time each message costs besides its bytes, >= 0.
         socket_bandwidth: bytes/s one receiving process takes in at most, or None (no
             limit). ps-lite's van receives everything for a process on one ZeroMQ socket,
@@ -483,7 +501,7 @@ class Network:
                  oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
                  per_message: float = 0.0, socket_bandwidth: float | None = None,
                  loopback: bool = False,
-                 large_message: tuple[int, float] | None = None) -> None:
+                 large_message: tuple[int, float] | None = None, ecmp_paths: int = 1) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:
@@ -501,10 +519,16 @@ class Network:
         self.senders = [Sender(self, h) for h in range(nhosts)]
         self.rack_size = rack_size
         nracks = -(-nhosts // rack_size)
-        self.racked = oversubscription > 1 and nracks > 1
-        core = rack_size * bandwidth / oversubscription
-        self.rack_up = [Port(self, -1 - r, core) for r in range(nracks)] if self.racked else []
-        self.rack_down = [Port(self, -1 - r, core) for r in range(nracks)] if self.racked else []
+        if ecmp_paths < 1:
+            raise ValueError(f"ecmp_paths must be >= 1, got {ecmp_paths}")
+        self.racked = (oversubscription > 1 or ecmp_paths > 1) and nracks > 1
+        self.paths = ecmp_paths
+        path = rack_size * bandwidth / oversubscription / ecmp_paths
+        # rack r's links to the core: path k of rack r at index r * paths + k
+        self.rack_up = ([Port(self, -1 - r, path) for r in range(nracks)
+                         for _ in range(ecmp_paths)] if self.racked else [])
+        self.rack_down = ([Port(self, -1 - r, path) for r in range(nracks)
+                           for _ in range(ecmp_paths)] if self.racked else [])
         if socket_bandwidth is not None and not socket_bandwidth > 0:
             raise ValueError(f"socket_bandwidth must be > 0 bytes/s, got {socket_bandwidth}")
         self.loopback = loopback
@@ -543,8 +567,9 @@ class Network:
         if self.racked:
             src, dst = msg.src // self.rack_size, msg.dst // self.rack_size
             if src != dst:
-                msg.route = (self.rack_down[dst], self.down[msg.dst], *socket)
-                self.rack_up[src].arrive(msg)
+                k = ecmp_path(msg.src, msg.dst, self.paths)  # one path per flow, both ways
+                msg.route = (self.rack_down[dst * self.paths + k], self.down[msg.dst], *socket)
+                self.rack_up[src * self.paths + k].arrive(msg)
                 return
         if socket:
             msg.route = socket

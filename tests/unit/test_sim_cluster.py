@@ -641,3 +641,67 @@ def test_tensorflow_on_one_machine_updates_in_place_without_grpc():
     r = simulate(_one_part(n), "kvstore", system="tensorflow", workers=1, bandwidth_gbps=10,
                  transport="tcp", iterations=2)
     assert r.iteration_time_s == pytest.approx(5 * 4 * n / rate, rel=1e-9)
+
+
+def test_ecmp_hash_is_deterministic_and_spreads_flows():
+    from ddpbench.simulator.network import ecmp_path
+
+    got = [ecmp_path(s, d, 4) for s in range(32) for d in range(32)]
+    assert got == [ecmp_path(s, d, 4) for s in range(32) for d in range(32)]
+    assert set(got) == {0, 1, 2, 3} and min(got.count(k) for k in range(4)) > 200
+    assert ecmp_path(3, 5, 1) == 0
+
+
+@pytest.mark.parametrize("paths", [1, 2, 4])
+def test_a_ring_across_racks_runs_at_one_ecmp_path(paths):
+    # Racks of 2 hosts, no oversubscription: a rack's links to the core carry 2 NICs' worth,
+    # split into `paths` paths. A plain ring's step between racks is one flow on one path:
+    # 2 bw / paths, which binds below one NIC from 4 paths.
+    n, p = 40_000_000, 4
+    got = simulate_collective("allreduce", n, workers=p, bandwidth_gbps=10, latency_us=5,
+                              rack_size=2, ecmp_paths=paths)
+    rate = min(10e9 / 8, 2 * 10e9 / 8 / paths)
+    assert got == pytest.approx(2 * (p - 1) * (5e-6 + (n // p) / rate), rel=1e-12)
+
+
+def test_colliding_flows_share_one_ecmp_path_and_the_others_go_apart():
+    from ddpbench.simulator.network import Message, Network, ecmp_path
+
+    env = simulator.core.CountingEnvironment()
+    nic, m = 10e9 / 8, 4
+    net = Network(env, 8, nic, 0.0, lambda *a: None, rack_size=4, ecmp_paths=m)
+    # rack 0 is hosts 0-3, rack 1 hosts 4-7; each path carries 4 NICs / 4 paths = 1 NIC
+    pairs = [(s, d) for s in range(4) for d in range(4, 8)]
+    k0 = ecmp_path(*pairs[0], m)
+    same = next(q for q in pairs[1:] if ecmp_path(*q, m) == k0 and q[0] != pairs[0][0]
+                and q[1] != pairs[0][1])
+    apart = next(q for q in pairs[1:] if ecmp_path(*q, m) != k0 and q[0] != pairs[0][0]
+                 and q[1] != pairs[0][1] and q[0] != same[0] and q[1] != same[1])
+    done: dict[tuple[int, int], float] = {}
+    for src, dst in (pairs[0], same, apart):
+        net.send(Message(src, dst, 1_000_000, 0, "push", 0,
+                         lambda msg: done.__setitem__((msg.src, msg.dst), env.now)))
+    env.run()
+    one = 1_000_000 / nic
+    assert sorted([done[pairs[0]], done[same]]) == pytest.approx([one, 2 * one])
+    assert done[apart] == pytest.approx(one)
+
+
+def test_ncclss_connections_between_racks_collide_on_ecmp_paths():
+    # Four NCCL channels per rack boundary over four paths of half a NIC each: the step moves
+    # at four times the slowest flow, path / (flows on the busiest path).
+    from ddpbench.simulator.network import ecmp_path
+
+    h, rs, m, flows = 4, 2, 4, 4
+    kw = dict(hosts=h, bandwidth_gbps=100, latency_us=5, rack_size=rs, ecmp_paths=m,
+              device="V100", transport="rdma", nccl_channels=flows)
+    nic = 100e9 / 8 * hardware.transport("rdma").efficiency
+    path = rs * nic / m
+    worst = min(flows * path / max(
+        [sum(ecmp_path(min((r + 1) * rs, h) - 1 + i * h, ((r + 1) * rs) % h, m) == k
+             for i in range(flows)) for k in range(m)]) for r in range(h // rs))
+    rate = min(nic, worst)
+    n = 1 << 30
+    t1 = simulate_collective("allreduce", n, **kw)
+    t2 = simulate_collective("allreduce", 2 * n, **kw)
+    assert t2 - t1 == pytest.approx(2 * (h - 1) * (n / h) / rate, rel=1e-9)

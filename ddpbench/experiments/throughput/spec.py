@@ -103,6 +103,7 @@ class ThroughputSpec(Frozen):
     size_scale: tuple[float, ...] = (1.0,)
     oversubscription: tuple[float, ...] = (1.0,)
     rack_size: tuple[int, ...] = (8,)
+    ecmp_paths: tuple[int, ...] = (1,)
     intra_link: tuple[str, ...] = ("pcie",)
     transport: tuple[str, ...] = ("ideal",)
     device: tuple[str | None, ...] = (None,)
