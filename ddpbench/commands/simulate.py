@@ -144,11 +144,14 @@ def main(args: argparse.Namespace) -> int:
             why = ("socket_gbps" if cluster.get("socket_gbps") is not None
                    else "ddpbench.hardware")
             over = f"over {cluster.get('transport', 'ideal')}"
-            if _is_ring(args.backend):
+            flows = _ring_flows(cluster)
+            if _is_ring(args.backend) and flows * cap < args.bandwidth_gbps:
+                what = ("one TCP connection" if flows == 1
+                        else f"{flows} TCP connections of {cap:g}, NCCL's")
                 print(f"note: {over} each ring's step to the next host "
-                      f"moves at most {cap:g} Gbit/s (one TCP connection, {why}), "
+                      f"moves at most {flows * cap:g} Gbit/s ({what}, {why}), "
                       f"below the NIC's {args.bandwidth_gbps:g}")
-            else:
+            elif not _is_ring(args.backend):
                 print(f"note: {over} each {args.backend} process receives "
                       f"at most {cap:g} Gbit/s (its one ZeroMQ socket, {why}), "
                       f"below the NIC's {args.bandwidth_gbps:g}")
@@ -174,6 +177,19 @@ def _is_ring(backend: str) -> bool:
     from ddpbench.simulator.strategies import strategy_class
 
     return bool(strategy_class(backend).symmetric)
+
+
+def _ring_flows(cluster: dict[str, Any]) -> int:
+    """Return the TCP connections a ring's step to the next host uses: NCCL's channels times
+    its sockets on a named GPU (hardware.nccl_channels), else one (MPI)."""
+    from ddpbench import hardware
+
+    if not cluster.get("device") or cluster.get("device") == "cpu":
+        return 1
+    release = hardware.nccl_release(cluster.get("nccl_version"))
+    channels = cluster.get("nccl_channels") or hardware.nccl_channels(
+        release, cluster.get("intra_link", "pcie"), cluster.get("gpus_per_host", 1))
+    return int(channels) * int(cluster.get("nccl_socket_flows") or 1)
 
 
 def _socket_cap(transport: str | None, bandwidth_gbps: float,

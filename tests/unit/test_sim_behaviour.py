@@ -568,3 +568,17 @@ def test_byteps_on_one_worker_machine_reduces_and_broadcasts_without_servers():
     # a host of 8 GPUs still reduces and broadcasts over its own link
     host = simulate(wl, "byteps", hosts=1, gpus_per_host=8, bandwidth_gbps=1, iterations=2)
     assert host.iteration_time_s > 0 and host.bytes_sent["host0"] == 0
+
+
+def test_simulate_cli_counts_ncclss_connections_in_the_ring_note(capsys):
+    from ddpbench.cli import main as cli_main
+
+    args = ["simulate", "--workload", "resnet50", "--backend", "horovod", "--hosts", "2",
+            "--gpus-per-host", "2", "--intra-link", "nvlink", "--transport", "tcp",
+            "--device", "V100", "--iterations", "2", "--warmup", "1"]
+    assert cli_main([*args, "--bandwidth-gbps", "40"]) == 0  # two channels: 30 Gbit/s
+    assert "at most 30 Gbit/s (2 TCP connections of 15" in capsys.readouterr().out
+    assert cli_main([*args, "--bandwidth-gbps", "25"]) == 0  # 30 is above a 25 Gbit/s NIC
+    assert "moves at most" not in capsys.readouterr().out
+    assert cli_main([*args, "--bandwidth-gbps", "40", "--nccl-version", "2.3.7"]) == 0
+    assert "at most 15 Gbit/s (one TCP connection" in capsys.readouterr().out
