@@ -138,31 +138,37 @@ def main(args: argparse.Namespace) -> int:
               f"iteration {res.iteration_time_s * 1e3:.2f} ms, "
               f"{res.throughput:,.1f} samples/s, "
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
-        cap = _socket_cap(cluster.get("transport"), args.bandwidth_gbps,
-                          cluster.get("socket_gbps"))
-        if cap is not None and not cluster.get("machine"):
-            why = ("socket_gbps" if cluster.get("socket_gbps") is not None
-                   else "ddpbench.hardware")
-            over = f"over {cluster.get('transport', 'ideal')}"
-            flows = _ring_flows(cluster)
-            if _is_ring(args.backend) and flows * cap < args.bandwidth_gbps:
-                what = ("one TCP connection" if flows == 1
-                        else f"{flows} TCP connections of {cap:g}, NCCL's")
-                print(f"note: {over} each ring's step to the next host "
-                      f"moves at most {flows * cap:g} Gbit/s ({what}, {why}), "
-                      f"below the NIC's {args.bandwidth_gbps:g}")
-            elif not _is_ring(args.backend):
-                print(f"note: {over} each {args.backend} process receives "
-                      f"at most {cap:g} Gbit/s (its one ZeroMQ socket, {why}), "
-                      f"below the NIC's {args.bandwidth_gbps:g}")
-        if (servers == "colocated" and not _is_ring(args.backend)
-                and not cluster.get("machine") and _loopback(cluster.get("transport"))):
-            print(f"note: over {cluster.get('transport')} each worker reaches the server on "
-                  f"its own host over the loopback, as ps-lite does: no NIC time, but the "
-                  f"sender's per-message cost and the receiving socket")
+        _notes(args, cluster, servers)
         if args.trace:
             print(f"trace: {args.trace}")
     return 0
+
+
+def _notes(args: argparse.Namespace, cluster: dict[str, Any], servers: Any) -> None:
+    """Print what binds below the NIC: one TCP connection's ceiling (a ring's step, or a
+    ps-lite process's socket) and a colocated server reached over the loopback."""
+    cap = _socket_cap(cluster.get("transport"), args.bandwidth_gbps,
+                      cluster.get("socket_gbps"))
+    if cap is not None and not cluster.get("machine"):
+        why = ("socket_gbps" if cluster.get("socket_gbps") is not None
+               else "ddpbench.hardware")
+        over = f"over {cluster.get('transport', 'ideal')}"
+        flows = _ring_flows(cluster)
+        if _is_ring(args.backend) and flows * cap < args.bandwidth_gbps:
+            what = ("one TCP connection" if flows == 1
+                    else f"{flows} TCP connections of {cap:g}, NCCL's")
+            print(f"note: {over} each ring's step to the next host "
+                  f"moves at most {flows * cap:g} Gbit/s ({what}, {why}), "
+                  f"below the NIC's {args.bandwidth_gbps:g}")
+        elif not _is_ring(args.backend):
+            print(f"note: {over} each {args.backend} process receives "
+                  f"at most {cap:g} Gbit/s (its one ZeroMQ socket, {why}), "
+                  f"below the NIC's {args.bandwidth_gbps:g}")
+    if (servers == "colocated" and not _is_ring(args.backend)
+            and not cluster.get("machine") and _loopback(cluster.get("transport"))):
+        print(f"note: over {cluster.get('transport')} each worker reaches the server on "
+              f"its own host over the loopback, as ps-lite does: no NIC time, but the "
+              f"sender's per-message cost and the receiving socket")
 
 
 def _loopback(transport: str | None) -> bool:
