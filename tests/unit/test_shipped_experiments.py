@@ -25,3 +25,18 @@ def test_shipped_experiment_validates_and_expands(path):
     # The spec round-trips through the saved form that `ddpbench report` re-renders from.
     kind = kinds.load_kind(exp.kind)
     assert kind.Spec.model_validate(exp.spec.model_dump(mode="json")) == exp.spec
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_shipped_report_was_written_from_the_experiment_as_it_is(path):
+    # reports/NAME/experiment.json holds the spec the shipped report was run with: a new
+    # axis or an edited file must come with the report re-run, or the README's first
+    # command would change a committed file.
+    import json
+
+    exp = schema.load_experiment(path)
+    saved = path.parents[1] / "reports" / exp.name / "experiment.json"
+    assert saved.exists(), f"{path.name} has no shipped report"
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    assert doc["spec"] == exp.spec.model_dump(mode="json"), (
+        f"reports/{exp.name} is older than {path.name}: run `ddpbench run {path.relative_to(path.parents[1])}`")
