@@ -281,8 +281,8 @@ class _Sim:
         c = self.cluster
         h, rs, m = self.num_hosts, c.rack_size, c.ecmp_paths
         racks = -(-h // rs)
-        if racks <= 1:
-            return math.inf
+        if racks <= 1 or (m == 1 and c.oversubscription == 1):
+            return math.inf  # (one full rack link: never below a NIC)
         path = rs * self.bandwidth / c.oversubscription / m
         worst = math.inf
         for r in range(racks):
