@@ -1,26 +1,25 @@
 """The ``throughput`` kind's points: the sweep grid, point names, and running one point.
 
 A simulated point calls :func:`ddpbench.simulator.simulate` in the runner's worker
-process; a real point runs :func:`ddpbench.launch.launch_logged` with the worker program
-:mod:`ddpbench.experiments.throughput.worker` and reads back its JSON result.
+process; a real point is :func:`ddpbench.emulation.run_real` (the worker program under
+``ddpbench launch``).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ddpbench import contract, hardware
-from ddpbench.contract import COMMON_AXES
+from ddpbench.emulation import REAL_KEYS as _REAL_KEYS
+from ddpbench.emulation import cluster_params as _cluster_params
+from ddpbench.emulation import knobs_of as _knobs
+from ddpbench.emulation import run_real as _run_real
 from ddpbench.experiments.naming import format_value, make_name, public
 from ddpbench.experiments.throughput.spec import ThroughputSpec
 from ddpbench.experiments.throughput.timeline import compact_timeline, span_dict, timeline_file
-from ddpbench.launch import launch_logged
 
 __all__ = ["expand", "key_params", "point_name", "run_point"]
 
@@ -32,7 +31,6 @@ _NAME_DEFAULTS = {
     **{k: f.default for k, f in contract.Cluster.model_fields.items()
        if k not in ("workers", "hosts", "servers", "bandwidth_gbps", "latency_us")},
 }
-_REAL_KEYS = ("compute", "timeout_s", "bind")
 
 
 def _grid(axes: dict[str, tuple[Any, ...]], groups: Sequence[Sequence[str]]) -> list[dict]:
@@ -139,20 +137,9 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
     return _run_simulated(params)
 
 
-def _knobs(params: dict[str, Any]) -> dict[str, Any]:
-    skip = {"mode", "backend", "repetition", *COMMON_AXES, *_REAL_KEYS}
-    return {k: v for k, v in params.items() if k not in skip and not k.startswith("_")}
-
-
-def _cluster_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Return ``params`` with ``servers`` as the Cluster takes it (results.csv stores text)."""
-    servers = params.get("servers", "colocated")
-    return {**params, "servers": servers if servers == "colocated" else int(servers)}
-
-
 def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
     from ddpbench import simulator
-    from ddpbench.experiments.throughput.worker import load_workload
+    from ddpbench.emulation import load_workload
     from ddpbench.simulator import estimate
 
     workload = load_workload(params["workload"])
@@ -187,91 +174,3 @@ def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
         row["_files"] = {f"timelines/{timeline_file(name)}": json.dumps(
             doc, separators=(",", ":"))}
     return row
-
-
-def _run_real(params: dict[str, Any]) -> dict[str, Any]:
-    import ddpbench
-
-    backend = params["backend"]
-    if backend not in ddpbench.available():
-        raise RuntimeError(
-            f"backend {backend!r} is not available for real runs (not installed or not "
-            f"written yet); available: {ddpbench.available()}"
-        )
-    cluster = contract.Cluster.from_point(_cluster_params(params))
-    # The machine a real run measures is the one it runs on: a machine profile is for the
-    # simulated twin of the point, and pacing is what a real run does with the bandwidth.
-    default = contract.Cluster(workers=cluster.workers, servers=cluster.servers,
-                               bandwidth_gbps=cluster.bandwidth_gbps,
-                               latency_us=cluster.latency_us, rack_size=cluster.rack_size,
-                               server_sum_gbps=cluster.server_sum_gbps,
-                               machine=cluster.machine, paced=cluster.paced)
-    simulated_only = [k for k in contract.Cluster.model_fields
-                      if getattr(cluster, k) != getattr(default, k)]
-    schedule = contract.Schedule.from_point(params)
-    if schedule.batch_size is not None:
-        simulated_only.append("batch_size")
-    if schedule.precision != "fp32":
-        simulated_only.append("precision")
-    if simulated_only:
-        verb = "is" if len(simulated_only) == 1 else "are"
-        raise ValueError(f"{', '.join(simulated_only)} {verb} simulated only (a real run uses "
-                         "the machine's own network, devices and processes); run this point "
-                         "with mode: simulate")
-    workers = cluster.workers
-    knobs = _knobs(params)
-    if backend in contract.PS_BACKENDS:
-        servers = cluster.dedicated_servers() or workers
-        if cluster.paced:
-            knobs.update(bandwidth_gbps=cluster.bandwidth_gbps, latency_us=cluster.latency_us)
-    else:
-        servers = 0
-        if cluster.paced:
-            raise ValueError(f"paced: backend {backend!r} cannot be paced (its messages go "
-                             "through the MPI library); pacing applies to "
-                             f"{sorted(contract.PS_BACKENDS)}")
-    timeout = float(params.get("timeout_s", 300.0))
-    with tempfile.TemporaryDirectory(prefix="ddpbench-real-") as tmp:
-        out = Path(tmp) / "result.json"
-        worker_cmd = [
-            sys.executable, "-m", "ddpbench.experiments.throughput.worker",
-            "--workload", str(params["workload"]), "--backend", backend,
-            "--knobs", json.dumps(knobs),
-            "--iterations", str(int(params["iterations"])),
-            "--warmup", str(int(params["warmup"])),
-            "--compute-scale", repr(float(params["compute_scale"])),
-            "--size-scale", repr(float(params.get("size_scale", 1.0))),
-            "--compute", str(params.get("compute", "sleep")),
-            "--out", str(out),
-        ]
-        if params.get("_then"):  # further phases in this job (ddpbench calibrate's launches)
-            worker_cmd += ["--then", json.dumps(params["_then"])]
-        log = Path(tmp) / "launch.log"
-        rc = launch_logged(worker_cmd, workers, servers, log=log, timeout=timeout,
-                           bind=str(params.get("bind", "none")))
-        if rc == 124:  # (mpiexec's own lines about the killed ranks say no more)
-            raise TimeoutError(f"real run did not finish in {timeout:g} s (timeout_s); "
-                               f"the job was killed")
-        if not out.exists() or rc != 0:
-            errs = sorted(Path(tmp).glob("result.json.rank*.err"))
-            detail = (errs[0].read_text().strip() if errs
-                      else _tail(log.read_text(errors="replace")))
-            raise RuntimeError(f"real run failed (exit {rc}): {detail}")
-        result = json.loads(out.read_text())
-    row = {
-        "iteration_time_s": result["iteration_time_s"],
-        "throughput": result["throughput"],
-        "bytes_sent_max": result.get("bytes_per_iteration"),
-        "bytes_sent_total": None,
-        "samples_s": result["iteration_times_s"],
-    }
-    if "phases" in result:
-        row["_phase_samples_s"] = [ph["iteration_times_s"] for ph in result["phases"]]
-    return row
-
-
-def _tail(text: str, lines: int = 3) -> str:
-    kept = [ln for ln in (text or "").strip().splitlines() if ln.strip()][-lines:]
-    return " | ".join(kept) or "no output"
-
-
