@@ -178,12 +178,10 @@ class Protocol:
     even if nothing arrives (a backend that works on a clock, such as Horovod's cycle), or
     None. ``hot`` says that a message is due soon (a request of this process is out, or
     it is a server waiting for pushes): the engine then spins a little longer before it
-    sleeps between polls, since on a virtual machine a timed wait costs tens of
-    microseconds more than it asks for (a dedicated server that slept between polls
-    noticed a push 160 us after it was sent on the 2-core test VM). ``moving`` says that
-    this process has point-to-point transfers under way that it polls (``Isend``,
-    ``Irecv``): the engine then never backs off (see :class:`Engine`). ``fail``
-    completes every outstanding handle with ``error``.
+    sleeps between polls, since on a virtual machine a timed wait overshoots what it asks
+    for by tens of microseconds. ``moving`` says that this process has point-to-point
+    transfers under way that it polls (``Isend``, ``Irecv``): the engine then never backs
+    off (see :class:`Engine`). ``fail`` completes every outstanding handle with ``error``.
     """
 
     def accept(self, item: Any) -> None:
@@ -234,8 +232,8 @@ class Engine:
     other's in one step (MPICH's cross-memory attach, CMA: off in MPICH before 5.0, and
     off where ``/proc/sys/kernel/yama/ptrace_scope`` is not 0, Ubuntu's default, or a
     container's seccomp forbids it), the message crosses shared memory in chunks, and a
-    chunk moves only while the sender calls into MPI: an engine that backed off to 1 ms
-    polls made a 16 MiB ``collective`` allreduce at 2 ranks take 2.2 s instead of 21 ms.
+    chunk moves only while the sender calls into MPI: a large transfer moves at the
+    engine's polling rate.
     """
 
     def __init__(self, max_poll_s: float = 5e-5, spin_s: float = 1e-4,
@@ -364,7 +362,7 @@ def _core_per_rank(local_size: int) -> bool:
 
 # Tests of a transfer under way per engine poll: without single-copy shared memory (see
 # :class:`Engine`) each call into MPI moves about 8 KiB of a large message, and one pass of
-# the engine loop costs 20-25 us of Python, so a poll tests a few times in a row.
+# the engine loop costs far more Python than one test, so a poll tests a few times in a row.
 POLL_TESTS = 16
 
 
@@ -379,8 +377,8 @@ def test_all(reqs: list, tries: int = POLL_TESTS) -> bool:
 def precise_timers() -> None:
     """Make the calling thread's short timed waits short: Linux stretches every timed wait
     of a thread by its timer slack (50 us by default), which would add that much to every
-    polled reply of the engine, and to every ``time.sleep`` of a compute emulation (a
-    0.2 ms sleep took 0.275 ms on the build machine, 0.226 ms with 1 us of slack)."""
+    polled reply of the engine, and to every ``time.sleep`` of a compute emulation; this
+    sets the slack to 1 us (``prctl(PR_SET_TIMERSLACK)``, Linux only)."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes

@@ -67,7 +67,7 @@ def _scale_kernel(compute: str) -> Any:
     cupy = cupy_or_raise()
     # The product is formed in ``compute`` (float32 for half and float32, float64 for
     # float64) and rounded once into T. The factor's type is spelled out: CuPy 14 no longer
-    # infers a placeholder type from a NumPy scalar (KeyError: 'S'; seen on an H200).
+    # infers a placeholder type from a NumPy scalar.
     ctype = {"float32": "float", "float64": "double"}[compute]
     return cupy.ElementwiseKernel(
         f"T x, {compute} f", "T y", f"y = (T)(({ctype})x * f)", f"ddpbench_scale_copy_{compute}"

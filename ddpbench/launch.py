@@ -246,8 +246,8 @@ def launch_logged(cmd: Sequence[str], workers: int, servers: int = 0, *, log: Pa
     to the file ``log``; return the job's exit code (124 on timeout).
 
     For callers that run jobs in their own process (an experiment's real points,
-    ``ddpbench calibrate``'s runs), where a ``ddpbench launch`` subprocess per job cost
-    0.4 s of imports. A job stopped by SIGINT raises KeyboardInterrupt here, and one
+    ``ddpbench calibrate``'s runs), so that a job does not pay a ``ddpbench launch``
+    subprocess's imports. A job stopped by SIGINT raises KeyboardInterrupt here, and one
     stopped by SIGTERM or SIGHUP passes that signal on to this process, as if it had had
     no job running: the launcher has already ended the job.
     """

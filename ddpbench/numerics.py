@@ -86,8 +86,7 @@ DISTRIBUTIONS = ("normal", "correlated", "heavy_tailed", "layers")
 
 # Elements (ranks x columns) of one block: 8 Mi elements keep every temporary of a block at
 # or below 16 MiB, which glibc serves from its heap after the first free (its mmap threshold
-# adapts up to 32 MiB); bigger blocks page-fault on every allocation (measured: the system
-# time of 4096 x 1M grew from ~2 s to ~40 s).
+# adapts up to 32 MiB); bigger blocks page-fault on every allocation.
 BLOCK_ELEMENTS = 1 << 23
 
 # ResNet-50's 161 parameter tensors (torchvision, definition order): the mixture weights of
@@ -225,7 +224,7 @@ def _scale_table(dtype_name: str, factor: float, scaling: str = "cpu") -> np.nda
 
 
 # Elements per table lookup: np.take converts the uint16 indices to a temporary intp array;
-# kept at 128 Ki elements (1 MiB) it stays in cache, which makes a lookup ~3x faster.
+# kept at 128 Ki elements (1 MiB) it stays in cache.
 _TAKE_ELEMENTS = 1 << 17
 
 
@@ -445,7 +444,7 @@ def gradient_block(dist: str, scale_: float, world_size: int, lo: int, hi: int, 
 
     - ``normal``: independent N(0, scale^2) on every rank (pure minibatch noise: the sum
       grows like sqrt(N)). Drawn by inverse CDF on 65,536 exact midpoint quantiles, as fine
-      as fp16 itself (tails cut at 4.4 sigma), which is 5x faster than a normal sampler.
+      as fp16 itself (tails cut at 4.4 sigma), faster than a normal sampler.
     - ``correlated``: scale * (m + z_r) / sqrt(2) with m shared by all ranks and z_r per
       rank: the mean gradient is as large as the noise, so the sum grows like N.
     - ``heavy_tailed``: Student t with 3 degrees of freedom scaled to RMS ``scale`` (SGD

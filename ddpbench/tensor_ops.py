@@ -147,13 +147,11 @@ class Arena:
 
     A server keeps one inbox per part and worker for the whole job. Allocated one by one,
     buffers under 4 MiB get ordinary pages (NumPy asks the kernel for huge pages from 4 MiB
-    up), and MPICH's single-copy transfer between processes (CMA) out of such buffers ran
-    at about half the speed it reached out of one large array on the 2-core test VM: four
-    4,096,000-byte parts sent back from separate arrays took 4.3-4.8 ms against 2.4-3.1 ms
-    from slices of one array. Carving the buffers out of chunks of ``chunk_bytes`` keeps
-    every large message on the fast path (``ddpbench bench pushpull``: byteps 0.38 -> 0.61-0.72
-    of MPI point-to-point). The same copy runs at half speed again between buffers that start
-    at different offsets within a cache line, so a buffer can be placed ``offset`` bytes past
+    up), and MPICH's single-copy transfer between processes (CMA) runs slower out of such
+    buffers than out of one large array. Carving the buffers out of chunks of
+    ``chunk_bytes`` keeps every large message on the fast path. The same copy runs slower
+    again between buffers that start at different offsets within a cache line, so a
+    buffer can be placed ``offset`` bytes past
     a page boundary (a server places its inboxes where the pushing worker's array lies:
     ``backends/ps/wire.py``). Buffers are never returned; one smaller than ``min_bytes`` is
     an ordinary array.

@@ -100,7 +100,7 @@ def estimate(workload: Any, backend: str, **kwargs: Any) -> Estimate | None:
     a, b, c = _quadratic(PILOT_HOSTS, events)
     total = max(events[-1], a + b * hosts + c * hosts * hosts) * iterations / 2
     # Large runs process fewer events per second than the pilots (memory, garbage
-    # collection): a 300-worker kvstore run took 1.75x its pilots' rate here.
+    # collection), so the pilots' rate is halved.
     rate = 0.5 * sum(events) / cpu if cpu > 0 else 5e4
     return Estimate(events=total, seconds=total / rate, memory_bytes=total * BYTES_PER_EVENT)
 

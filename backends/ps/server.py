@@ -77,7 +77,7 @@ class _Slot:
         # again, so a worker whose arrays lie at changing offsets cannot grow the arena.
         self.moved: set[int] = set()
         # Who -> (buffer, count, dtype, offset) of the last request a buffer was kept for:
-        # the same request again keeps it without reading its address (1-1.5 us a slice).
+        # the same request again keeps it without reading its address again.
         self.kept: dict[int, tuple[np.ndarray, int, np.dtype, int]] = {}
         self.store: np.ndarray | None = None
         self.mom: np.ndarray | None = None

@@ -9,10 +9,10 @@ of a staging buffer, as ps-lite sends a ``SArray`` without copying it. A push al
 where its elements lie and where their sum is wanted, as addresses modulo 64
 (``src_align``, ``dst_align``), so that a server places the buffers it receives into and
 answers from at the same offset within a cache line: MPICH's single-copy transfer between
-processes ran at half speed between buffers at different offsets (16 MiB: 2.1 against 1.1
-ms on the build machine; NumPy's large arrays start 16 bytes into a page, PyTorch's on 64
-bytes). MPI keeps the order of messages from one sender on one tag, so the receiver pairs
-each data header with the next element message from that sender. Every message travels on the store's own duplicate
+processes runs slower between buffers at different offsets (NumPy's large arrays start 16
+bytes into a page, PyTorch's on 64 bytes). MPI keeps the order of messages from one sender
+on one tag, so the receiver pairs each data header with the next element message from that
+sender. Every message travels on the store's own duplicate
 of ``COMM_WORLD`` (dedicated servers) or of the workers' communicator (colocated servers).
 """
 

@@ -4,8 +4,8 @@ A report folder that puts real runs beside their simulated twins on a calibrated
 (``reports/real_local``) keeps, at each commit that changed it, what was measured: the real
 repetitions with their timed iterations (``results.csv``) and the machine profile the run
 was calibrated with (``machine.yaml``). On a noisy machine one run says little about a
-change to the model (the same point moves by up to 1.9x between runs an hour apart on this
-VM), so this benchmark reads every stored version of the folder from git history, simulates
+change to the model (the same point moves between runs an hour apart), so this benchmark
+reads every stored version of the folder from git history, simulates
 each real point's twin again on today's simulator with that run's own profile, and prints,
 per run, the scores as shipped (the twins stored with the run, made by the code of its day:
 the same run's baseline) beside today's: the median ``|real/sim - 1|``, the points beyond

@@ -3,8 +3,8 @@
 Run by ``ddpbench calibrate`` under ``ddpbench launch -n 2``; rank 0 writes
 ``{"sizes": [...], "seconds": [...]}`` to ``--out``: per size, the smallest of
 :data:`BLOCKS` medians, each over one block of round trips, the blocks of all sizes taken in
-turn. A block that lands in a slow phase of a shared machine (the 0-byte latency read 19.9 us
-in one such block against 2-3 us in every other) does not become the machine's latency.
+turn, so that a block that lands in a slow phase of a shared machine does not become the
+machine's latency.
 """
 
 from __future__ import annotations

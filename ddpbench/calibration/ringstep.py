@@ -14,11 +14,10 @@ The same job also times a hand-off with the engines idle (:func:`_handoff`): eac
 thread sleeps 0.2 ms, as the trainer's compute emulation does, then has its engine run an
 empty call and waits for it, while no engine has anything in flight, as the ``mpi`` and
 ``horovod`` engines sit between their calls (on a condition variable, or asleep until the
-next cycle), in blocks of their own after the ring steps' (interleaved with them, the hand-off
-blocks slowed the steps at 2 processes 3-4x: 65-92 against 22-23 us blocking, measured in
-alternating jobs). Its mean excess over the sleep is written as ``handoff_us``: how a worker's
-compute beside an idle engine stretches as processes outnumber cores
-(:meth:`~ddpbench.calibration.machine.Machine.compute_contention`).
+next cycle), in blocks of their own after the ring steps' (interleaved with them, the
+hand-off blocks would slow the steps). Its mean excess over the sleep is written as
+``handoff_us``: how a worker's compute beside an idle engine stretches as processes
+outnumber cores (:meth:`~ddpbench.calibration.machine.Machine.compute_contention`).
 """
 
 from __future__ import annotations
@@ -47,10 +46,8 @@ class _PolledStep(Protocol):
 
     It does not declare :meth:`~ddpbench.comm.Protocol.moving`: its 1 KiB completes at
     once unless a rank is descheduled, and spinning through that at 2 processes only (the
-    engine spins where every rank has a core) put two polling regimes in one contention
-    ratio (22 us at 2 processes against 183 at 3 in one calibration, a ratio of 8.3 where
-    the runs before gave 5.1), and the polled backends' predictions at 3 and 4 workers
-    went 2.4x over their real runs.
+    engine spins where every rank has a core) would put two polling regimes into one
+    contention ratio, which then overprices the polled backends at more processes.
     """
 
     def __init__(self, comm: Any, right: int, left: int) -> None:
