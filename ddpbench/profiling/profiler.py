@@ -96,11 +96,10 @@ def keep_freed_memory() -> bool:
 
     glibc maps large blocks (activations, their gradients) fresh from the kernel and unmaps
     them when they are freed, or trims the heap behind them, so each CPU step pays page
-    faults on tens of megabytes, and how many varies from step to step: ResNet-18's ``bn1``
-    backward (batch 8) took 13 to 42 ms across consecutive steps. With mmap and trimming
-    off the blocks are reused, as PyTorch's caching allocator does on CUDA, and the same
-    layer repeats within a few percent. This changes the whole process for good, so the
-    command calls it, not the library.
+    faults on tens of megabytes, and how many varies from step to step. With mmap and
+    trimming off (``mallopt(M_MMAP_MAX, 0)``, ``mallopt(M_TRIM_THRESHOLD, ...)``, glibc's
+    malloc.h) the blocks are reused, as PyTorch's caching allocator does on CUDA. This
+    changes the whole process for good, so the command calls it, not the library.
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -155,6 +154,33 @@ def measure(model: Any, name: str, *, batch_size: int, input_shape: tuple[int, .
             outputs.
     """
     torch = import_torch()
+    _check_arguments(torch, batch_size=batch_size, device=device, warmup=warmup,
+                     repeats=repeats)
+    model = model.to(device).train()
+    subject = _subject(torch, model, name, batch_size=batch_size, input_shape=input_shape,
+                       device=device)
+    plain, hooked, runs = _run_steps(subject, warmup, repeats, progress or (lambda _line: None))
+    order = _layer_order(subject.owners, runs[0].fwd)
+    index_of = {id(p): i for i, (_n, p) in enumerate(subject.params)}
+    layer_tensors = {m: [index_of[id(p)] for _n, p in subject.params
+                         if subject.owner_of[id(p)] == m]
+                     for m in subject.owners}
+    per_fwd, per_bwd, per_ready = _layer_times(runs, order, layer_tensors)
+    layers_out, tensors_out, ready_out = _tables(subject, order, layer_tensors, per_ready)
+    device_name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name(torch)
+    return Measurement(
+        model=name, device=device, device_name=device_name, batch_size=batch_size,
+        input_shape=tuple(input_shape), warmup=warmup, repeats=repeats, layers=layers_out,
+        tensors=tensors_out, fwd_s=[statistics.median(v) for v in per_fwd],
+        bwd_s=[statistics.median(v) for v in per_bwd], ready_s=ready_out, step_s=plain,
+        hooked_s=hooked,
+        no_grad=[subject.params[i][0] for i in range(len(subject.params))
+                 if i not in per_ready])
+
+
+def _check_arguments(torch: Any, *, batch_size: int, device: str, warmup: int,
+                     repeats: int) -> None:
+    """Raise ValueError for a count out of range or a device that is not there."""
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if repeats < 1 or warmup < 0:
@@ -163,11 +189,44 @@ def measure(model: Any, name: str, *, batch_size: int, input_shape: tuple[int, .
         raise ValueError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: PyTorch sees no CUDA device here (use --device cpu)")
-    say = progress or (lambda _line: None)
-    model = model.to(device).train()
+
+
+@dataclass
+class _Subject:
+    """The model under measurement, its input and its parametric layers.
+
+    ``owner_of`` maps a parameter's ``id`` to the name of the module that owns it;
+    ``owners`` lists those modules in the order their first parameter is registered.
+    """
+
+    model: Any
+    name: str
+    x: Any
+    batch_size: int
+    input_shape: tuple[int, ...]
+    clock: _Clock
+    params: list[tuple[str, Any]]
+    modules: dict[str, Any]
+    owner_of: dict[int, str]
+    owners: list[str]
+
+
+@dataclass
+class _Run:
+    """One hooked step: first-call stamps per layer, ready stamps per tensor, and when the
+    forward pass and the backward pass ended (seconds from the step's start)."""
+
+    fwd: dict[str, float]
+    rdy: dict[int, float]
+    t_fwd: float
+    t_end: float
+
+
+def _subject(torch: Any, model: Any, name: str, *, batch_size: int,
+             input_shape: tuple[int, ...], device: str) -> _Subject:
+    """Draw the random input and find the layers: the modules that own parameters directly."""
     x = torch.randn(batch_size, *input_shape, device=device)
     clock = _Clock(torch, device == "cuda")
-
     params = list(model.named_parameters())
     if not params:
         raise ValueError(f"model {name!r} has no parameters to profile")
@@ -179,63 +238,92 @@ def measure(model: Any, name: str, *, batch_size: int, input_shape: tuple[int, .
     for _pname, p in params:
         if owner_of[id(p)] not in owners:
             owners.append(owner_of[id(p)])
+    return _Subject(model=model, name=name, x=x, batch_size=batch_size,
+                    input_shape=input_shape, clock=clock, params=params, modules=modules,
+                    owner_of=owner_of, owners=owners)
 
-    def step(hooked: bool) -> tuple[float, dict[str, float], dict[int, float], float, float]:
-        model.zero_grad(set_to_none=True)
-        firsts: dict[str, Any] = {}
-        ready: dict[int, Any] = {}
-        handles = []
-        if hooked:
-            for mname in owners:
-                def pre(_m: Any, _a: Any, mname: str = mname) -> None:
-                    if mname not in firsts:
-                        firsts[mname] = clock.mark()
-                handles.append(modules[mname].register_forward_pre_hook(pre))
-            for i, (_pname, p) in enumerate(params):
-                def done(_p: Any, i: int = i) -> None:
-                    ready[i] = clock.mark()
-                handles.append(p.register_post_accumulate_grad_hook(done))
+
+def _install_hooks(s: _Subject, firsts: dict[str, Any], ready: dict[int, Any]) -> list[Any]:
+    """Hook every layer's first forward call and every parameter's accumulated gradient."""
+    handles = []
+    for mname in s.owners:
+        def pre(_m: Any, _a: Any, mname: str = mname) -> None:
+            if mname not in firsts:
+                firsts[mname] = s.clock.mark()
+        handles.append(s.modules[mname].register_forward_pre_hook(pre))
+    for i, (_pname, p) in enumerate(s.params):
+        def done(_p: Any, i: int = i) -> None:
+            ready[i] = s.clock.mark()
+        handles.append(p.register_post_accumulate_grad_hook(done))
+    return handles
+
+
+def _forward_loss(s: _Subject) -> Any:
+    """Run the forward pass and return its loss; say which input shape would fit if it fails."""
+    try:
+        loss = _loss(s.model(s.x))
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"input shape {list(s.input_shape)} (batch {s.batch_size}) does not "
+                         f"fit model {s.name!r}: {first}; pass --input-shape C,H,W "
+                         "(one sample, without the batch)") from None
+    if loss is None:
+        raise ValueError(f"model {s.name!r} returns no floating-point tensor to "
+                         "differentiate")
+    return loss
+
+
+def _step(s: _Subject, hooked: bool) -> tuple[float, _Run]:
+    """Run one training step; return its time and, if ``hooked``, the layers' stamps."""
+    s.model.zero_grad(set_to_none=True)
+    firsts: dict[str, Any] = {}
+    ready: dict[int, Any] = {}
+    handles = _install_hooks(s, firsts, ready) if hooked else []
+    clock = s.clock
+    clock.sync()
+    t0 = clock.mark()
+    try:
+        loss = _forward_loss(s)
+        tf = clock.mark()
+        loss.backward()
+        te = clock.mark()
         clock.sync()
-        t0 = clock.mark()
-        try:
-            try:
-                loss = _loss(model(x))
-            except (RuntimeError, ValueError, TypeError, IndexError) as err:
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ValueError(f"input shape {list(input_shape)} (batch {batch_size}) does not "
-                                 f"fit model {name!r}: {first}; pass --input-shape C,H,W "
-                                 "(one sample, without the batch)") from None
-            if loss is None:
-                raise ValueError(f"model {name!r} returns no floating-point tensor to "
-                                 "differentiate")
-            tf = clock.mark()
-            loss.backward()
-            te = clock.mark()
-            clock.sync()
-        finally:
-            for h in handles:
-                h.remove()
-        fwd = {m: clock.since(t0, s) for m, s in firsts.items()}
-        rdy = {i: clock.since(t0, s) for i, s in ready.items()}
-        return clock.since(t0, te), fwd, rdy, clock.since(t0, tf), clock.since(t0, te)
+    finally:
+        for h in handles:
+            h.remove()
+    fwd = {m: clock.since(t0, st) for m, st in firsts.items()}
+    rdy = {i: clock.since(t0, st) for i, st in ready.items()}
+    return clock.since(t0, te), _Run(fwd, rdy, clock.since(t0, tf), clock.since(t0, te))
 
+
+def _run_steps(s: _Subject, warmup: int, repeats: int, say: Callable[[str], None],
+               ) -> tuple[list[float], list[float], list[_Run]]:
+    """Run the warm-up steps, then alternate plain and hooked timed steps.
+
+    Returns the plain steps' times, the hooked steps' times and the hooked steps' stamps.
+    """
     for k in range(warmup):
-        total = step(False)[0]
+        total = _step(s, False)[0]
         say(f"warm-up {k + 1}/{warmup}: {total * 1e3:.1f} ms")
     plain: list[float] = []
     hooked: list[float] = []
-    runs: list[tuple[dict[str, float], dict[int, float], float, float]] = []
+    runs: list[_Run] = []
     for k in range(repeats):
-        total = step(False)[0]
+        total = _step(s, False)[0]
         plain.append(total)
-        h_total, fwd, rdy, t_fwd, t_end = step(True)
+        h_total, run = _step(s, True)
         hooked.append(h_total)
-        runs.append((fwd, rdy, t_fwd, t_end))
+        runs.append(run)
         say(f"step {k + 1}/{repeats}: {total * 1e3:.1f} ms (with hooks {h_total * 1e3:.1f} ms)")
+    return plain, hooked, runs
 
-    # Layer order: first forward call in the first timed step; a layer never called (its
-    # parameters used by a parent directly, or unused) goes just before the next one created.
-    first_fwd = runs[0][0]
+
+def _layer_order(owners: list[str], first_fwd: dict[str, float]) -> list[str]:
+    """Order the layers by their first forward call in the first timed step.
+
+    A layer never called (its parameters used by a parent directly, or unused) goes just
+    before the next one created.
+    """
     order: list[str] = []
     pending: list[str] = []
     for mname in sorted(owners, key=lambda m: (first_fwd.get(m, float("inf")), owners.index(m))):
@@ -247,56 +335,73 @@ def measure(model: Any, name: str, *, batch_size: int, input_shape: tuple[int, .
     for mname in pending:
         later = [m for m in owners[owners.index(mname) + 1:] if m in first_fwd]
         order.insert(order.index(later[0]) if later else len(order), mname)
+    return order
 
-    index_of = {id(p): i for i, (_n, p) in enumerate(params)}
-    layer_tensors = {m: [index_of[id(p)] for _n, p in params if owner_of[id(p)] == m]
-                     for m in owners}
+
+def _forward_times(run: _Run, order: list[str]) -> list[float]:
+    """Give each called layer the time from its first call to the next layer's."""
+    called = [(run.fwd[m], j) for j, m in enumerate(order) if m in run.fwd]
+    called.sort()
+    f_times = [0.0] * len(order)
+    for c, (start, j) in enumerate(called):
+        stop = called[c + 1][0] if c + 1 < len(called) else run.t_fwd
+        f_times[j] = stop - start
+    if called:
+        f_times[called[0][1]] += called[0][0]  # before the first layer: input handling
+    return f_times
+
+
+def _backward_times(run: _Run, order: list[str],
+                    layer_tensors: dict[str, list[int]]) -> list[float]:
+    """Give each layer, walking backwards, how far its ready time lies past every later one's."""
+    b_times = [0.0] * len(order)
+    reached = run.t_fwd
+    for j in range(len(order) - 1, -1, -1):
+        times = [run.rdy[i] for i in layer_tensors[order[j]] if i in run.rdy]
+        if times:
+            b_times[j] = max(0.0, max(times) - reached)
+            reached = max(reached, max(times))
+    b_times[0] += max(0.0, run.t_end - reached)  # after the last gradient: the pass ends
+    return b_times
+
+
+def _layer_times(runs: list[_Run], order: list[str], layer_tensors: dict[str, list[int]],
+                 ) -> tuple[list[list[float]], list[list[float]], dict[int, list[float]]]:
+    """Return per layer its forward and backward times and per tensor its ready times
+    (from the end of the forward pass), one entry per hooked step."""
     per_fwd: list[list[float]] = [[] for _ in order]
     per_bwd: list[list[float]] = [[] for _ in order]
     per_ready: dict[int, list[float]] = {}
-    for fwd, rdy, t_fwd, t_end in runs:
-        called = [(fwd[m], j) for j, m in enumerate(order) if m in fwd]
-        called.sort()
-        f_times = [0.0] * len(order)
-        for c, (start, j) in enumerate(called):
-            stop = called[c + 1][0] if c + 1 < len(called) else t_fwd
-            f_times[j] = stop - start
-        if called:
-            f_times[called[0][1]] += called[0][0]  # before the first layer: input handling
-        b_times = [0.0] * len(order)
-        reached = t_fwd
-        for j in range(len(order) - 1, -1, -1):
-            times = [rdy[i] for i in layer_tensors[order[j]] if i in rdy]
-            if times:
-                b_times[j] = max(0.0, max(times) - reached)
-                reached = max(reached, max(times))
-        b_times[0] += max(0.0, t_end - reached)  # after the last gradient: the pass ends
+    for run in runs:
+        f_times = _forward_times(run, order)
+        b_times = _backward_times(run, order, layer_tensors)
         for j in range(len(order)):
             per_fwd[j].append(f_times[j])
             per_bwd[j].append(b_times[j])
-        for i, t in rdy.items():
-            per_ready.setdefault(i, []).append(t - t_fwd)
+        for i, t in run.rdy.items():
+            per_ready.setdefault(i, []).append(t - run.t_fwd)
+    return per_fwd, per_bwd, per_ready
 
+
+def _tables(s: _Subject, order: list[str], layer_tensors: dict[str, list[int]],
+            per_ready: dict[int, list[float]],
+            ) -> tuple[list[tuple[str, str, list[int]]],
+                       list[tuple[str, tuple[int, ...], str, int]], list[float | None]]:
+    """List the layers in order with their tensors, renumbered in that order, and each
+    tensor's median ready time."""
     tensors_out: list[tuple[str, tuple[int, ...], str, int]] = []
     ready_out: list[float | None] = []
     layers_out: list[tuple[str, str, list[int]]] = []
     for m in order:
         idx = []
         for i in layer_tensors[m]:
-            pname, p = params[i]
+            pname, p = s.params[i]
             idx.append(len(tensors_out))
             tensors_out.append((pname, tuple(p.shape), str(p.dtype).replace("torch.", ""),
                                 p.numel() * p.element_size()))
             ready_out.append(statistics.median(per_ready[i]) if i in per_ready else None)
-        layers_out.append((m or name, type(modules[m]).__name__, idx))
-    device_name = torch.cuda.get_device_name() if device == "cuda" else _cpu_name(torch)
-    return Measurement(
-        model=name, device=device, device_name=device_name, batch_size=batch_size,
-        input_shape=tuple(input_shape), warmup=warmup, repeats=repeats, layers=layers_out,
-        tensors=tensors_out, fwd_s=[statistics.median(v) for v in per_fwd],
-        bwd_s=[statistics.median(v) for v in per_bwd], ready_s=ready_out, step_s=plain,
-        hooked_s=hooked,
-        no_grad=[params[i][0] for i in range(len(params)) if i not in per_ready])
+        layers_out.append((m or s.name, type(s.modules[m]).__name__, idx))
+    return layers_out, tensors_out, ready_out
 
 
 def _cpu_name(torch: Any) -> str:
