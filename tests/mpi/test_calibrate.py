@@ -53,7 +53,7 @@ def test_calibrate_writes_a_profile_whose_fits_reproduce_its_runs(tmp_path):
     # The compute rule's prediction of the workload's own sequence of sleeps is the closed
     # form of the profile's fitted rate and overhead; what the sequence took is measured
     # (how close the two come is this machine's property, not asserted: a slow phase of a
-    # shared VM stretched it 1.5x once), and a sleep never ends before its time.
+    # shared VM stretches it), and a sleep never ends before its time.
     comp = m.measurements["compute"]
     assert comp["rule_ms"] == pytest.approx(  # (the profile keeps 5 and 2 decimals)
         comp["requested_ms"] * m.compute_rate + comp["calls"] * m.compute_overhead_us / 1e3,

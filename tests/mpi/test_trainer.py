@@ -2,7 +2,7 @@
 
 Tolerance of the reference check (stated in mpi_scripts/trainer_check.py): after 5 SGD
 steps in fp32 every backend's parameters equal a single process on the full global batch
-within 1e-6 + 1e-5 |w| (the reduction order differs; measured worst 9e-8).
+within 1e-6 + 1e-5 |w| (the reduction order differs).
 """
 
 
