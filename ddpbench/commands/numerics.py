@@ -2,9 +2,10 @@
 
 Subcommands:
 
-- ``sweep [FILE.yaml]``: run the map (world size x factor x dtype x gradients) and write
-  ``results.csv`` and the report (heatmaps, safe-range tables, training) to ``--out``.
-  Without a file, flags describe the sweep (defaults: the shipped experiment's axes).
+- ``sweep [FILE.yaml]``: run the map (world size x factor x dtype x gradients) through the
+  runner, as ``ddpbench run`` does, into ``--out``: ``results.csv`` and the report (heatmaps,
+  safe-range tables, training). Without a file, flags describe the sweep (defaults: the
+  shipped experiment's axes).
 - ``query -N 1024 --dtype float16 --scale 1e2``: which factors are safe at one point.
 - ``bench -N 4096 --elements 1048576``: time and peak memory of one emulation.
 - ``render DIR``: re-render DIR/report.md from DIR/results.csv and DIR/experiment.json.
@@ -32,6 +33,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sw.add_argument("--max-exp", type=int, help="largest factor 2^max_exp")
     sw.add_argument("--step", type=int, help="exponent step of the factor grid")
     sw.add_argument("--no-training", action="store_true", help="skip the training run")
+    sw.add_argument("--force", action="store_true",
+                    help="run the points the folder already holds again")
 
     q = sub.add_parser("query", help="which predivide factors are safe at one point")
     q.add_argument("-N", "--world-size", type=int, required=True)
@@ -116,33 +119,34 @@ def _spec(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
 
 def _sweep(args: argparse.Namespace) -> int:
     import sys
-    import time
     from pathlib import Path
 
     from ddpbench.cli import UsageError
+    from ddpbench.experiments import runner
     from ddpbench.experiments.numerics import run_sweep
 
     spec, envelope = _spec(args)
-    t0 = time.perf_counter()
-
-    def progress(done: int, total: int) -> None:
-        print(f"\r{done}/{total} cells, {time.perf_counter() - t0:.0f} s", end="",
-              file=sys.stderr, flush=True)
-
     if args.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    out = Path(args.out)
     try:
-        paths = run_sweep(spec, Path(args.out), jobs=args.jobs, progress=progress, **envelope)
-    except ValueError as err:  # the folder is a file or holds another experiment
+        summary = run_sweep(spec, out, jobs=args.jobs, force=args.force,
+                            name=envelope["name"], description=envelope["description"],
+                            source=envelope["source"])
+    except (ValueError, RuntimeError) as err:  # a file, another experiment's folder, a lock
         raise UsageError(str(err)) from None
-    except OSError as err:  # a full disk, a folder that cannot be made: finished cells kept
-        print(f"\nddpbench numerics sweep: error: cannot write the results in {args.out}: "
-              f"{err}; every cell written before is kept: run again to resume",
+    except OSError as err:  # a full disk, a folder that cannot be made: finished rows kept
+        print(f"ddpbench numerics sweep: error: cannot write the results in {args.out}: "
+              f"{err}; every point written before is kept: run again to resume",
               file=sys.stderr)
         return 1
-    print(file=sys.stderr)
-    for p in paths:
+    for p in [out / "results.csv", out / "experiment.json", *summary.report]:
         print(p)
+    if summary.failed:
+        print("failed points:", file=sys.stderr)
+        for line in runner.iter_failures(summary):
+            print(line, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -206,21 +210,19 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
-    import pandas as pd
-
     from ddpbench.cli import UsageError
-    from ddpbench.experiments.numerics import Spec, render
+    from ddpbench.experiments import runner
 
     folder = Path(args.dir)
     try:
-        meta = json.loads((folder / "experiment.json").read_text())
-        df = pd.read_csv(folder / "results.csv")
-    except (OSError, ValueError) as err:
+        exp = runner.load_saved_experiment(folder)
+    except (OSError, ValueError, KeyError) as err:
         raise UsageError(f"cannot read {folder}: {err}") from err
-    for p in render(df, folder, Spec.model_validate(meta["spec"])):
+    if exp.kind != "numerics":
+        raise UsageError(f"{folder} holds a {exp.kind!r} experiment, not a numerics one")
+    for p in runner.render(exp, folder):
         print(p)
     return 0
 

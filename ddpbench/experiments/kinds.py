@@ -1,83 +1,193 @@
-"""The registry of experiment kinds: ``kind:`` in a file -> the module that runs it.
+"""The registry of experiment kinds: ``kind:`` in a file -> the object that runs it.
 
-A kind is registered by name with the path of its module (imported on first use, so a
-kind whose optional dependencies are missing fails only when used, with a clear error)::
+A kind implements :class:`ExperimentKind`. The built-in kinds are :class:`Kind` objects
+named ``KIND`` in their modules; a kind is registered by name with the path of its module
+(imported on first use, so a kind whose optional dependencies are missing fails only when
+used, with a clear error)::
 
     from ddpbench.experiments.kinds import register_kind
     register_kind("mykind", "mypackage.mykind")
 
-Experiment kinds (the interface)
--------------------------------
-Each kind maps the ``kind:`` of an experiment file to a module path (or to an
-object) that provides the members below. A module that cannot be imported makes loading an
-experiment of that kind fail with a clear error naming the module.
-
-``Spec``
-    A pydantic model, ``ConfigDict(frozen=True, extra="forbid")``, of the kind's own keys:
-    every top-level key of the file except the envelope ``name``, ``kind`` and
-    ``description`` (read by the runner). The runner validates the file with
-    ``Spec.model_validate(mapping)`` and reports the first error as ``file:line: field
-    'a.b': message`` (unknown keys list the valid ones). ``Spec`` must round-trip through
-    ``Spec.model_validate(spec.model_dump(mode="json"))``: the runner stores that dump in
-    the report folder (``experiment.json``) for ``ddpbench report`` to re-render.
-
-``check(spec, raw, file) -> Spec``  (optional)
-    Further checks that need more than pydantic (names against registries...). Raise
-    ``ddpbench.experiments.schema.ExperimentError`` (``schema.err_at(file, raw, loc, msg)``
-    names the line).
-
-``prepare(raw, file) -> None``  (optional)
-    Rewrite the raw mapping before validation (the throughput kind lifts top-level
-    ``backend.knob`` keys into ``backends``).
-
-``expand(spec) -> list[dict]``
-    One dict per point and repetition, in a deterministic order, values scalars only
-    (str, int, float, bool, None). Reserved keys read by the runner:
-
-    - ``"mode"`` (str, default ``"simulate"``): ``"real"`` points run one at a time in the
-      runner's process (they start processes of their own); every other mode runs in the
-      parallel executor (``--jobs``, ``--executor``).
-    - ``"repetition"`` (int, default 0): part of the row key, not of the point name.
-    - keys starting with ``"_"``: passed to ``run_point`` but neither named nor stored.
-
-``point_name(params: dict) -> str``
-    Deterministic name of a point from its params, without ``mode``, ``repetition`` and
-    ``_``-keys, as ``label[k=v,...]`` with sorted keys, e.g. ``"float16[N=64,f=8]"``.
-    Two different points must not share a name.
-
-``key_params(params: dict) -> dict``  (optional)
-    The point's parameters with every default that changes its result filled in (knob
-    defaults from the contract, cluster defaults). The runner keys each result on a digest
-    of these and of the input files they name (:mod:`ddpbench.experiments.manifest`), so
-    a result is reused only while none of them changes.
-
-``run_point(params: dict) -> dict``
-    Run one point and return a flat row of results: str/int/float/bool/None values;
-    lists and dicts are stored as JSON text. It runs in a worker process for non-real
-    modes, so ``run_point`` must be a module-level function (picklable) that imports what
-    it needs. Raise on failure: the runner records ``status="failed"`` and
-    ``error="ExcType: message"`` and goes on. The reserved result key ``"_files"``
-    (dict: relative path -> str) is written under the report folder (for example a
-    timeline JSON for a plot) and not stored in the row.
-
-``render(df, outdir: pathlib.Path, spec) -> list[pathlib.Path]``
-    Write ``outdir/report.md`` (and ``report.html``) with tables and PNG plots from ``df``,
-    the DataFrame of every row of results.csv (columns: the params, the results, and the
-    runner's ``experiment``, ``kind``, ``mode``, ``point``, ``repetition``, ``status``,
-    ``error``); failed rows are included. Return the paths
-    written. :class:`ddpbench.experiments.report.Document` writes markdown and escaped HTML at once.
-    Use matplotlib's Agg backend (``ddpbench.experiments.report.pyplot()`` gives one).
-
-The ``throughput`` kind (:mod:`ddpbench.experiments.throughput`) is the default and follows
-the same interface.
+The module (or a ``"module:attr"`` object, or the object itself) either holds a ``KIND``
+that satisfies :class:`ExperimentKind`, or is the kind: then it defines the required
+members as module-level names and may define the optional ones, and :func:`load_kind`
+wraps it in a :class:`Kind` that fills the missing optional members with their defaults.
+The runner (:mod:`ddpbench.experiments.runner`) calls the members; it knows no kind by name.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["EXPERIMENT_KINDS", "KindUnavailableError", "load_kind", "register_kind"]
+from pydantic import BaseModel
+
+__all__ = ["EXPERIMENT_KINDS", "ExperimentKind", "Kind", "KindUnavailableError", "Params",
+           "load_kind", "register_kind"]
+
+Params = dict[str, Any]
+"""One point's parameters (:meth:`ExperimentKind.expand`) or one row of results."""
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+_S = TypeVar("_S")
+
+
+@runtime_checkable
+class ExperimentKind(Protocol[SpecT]):
+    """What the runner needs of an experiment kind.
+
+    ``Spec``, :meth:`expand`, :meth:`point_name`, :meth:`run_point` and :meth:`render` are
+    required of a registered module or class; :meth:`prepare`, :meth:`check`,
+    :meth:`key_params` and :meth:`batch_key` are optional there (:func:`load_kind` fills in
+    the defaults of :class:`Kind`), so every kind the runner gets has them all.
+    """
+
+    @property
+    def Spec(self) -> type[SpecT]:  # noqa: N802 - the model class, named as it is used
+        """The pydantic model of the kind's own keys.
+
+        ``ConfigDict(frozen=True, extra="forbid")``; every top-level key of the file except
+        the envelope ``name``, ``kind`` and ``description`` (read by the runner). The runner
+        validates the file with ``Spec.model_validate(mapping)`` and reports the first error
+        as ``file:line: field 'a.b': message`` (unknown keys list the valid ones). ``Spec``
+        must round-trip through ``Spec.model_validate(spec.model_dump(mode="json"))``: the
+        runner stores that dump in the report folder (``experiment.json``) for ``ddpbench
+        report`` to re-render.
+        """
+        ...
+
+    def expand(self, spec: SpecT) -> list[Params]:
+        """Return one dict per point and repetition, in a deterministic order.
+
+        Values are scalars only (str, int, float, bool, None). Reserved keys read by the
+        runner:
+
+        - ``"mode"`` (str, default ``"simulate"``): ``"real"`` points run one at a time in
+          the runner's process (they start processes of their own); every other mode runs
+          in the parallel executor (``--jobs``, ``--executor``).
+        - ``"repetition"`` (int, default 0): part of the row key, not of the point name.
+        - keys starting with ``"_"``: passed to :meth:`run_point` but neither named nor
+          stored.
+        """
+        ...
+
+    def point_name(self, params: Params) -> str:
+        """Return the deterministic name of a point, e.g. ``"float16[N=64,f=8]"``.
+
+        Built from ``params`` without ``mode``, ``repetition`` and ``_``-keys, as
+        ``label[k=v,...]`` with sorted keys (:func:`ddpbench.experiments.naming.make_name`).
+        Two different points must not share a name.
+        """
+        ...
+
+    def run_point(self, params: Params) -> Params:
+        """Run one point and return a flat row of results.
+
+        Values are str/int/float/bool/None; lists and dicts are stored as JSON text. It runs
+        in a worker process for non-real modes, so it must be a module-level function
+        (picklable by name) that imports what it needs. Raise on failure: the runner records
+        ``status="failed"`` and ``error="ExcType: message"`` and goes on. The reserved result
+        key ``"_files"`` (dict: relative path -> str) is written under the report folder (a
+        timeline JSON for a plot, say) and not stored in the row.
+        """
+        ...
+
+    def render(self, df: Any, outdir: Path, spec: SpecT) -> list[Path]:
+        """Write ``outdir/report.md`` (and ``report.html``) from the results; return the paths.
+
+        ``df`` is the pandas DataFrame of every row of results.csv (columns: the params, the
+        results, and the runner's ``experiment``, ``kind``, ``mode``, ``point``,
+        ``repetition``, ``status``, ``error``); failed rows are included.
+        :class:`ddpbench.experiments.report.Document` writes markdown and escaped HTML at
+        once; use matplotlib's Agg backend (``ddpbench.experiments.report.pyplot()``).
+        """
+        ...
+
+    def prepare(self, raw: Any, file: Path | str) -> None:
+        """Rewrite the raw mapping of the file's keys before validation (optional).
+
+        The throughput kind lifts top-level ``backend.knob`` keys into ``backends``.
+        Default: no rewrite.
+        """
+        ...
+
+    def check(self, spec: SpecT, raw: Any, file: Path | str) -> SpecT:
+        """Check what pydantic cannot (names against registries...); return the spec (optional).
+
+        Raise ``ddpbench.experiments.schema.ExperimentError``
+        (``schema.err_at(file, raw, loc, msg)`` names the line). Default: no check.
+        """
+        ...
+
+    def key_params(self, params: Params) -> Params:
+        """Return the point's params with every default that changes its result (optional).
+
+        Knob defaults from the contract, cluster defaults. The runner keys each result on a
+        digest of these and of the input files they name
+        (:mod:`ddpbench.experiments.manifest`), so a result is reused only while none of them
+        changes. Default: the params as they are.
+        """
+        ...
+
+    def batch_key(self, params: Params) -> Hashable | None:
+        """Return the batch of a non-real point: points of one batch run in one task (optional).
+
+        The parallel executor runs the points of a batch one after another in one worker
+        process, in their :meth:`expand` order, so :meth:`run_point` can share work between
+        them through a per-process cache (the numerics kind emulates a cell of factors once).
+        Each point is still its own row. Default: ``None``, every point its own task.
+        """
+        ...
+
+
+def _no_rewrite(raw: Any, file: Path | str) -> None:
+    return None
+
+
+def _unchecked(spec: _S, raw: Any, file: Path | str) -> _S:
+    return spec
+
+
+def _as_is(params: Params) -> Params:
+    return params
+
+
+def _unbatched(params: Params) -> Hashable | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Kind(Generic[SpecT]):
+    """An :class:`ExperimentKind` made of functions: the built-in kinds' ``KIND``.
+
+    Example::
+
+        KIND: ExperimentKind[Spec] = Kind(Spec=Spec, expand=expand, point_name=point_name,
+                                          run_point=run_point, render=render)
+    """
+
+    Spec: type[SpecT]
+    expand: Callable[[SpecT], list[Params]]
+    point_name: Callable[[Params], str]
+    run_point: Callable[[Params], Params]
+    render: Callable[[Any, Path, SpecT], list[Path]]
+    prepare: Callable[[Any, Path | str], None] = _no_rewrite
+    check: Callable[[SpecT, Any, Path | str], SpecT] = _unchecked
+    key_params: Callable[[Params], Params] = _as_is
+    batch_key: Callable[[Params], Hashable | None] = _unbatched
+
+    @classmethod
+    def of(cls, obj: Any) -> Kind[Any]:
+        """Wrap a module or class that defines the members, defaults for the optional ones."""
+        optional = ("prepare", "check", "key_params", "batch_key")
+        return cls(**{m: getattr(obj, m) for m in REQUIRED},
+                   **{m: getattr(obj, m) for m in optional if hasattr(obj, m)})
+
+
+REQUIRED = ("Spec", "expand", "point_name", "run_point", "render")
 
 EXPERIMENT_KINDS: dict[str, Any] = {
     "throughput": "ddpbench.experiments.throughput",
@@ -85,15 +195,15 @@ EXPERIMENT_KINDS: dict[str, Any] = {
     "accuracy": "ddpbench.experiments.accuracy",
     "validation": "ddpbench.experiments.validation",
 }
-REQUIRED = ("Spec", "expand", "point_name", "run_point", "render")
+"""Kind name -> module path (``"pkg.mod"`` or ``"pkg.mod:attr"``) or object."""
 
 
 class KindUnavailableError(RuntimeError):
     """The module of an experiment kind cannot be imported or lacks a member."""
 
 
-def load_kind(kind: str) -> Any:
-    """Return the module (or object) implementing experiment kind ``kind``.
+def load_kind(kind: str) -> ExperimentKind[Any]:
+    """Return the implementation of experiment kind ``kind``.
 
     Raises:
         KindUnavailableError: unknown kind, module not importable, or a member missing.
@@ -103,6 +213,7 @@ def load_kind(kind: str) -> Any:
             f"unknown experiment kind {kind!r}; valid kinds: {sorted(EXPERIMENT_KINDS)}"
         )
     target = EXPERIMENT_KINDS[kind]
+    obj = target
     if isinstance(target, str):
         modname, _, attr = target.partition(":")
         try:
@@ -114,16 +225,15 @@ def load_kind(kind: str) -> Any:
             ) from None
         if attr:
             obj = getattr(obj, attr)
-    else:
-        obj = target
+    obj = getattr(obj, "KIND", obj)
     missing = [m for m in REQUIRED if not hasattr(obj, m)]
     if missing:
         raise KindUnavailableError(
             f"experiment kind {kind!r} ({target!r}) lacks {missing}; a kind defines {list(REQUIRED)}"
         )
-    return obj
-
-
+    if isinstance(obj, ExperimentKind):
+        return obj
+    return Kind.of(obj)
 
 
 def register_kind(name: str, target: Any) -> None:

@@ -13,8 +13,9 @@ whole file is rewritten to a temporary file and renamed over the old one (atomic
 skips every key whose row has ``status == "ok"`` and runs again the failed and missing ones
 (``force=True`` runs them all); the new row replaces the old one, so every key appears once.
 
-The kinds it runs are registered in :mod:`ddpbench.experiments.kinds`, which documents
-their interface; this module only executes: it knows no kind by name.
+The kinds it runs implement :class:`ddpbench.experiments.kinds.ExperimentKind` and are
+registered in :mod:`ddpbench.experiments.kinds`; this module only executes, it knows no kind
+by name, and it is the one writer of results.csv.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,28 @@ def _execute(kind_name: str, params: dict[str, Any]) -> tuple[bool, Any, float]:
         return False, _error_text(err), time.perf_counter() - start
 
 
+def _execute_batch(kind_name: str, batch: list[dict[str, Any]]) -> list[tuple[bool, Any, float]]:
+    """Run the points of one batch in order, in one process (:meth:`~.kinds.ExperimentKind.batch_key`)."""
+    return [_execute(kind_name, params) for params in batch]
+
+
+def _batches(exp: Experiment, points: list[Point]) -> list[list[Point]]:
+    """Group ``points`` by the kind's batch key, batches and points in their first order."""
+    batch_key = load_kind(exp.kind).batch_key
+    batches: list[list[Point]] = []
+    by_key: dict[Hashable, list[Point]] = {}
+    for p in points:
+        key = batch_key(p.params)
+        if key is None:
+            batches.append([p])
+        elif key in by_key:
+            by_key[key].append(p)
+        else:
+            by_key[key] = [p]
+            batches.append(by_key[key])
+    return batches
+
+
 def _error_text(err: BaseException) -> str:
     msg = " ".join(str(err).split())
     where = traceback.extract_tb(err.__traceback__)
@@ -314,10 +337,9 @@ def _write_files(outdir: Path, files: dict[str, str]) -> None:
 def point_keys(exp: Experiment, points: list[Point] | None = None) -> dict[str, str]:
     """Return row id -> key of every point of ``exp`` (see :mod:`.manifest`)."""
     points = expand_points(exp) if points is None else points
-    fill = getattr(load_kind(exp.kind), "key_params", None)  # optional: defaults filled in
+    fill = load_kind(exp.kind).key_params  # the defaults that change a result, filled in
     return {manifest.row_id(p.mode, p.name, p.params.get("repetition", 0)):
-            manifest.point_key(exp.kind, public(fill(p.params) if fill else p.params))
-            for p in points}
+            manifest.point_key(exp.kind, public(fill(p.params))) for p in points}
 
 
 def save_experiment(exp: Experiment, outdir: Path) -> None:
@@ -418,39 +440,13 @@ def run_experiment(
         raise ValueError(f"unknown executor {executor!r}; valid: ['local', 'mpi']")
     outdir = Path(outdir)
     manifest.check_outdir(outdir)
-    every = expand_points(exp)
-    keys = point_keys(exp, every)
-    points = expand_points(exp, only) if only else every
-    if only and not points:
-        names = ", ".join(p.name for p in every[:3])
-        raise ValueError(f"--only {only!r} matches none of the {len(every)} points of "
-                         f"{exp.name} (names look like: {names})")
+    points, keys = _select(exp, only)
     summary = RunSummary(outdir=outdir, total=len(points))
     store = ResultsStore(outdir / "results.csv")
     if dry_run:
-        doc = None if fresh else manifest.read_manifest(outdir)
-        if doc is not None and doc["name"] != exp.name:
-            raise manifest.FolderError(f"{outdir} holds the results of experiment "
-                                       f"{doc['name']!r}, not {exp.name!r}")
-        stale = {row_key(r) for r in manifest.stale_rows(doc, keys, store.rows, _saved_keys)
-                 } if doc is not None else {row_key(r) for r in store.rows}
-        done = set() if force or fresh else store.done() - stale
+        done = _done_dry(exp, outdir, keys, store, force=force, fresh=fresh)
     else:
-        outdir.mkdir(parents=True, exist_ok=True)
-        lock = _lock(outdir)
-        try:
-            claimed = manifest.claim(exp, outdir, keys, store, fresh=fresh,
-                                     old_keys=_saved_keys)
-        except BaseException:
-            lock.close()
-            raise
-        if claimed.moved_aside is not None:
-            lock.close()
-            outdir.mkdir(parents=True, exist_ok=True)
-            lock = _lock(outdir)
-            manifest.write_manifest(exp, outdir, keys)
-        summary.moved_aside, summary.history, summary.archived = (
-            claimed.moved_aside, claimed.history, claimed.moved)
+        lock = _claim(exp, outdir, keys, store, summary, fresh=fresh)
         done = set() if force else store.done()
     todo = [p for p in points if p.key not in done]
     summary.skipped = len(points) - len(todo)
@@ -461,13 +457,61 @@ def run_experiment(
         _run_points(exp, outdir, store, todo, summary, jobs, executor, progress, on_row)
     finally:
         lock.close()
-    report_md = outdir / "report.md"
-    up_to_date = (report_md.exists() and summary.ok + summary.failed + summary.archived == 0
-             and all(report_md.stat().st_mtime >= (outdir / f).stat().st_mtime
-                     for f in ("results.csv", "experiment.json")))
-    if render_report and not up_to_date:
+    if render_report and not _report_up_to_date(outdir, summary):
         summary.report = render(exp, outdir)
     return summary
+
+
+def _select(exp: Experiment, only: str | None) -> tuple[list[Point], dict[str, str]]:
+    """Return the points to consider (those matching ``only``) and every point's key."""
+    every = expand_points(exp)
+    keys = point_keys(exp, every)
+    points = expand_points(exp, only) if only else every
+    if only and not points:
+        names = ", ".join(p.name for p in every[:3])
+        raise ValueError(f"--only {only!r} matches none of the {len(every)} points of "
+                         f"{exp.name} (names look like: {names})")
+    return points, keys
+
+
+def _done_dry(exp: Experiment, outdir: Path, keys: dict[str, str], store: ResultsStore, *,
+              force: bool, fresh: bool) -> set[tuple[str, str, str]]:
+    """Return the keys a real run would skip, writing nothing (``dry_run``)."""
+    doc = None if fresh else manifest.read_manifest(outdir)
+    if doc is not None and doc["name"] != exp.name:
+        raise manifest.FolderError(f"{outdir} holds the results of experiment "
+                                   f"{doc['name']!r}, not {exp.name!r}")
+    stale = {row_key(r) for r in manifest.stale_rows(doc, keys, store.rows, _saved_keys)
+             } if doc is not None else {row_key(r) for r in store.rows}
+    return set() if force or fresh else store.done() - stale
+
+
+def _claim(exp: Experiment, outdir: Path, keys: dict[str, str], store: ResultsStore,
+           summary: RunSummary, *, fresh: bool) -> Any:
+    """Lock ``outdir`` and claim it for ``exp`` (:func:`.manifest.claim`); return the lock."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(outdir)
+    try:
+        claimed = manifest.claim(exp, outdir, keys, store, fresh=fresh, old_keys=_saved_keys)
+    except BaseException:
+        lock.close()
+        raise
+    if claimed.moved_aside is not None:
+        lock.close()
+        outdir.mkdir(parents=True, exist_ok=True)
+        lock = _lock(outdir)
+        manifest.write_manifest(exp, outdir, keys)
+    summary.moved_aside, summary.history, summary.archived = (
+        claimed.moved_aside, claimed.history, claimed.moved)
+    return lock
+
+
+def _report_up_to_date(outdir: Path, summary: RunSummary) -> bool:
+    """Return whether report.md is newer than the results and nothing changed in this run."""
+    report_md = outdir / "report.md"
+    return (report_md.exists() and summary.ok + summary.failed + summary.archived == 0
+            and all(report_md.stat().st_mtime >= (outdir / f).stat().st_mtime
+                    for f in ("results.csv", "experiment.json")))
 
 
 RUN_LOG = "run-log.jsonl"
@@ -541,7 +585,8 @@ def _run_points(
             for p in parallel:
                 record(p, *_execute(exp.kind, p.params))
         elif parallel:
-            _run_pool(exp.kind, parallel, min(n_jobs, len(parallel)), executor, record)
+            batches = _batches(exp, parallel)
+            _run_pool(exp.kind, batches, min(n_jobs, len(batches)), executor, record)
         for p in serial:
             record(p, *_execute(exp.kind, p.params))
     finally:
@@ -549,30 +594,33 @@ def _run_points(
 
 
 def _run_pool(
-    kind: str, points: list[Point], jobs: int, executor: str,
+    kind: str, batches: list[list[Point]], jobs: int, executor: str,
     record: Callable[[Point, bool, Any, float], None],
 ) -> None:
-    pending = list(points)
+    pending = list(batches)
     while pending:
         with _make_executor(executor, jobs) as pool:
-            futures = {pool.submit(_execute, kind, p.params): p for p in pending}
-            broken = False
+            futures = {pool.submit(_execute_batch, kind, [p.params for p in batch]): batch
+                       for batch in pending}
+            broken: list[Point] | None = None
             for fut in cf.as_completed(futures):
-                point = futures[fut]
+                batch = futures[fut]
                 try:
-                    record(point, *fut.result())
+                    results = fut.result()
                 except cf.process.BrokenProcessPool as err:
-                    # A worker died (killed, out of memory): that point fails, the rest
+                    # A worker died (killed, out of memory): that batch fails, the rest
                     # go on in a fresh pool.
-                    record(point, False, f"{type(err).__name__}: worker process died", 0.0)
-                    broken = True
+                    for point in batch:
+                        record(point, False, f"{type(err).__name__}: worker process died", 0.0)
+                    broken = batch
                     break
-                pending.remove(point)
-            if broken:
-                pending = [p for p in pending if p is not point]
+                for point, result in zip(batch, results):
+                    record(point, *result)
+                pending = [b for b in pending if b is not batch]
+            if broken is not None:
+                pending = [b for b in pending if b is not broken]
                 for f in futures:
                     f.cancel()
-                continue
 
 
 def iter_failures(summary: RunSummary) -> Iterable[str]:

@@ -33,5 +33,9 @@ from __future__ import annotations
 from ddpbench.experiments.accuracy.report import render
 from ddpbench.experiments.accuracy.run import check, expand, point_name, run_point
 from ddpbench.experiments.accuracy.spec import Spec, Variant
+from ddpbench.experiments.kinds import ExperimentKind, Kind
 
-__all__ = ["Spec", "Variant", "check", "expand", "point_name", "render", "run_point"]
+KIND: ExperimentKind[Spec] = Kind(Spec=Spec, expand=expand, point_name=point_name,
+                                  run_point=run_point, render=render, check=check)
+
+__all__ = ["KIND", "Spec", "Variant", "check", "expand", "point_name", "render", "run_point"]

@@ -17,15 +17,27 @@ documented in :mod:`ddpbench.experiments.kinds`)::
 
 Points are one per (dtype, distribution, scale, N, factor), named like
 ``float16[N=64,dist=normal,f=8,scale=1]``. The gradient of a cell (all but the factor) is
-drawn once and every factor of the cell is emulated on it (:func:`run_point` keeps the
-cell's rows in a small per-process cache), so factors compare on equal data.
-``ddpbench numerics sweep`` runs the same points without the runner (:func:`run_sweep`).
+drawn once and every factor of the cell is emulated on it: :func:`batch_key` makes a cell
+one task of the runner and :func:`run_point` keeps the cell's rows in a small per-process
+cache, so factors compare on equal data. ``ddpbench numerics sweep`` runs the same points
+through the same runner (:func:`run_sweep`).
 """
 
 from __future__ import annotations
 
+from ddpbench.experiments.kinds import ExperimentKind, Kind
 from ddpbench.experiments.numerics.report import render
-from ddpbench.experiments.numerics.run import expand, point_name, run_point, run_sweep
+from ddpbench.experiments.numerics.run import (
+    batch_key,
+    expand,
+    point_name,
+    run_point,
+    run_sweep,
+)
 from ddpbench.experiments.numerics.spec import Spec
 
-__all__ = ["Spec", "expand", "point_name", "render", "run_point", "run_sweep"]
+KIND: ExperimentKind[Spec] = Kind(Spec=Spec, expand=expand, point_name=point_name,
+                                  run_point=run_point, render=render, batch_key=batch_key)
+
+__all__ = ["KIND", "Spec", "batch_key", "expand", "point_name", "render", "run_point",
+           "run_sweep"]

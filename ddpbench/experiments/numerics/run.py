@@ -1,20 +1,21 @@
-"""The ``numerics`` kind's points, and ``ddpbench numerics sweep`` without the runner."""
+"""The ``numerics`` kind's points, and ``ddpbench numerics sweep`` through the runner."""
 
 from __future__ import annotations
 
 import functools
 import json
 import math
-import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpbench import numerics as nm
-from ddpbench.experiments.numerics.report import render
 from ddpbench.experiments.numerics.spec import GPU_LABEL, Spec
 
-# --------------------------------------------------------------------------- runner plugin
+if TYPE_CHECKING:
+    from ddpbench.experiments.runner import RunSummary
+
+# --------------------------------------------------------------------------- the kind's points
 
 
 def _cells(spec: Spec) -> list[dict[str, Any]]:
@@ -71,6 +72,14 @@ def _cell_rows(dtype: str, dist: str, scale: float, world_size: int, factors: tu
     return {r["factor"]: r for r in rows}
 
 
+def batch_key(params: dict[str, Any]) -> Hashable | None:
+    """Return the cell of a map point (its factors run in one task), None for training."""
+    if params.get("task") == "train":
+        return None
+    return (params.get("scaling", "cpu"), params["dtype"], params["dist"],
+            float(params["scale"]), int(params["world_size"]))
+
+
 def run_point(params: dict[str, Any]) -> dict[str, Any]:
     """Emulate one point (its whole cell once per process) or run one training run."""
     if params.get("task") == "train":
@@ -117,81 +126,26 @@ def _train_row(params: dict[str, Any]) -> dict[str, Any]:
             "loss_curve": json.dumps(res["loss"])}
 
 
-# --------------------------------------------------------------------------- standalone sweep
-
-
-def _run_cell(args: tuple[dict[str, Any], list[float], int, int]) -> tuple[dict, list, float]:
-    cell, factors, elements, seed = args
-    t0 = time.perf_counter()
-    rows = nm.sweep_cell(cell["dtype"], cell["dist"], cell["scale"], cell["world_size"],
-                         factors, elements, seed, threads=1,
-                         scaling=cell.get("scaling", "cpu"))
-    return cell, rows, time.perf_counter() - t0
-
-
-def _runner_row(name: str, point: dict[str, Any], result: dict[str, Any],
-                seconds: float) -> dict[str, Any]:
-    """Return a row as ``ddpbench run`` writes it, so either tool can resume the other."""
-    from ddpbench.experiments.runner import RUNNER_COLUMNS
-
-    row: dict[str, Any] = dict.fromkeys(RUNNER_COLUMNS, "")
-    row.update({"experiment": name, "kind": "numerics", "mode": point["mode"],
-                "point": point_name(point), "repetition": 0, "status": "ok"})
-    row.update({k: v for k, v in point.items() if not k.startswith("_") and k not in row})
-    row.update({k: v for k, v in result.items() if not k.startswith("_") and k not in row})
-    return row
+# --------------------------------------------------------------------------- ddpbench numerics sweep
 
 
 def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = None,
-              description: str = "", source: str = "<flags>",
-              progress: Any = None) -> list[Path]:
-    """Run every point of ``spec`` without the runner; write results.csv and the report.
+              description: str = "", source: str = "<flags>", progress: bool = True,
+              force: bool = False) -> RunSummary:
+    """Run every point of ``spec`` through the runner into ``outdir``, then render.
 
-    Cells (all factors of one dtype, distribution, scale and N) run in ``jobs`` processes,
-    one thread each. results.csv and experiment.json are written as ``ddpbench run``
-    writes them, so ``ddpbench report`` re-renders the folder and ``ddpbench run`` finds
-    every point finished. Returns the files written.
+    ``ddpbench numerics sweep`` builds the experiment from flags (or a file) and runs it as
+    ``ddpbench run`` would: the runner writes results.csv and experiment.json, skips the
+    points the folder already holds (``force`` runs them again) and renders the report.
+    Cells (all factors of one dtype, distribution, scale and N) run in ``jobs`` processes.
+
+    Raises:
+        ValueError: ``outdir`` is a file or holds another experiment.
     """
-    import pandas as pd
-
-    from ddpbench.experiments import manifest, runner
+    from ddpbench.experiments import runner
     from ddpbench.experiments.schema import Experiment
 
-    name = name or outdir.name
-    manifest.check_outdir(outdir)
-    doc = manifest.read_manifest(outdir)
-    if doc is not None and doc["name"] != name:
-        raise manifest.FolderError(f"{outdir} holds the results of experiment "
-                                   f"{doc['name']!r}, not {name!r}; use another --out")
-    outdir.mkdir(parents=True, exist_ok=True)
-    tasks = [(c, spec.factors.for_world(c["world_size"]), spec.elements, spec.seed)
-             for c in _cells(spec)]
-    # Big world sizes first, so the slowest cells do not finish last on one process.
-    tasks.sort(key=lambda t: -t[0]["world_size"])
-    done: dict[tuple, tuple[dict[float, dict[str, Any]], float]] = {}
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for i, (cell, rows, seconds) in enumerate(pool.map(_run_cell, tasks)):
-            key = (cell["dtype"], cell["dist"], cell["scale"], cell["world_size"],
-                   cell.get("scaling", "cpu"))
-            done[key] = ({r["factor"]: r for r in rows}, seconds / max(1, len(rows)))
-            if progress:
-                progress(i + 1, len(tasks))
-    out_rows = []
-    for point in expand(spec):
-        t0 = time.perf_counter()
-        if point["task"] == "map":
-            by_f, seconds = done[(point["dtype"], point["dist"], point["scale"],
-                                  point["world_size"], point.get("scaling", "cpu"))]
-            result = {k: v for k, v in by_f[point["factor"]].items() if k not in point}
-        else:
-            result = _train_row(point)
-            seconds = time.perf_counter() - t0
-        out_rows.append(_runner_row(name, point, result, seconds))
-    df = pd.DataFrame(out_rows)
-    path = outdir / "results.csv"
-    df.to_csv(path, index=False)
-    runner.save_experiment(Experiment(name=name, kind="numerics", description=description,
-                                      spec=spec, path=source), outdir)
-    return [path, outdir / "experiment.json", *render(df, outdir, spec)]
-
-
+    exp = Experiment(name=name or outdir.name, kind="numerics", description=description,
+                     spec=spec, path=source)
+    return runner.run_experiment(exp, outdir, jobs=max(1, jobs), force=force,
+                                 progress=progress)

@@ -8,11 +8,16 @@ spans) and :mod:`.report` (tables and plots).
 
 from __future__ import annotations
 
+from ddpbench.experiments.kinds import ExperimentKind, Kind
 from ddpbench.experiments.throughput.points import expand, key_params, point_name, run_point
 from ddpbench.experiments.throughput.report import render
 from ddpbench.experiments.throughput.spec import ThroughputSpec, check, prepare
 
 Spec = ThroughputSpec
 
-__all__ = ["Spec", "ThroughputSpec", "check", "expand", "key_params", "point_name", "prepare",
-           "render", "run_point"]
+KIND: ExperimentKind[ThroughputSpec] = Kind(
+    Spec=ThroughputSpec, expand=expand, point_name=point_name, run_point=run_point,
+    render=render, prepare=prepare, check=check, key_params=key_params)
+
+__all__ = ["KIND", "Spec", "ThroughputSpec", "check", "expand", "key_params", "point_name",
+           "prepare", "render", "run_point"]

@@ -17,8 +17,13 @@ and plots of published against simulated (the kind interface is documented in
 
 from __future__ import annotations
 
+from ddpbench.experiments.kinds import ExperimentKind, Kind
 from ddpbench.experiments.validation.report import render
 from ddpbench.experiments.validation.run import check, expand, key_params, point_name, run_point
 from ddpbench.experiments.validation.spec import Spec
 
-__all__ = ["Spec", "check", "expand", "key_params", "point_name", "render", "run_point"]
+KIND: ExperimentKind[Spec] = Kind(Spec=Spec, expand=expand, point_name=point_name,
+                                  run_point=run_point, render=render, check=check,
+                                  key_params=key_params)
+
+__all__ = ["KIND", "Spec", "check", "expand", "key_params", "point_name", "render", "run_point"]
