@@ -54,12 +54,100 @@ def _mark(m: Any, spec: Spec) -> Any:
     return out
 
 
-def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Path]:
+def _cell_grids(cell: Any, grid: list[float], worlds: list[int]) -> tuple[Any, Any, Any]:
+    """Return one panel's (log10 error, signed log range, safe) arrays: N rows x factor columns."""
     import numpy as np
 
+    err = np.full((len(worlds), len(grid)), np.nan)
+    sign = np.full_like(err, np.nan)
+    safe = np.zeros_like(err, dtype=bool)
+    for _, row in cell.iterrows():
+        if row["factor"] not in grid or row["world_size"] not in worlds:
+            continue
+        i, j = worlds.index(row["world_size"]), grid.index(row["factor"])
+        err[i, j] = math.log10(max(row["rel_l2_err"], 1e-12))
+        if row["overflow"] > 0:
+            err[i, j] = np.nan
+        sign[i, j] = (math.log10(1e4 * row["overflow_frac"] + 1) if row["overflow"]
+                      else -math.log10(1e4 * row["underflow_frac"] + 1))
+        safe[i, j] = bool(row["safe"])
+    return err, sign, safe
+
+
+def _panel(ax: Any, cell: Any, spec: Spec, which: str, title: str) -> Any:
+    """Draw one (distribution, scale) panel of an ``error`` or ``range`` map; return its image."""
+    import numpy as np
+
+    grid, worlds = spec.factors.grid(), list(spec.world_sizes)
+    err, sign, safe = _cell_grids(cell, grid, worlds)
+    if which == "error":
+        image = ax.imshow(err, origin="lower", aspect="auto", cmap="viridis",
+                          vmin=-4, vmax=0, interpolation="nearest")
+        oi, oj = np.nonzero(np.isnan(err) & ~np.isnan(sign))
+        if oi.size:
+            ax.scatter(oj, oi, marker="x", s=14, c="red", linewidths=1)
+    else:
+        image = ax.imshow(sign, origin="lower", aspect="auto", cmap="RdBu_r",
+                          vmin=-4, vmax=4, interpolation="nearest")
+    si, sj = np.nonzero(safe)
+    if si.size:
+        ax.scatter(sj, si, marker="o", s=5, facecolors="none", linewidths=0.6,
+                   edgecolors="white" if which == "error" else "black")
+    # f = sqrt(N) and f = N as lines across the rows
+    for power, style in ((0.5, ":"), (1.0, "--")):
+        xs = [math.log2(n ** power) / spec.factors.step for n in worlds]
+        ax.plot(xs, range(len(worlds)), style, color="orange", lw=1)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlim(-0.5, len(grid) - 0.5)
+    ax.set_ylim(-0.5, len(worlds) - 0.5)
+    return image
+
+
+def _label_axes(fig: Any, axes: Any, spec: Spec, used: set[tuple[int, int]]) -> None:
+    """Put the factor axis under each column, the N axis beside each row; drop unused panels."""
+    grid, worlds = spec.factors.grid(), list(spec.world_sizes)
+    nrows, ncols = len(axes), len(axes[0])
+    for c in range(ncols):
+        # the lowest panel of each column carries the factor axis
+        r = max(r for r in range(nrows) if (r, c) in used)
+        ticks = list(range(0, len(grid), max(1, len(grid) // 6)))
+        axes[r][c].set_xticks(ticks, [_fmt_f(grid[t]) for t in ticks], fontsize=7)
+        axes[r][c].xaxis.set_tick_params(labelbottom=True)
+        axes[r][c].set_xlabel("predivide factor f", fontsize=8)
+    for r in range(nrows):
+        for c in range(ncols):
+            if (r, c) not in used:
+                fig.delaxes(axes[r][c])
+    for row_axes in axes:
+        ticks = list(range(0, len(worlds), 2))
+        row_axes[0].set_yticks(ticks, [str(worlds[t]) for t in ticks], fontsize=7)
+        row_axes[0].set_ylabel("world size N", fontsize=8)
+
+
+def _legend(fig: Any, image: Any, dtype: str, which: str) -> None:
+    """Title the figure and add the colour bar of an ``error`` or ``range`` map."""
+    if which == "error":
+        title = (f"{dtype}: log10 relative L2 error of the ring average vs fp64 "
+                 "(red x: overflow; o: safe; dotted f=sqrt(N), dashed f=N)")
+        label = "log10 rel. L2 error"
+    else:
+        title = (f"{dtype}: overflow (red) / underflow (blue) fraction of results "
+                 "(o: safe; dotted f=sqrt(N), dashed f=N)")
+        label = "fraction of results that overflow (red) or underflow (blue)"
+    fig.suptitle(title, fontsize=10)
+    bar = fig.colorbar(image, cax=fig.add_axes((0.83, 0.25, 0.015, 0.5)), label=label)
+    if which == "range":
+        fracs = (1e-3, 1e-2, 1e-1, 1.0)
+        cbar_ticks = [-math.log10(1e4 * f + 1) for f in reversed(fracs)] + [0.0] + [
+            math.log10(1e4 * f + 1) for f in fracs]
+        labels = [f"under {f:g}" for f in reversed(fracs)] + ["none"] + [
+            f"over {f:g}" for f in fracs]
+        bar.set_ticks(cbar_ticks, labels=labels)
+
+
+def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Path]:
+    """Write ``error_<dtype>.png`` and ``range_<dtype>.png``: a panel per distribution and scale."""
     d = m[m["dtype"] == dtype]
-    grid = spec.factors.grid()
-    worlds = list(spec.world_sizes)
     ncols = max(len(dist.scales) for dist in spec.distributions)
     nrows = len(spec.distributions)
     paths = []
@@ -72,74 +160,12 @@ def _heatmaps(plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Pa
         used = set()
         for r, dist in enumerate(spec.distributions):
             for c, s in enumerate(dist.scales):
-                ax = axes[r][c]
                 used.add((r, c))
                 cell = d[(d["dist"] == dist.name) & (d["scale"] == s)]
-                err = np.full((len(worlds), len(grid)), np.nan)
-                sign = np.full_like(err, np.nan)
-                safe = np.zeros_like(err, dtype=bool)
-                for _, row in cell.iterrows():
-                    if row["factor"] not in grid or row["world_size"] not in worlds:
-                        continue
-                    i, j = worlds.index(row["world_size"]), grid.index(row["factor"])
-                    err[i, j] = math.log10(max(row["rel_l2_err"], 1e-12))
-                    if row["overflow"] > 0:
-                        err[i, j] = np.nan
-                    sign[i, j] = (math.log10(1e4 * row["overflow_frac"] + 1) if row["overflow"]
-                                  else -math.log10(1e4 * row["underflow_frac"] + 1))
-                    safe[i, j] = bool(row["safe"])
-                if which == "error":
-                    image = ax.imshow(err, origin="lower", aspect="auto", cmap="viridis",
-                                      vmin=-4, vmax=0, interpolation="nearest")
-                    oi, oj = np.nonzero(np.isnan(err) & ~np.isnan(sign))
-                    if oi.size:
-                        ax.scatter(oj, oi, marker="x", s=14, c="red", linewidths=1)
-                else:
-                    image = ax.imshow(sign, origin="lower", aspect="auto", cmap="RdBu_r",
-                                      vmin=-4, vmax=4, interpolation="nearest")
-                si, sj = np.nonzero(safe)
-                if si.size:
-                    ax.scatter(sj, si, marker="o", s=5, facecolors="none", linewidths=0.6,
-                               edgecolors="white" if which == "error" else "black")
-                # f = sqrt(N) and f = N as lines across the rows
-                for power, style in ((0.5, ":"), (1.0, "--")):
-                    xs = [math.log2(n ** power) / spec.factors.step for n in worlds]
-                    ax.plot(xs, range(len(worlds)), style, color="orange", lw=1)
-                ax.set_title(f"{dist.name}, scale {_fmt_scale(s)}", fontsize=9)
-                ax.set_xlim(-0.5, len(grid) - 0.5)
-                ax.set_ylim(-0.5, len(worlds) - 0.5)
-        for c in range(ncols):
-            # the lowest panel of each column carries the factor axis
-            r = max(r for r in range(nrows) if (r, c) in used)
-            ticks = list(range(0, len(grid), max(1, len(grid) // 6)))
-            axes[r][c].set_xticks(ticks, [_fmt_f(grid[t]) for t in ticks], fontsize=7)
-            axes[r][c].xaxis.set_tick_params(labelbottom=True)
-            axes[r][c].set_xlabel("predivide factor f", fontsize=8)
-        for r in range(nrows):
-            for c in range(ncols):
-                if (r, c) not in used:
-                    fig.delaxes(axes[r][c])
-        for row_axes in axes:
-            ticks = list(range(0, len(worlds), 2))
-            row_axes[0].set_yticks(ticks, [str(worlds[t]) for t in ticks], fontsize=7)
-            row_axes[0].set_ylabel("world size N", fontsize=8)
-        if which == "error":
-            title = (f"{dtype}: log10 relative L2 error of the ring average vs fp64 "
-                     "(red x: overflow; o: safe; dotted f=sqrt(N), dashed f=N)")
-            label = "log10 rel. L2 error"
-        else:
-            title = (f"{dtype}: overflow (red) / underflow (blue) fraction of results "
-                     "(o: safe; dotted f=sqrt(N), dashed f=N)")
-            label = "fraction of results that overflow (red) or underflow (blue)"
-        fig.suptitle(title, fontsize=10)
-        bar = fig.colorbar(image, cax=fig.add_axes((0.83, 0.25, 0.015, 0.5)), label=label)
-        if which == "range":
-            fracs = (1e-3, 1e-2, 1e-1, 1.0)
-            cbar_ticks = [-math.log10(1e4 * f + 1) for f in reversed(fracs)] + [0.0] + [
-                math.log10(1e4 * f + 1) for f in fracs]
-            labels = [f"under {f:g}" for f in reversed(fracs)] + ["none"] + [
-                f"over {f:g}" for f in fracs]
-            bar.set_ticks(cbar_ticks, labels=labels)
+                image = _panel(axes[r][c], cell, spec, which,
+                               f"{dist.name}, scale {_fmt_scale(s)}")
+        _label_axes(fig, axes, spec, used)
+        _legend(fig, image, dtype, which)
         path = outdir / f"{which}_{dtype}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
@@ -308,8 +334,6 @@ def _training(plt: Any, df: Any, outdir: Path, doc: Any, m: Any) -> list[Path]:
 
 def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     """Write report.md/.html with heatmaps, safe-range tables, a reading and the training."""
-    import pandas as pd
-
     from ddpbench.experiments import report
 
     plt = report.pyplot()
@@ -317,6 +341,23 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     doc = report.Document("Predivide factor numerics of the ring allreduce")
     m = _map_rows(df)
     paths: list[Path] = []
+    _intro(doc, spec)
+    if not m.empty:
+        m = _mark(m, spec)
+        _users(doc, m, spec)
+        for dtype in spec.map_labels():
+            if (m["dtype"] == dtype).any():
+                paths += _maps(doc, plt, m, spec, dtype, outdir)
+        _error_table(doc, m)
+        paths.append(_write_safe_csv(m, outdir))
+    paths += _training(plt, df, outdir, doc, m)
+    _how_to(doc)
+    _failed(doc, df)
+    return paths + doc.write(outdir)
+
+
+def _intro(doc: Any, spec: Spec) -> None:
+    """Say what the maps show and how the gradients and 'safe' are defined."""
     doc.text(
         "What `gradient_predivide_factor` f does to half-precision gradient averages: every "
         "rank multiplies its gradient by 1/f (in fp32, rounded once), the ring sums in the "
@@ -335,61 +376,75 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         f"{spec.safe.err_ratio:g}x the best factor of the cell (or {spec.safe.err_ratio:g}x the "
         "unit roundoff, if larger)",
     ])
-    if not m.empty:
-        m = _mark(m, spec)
-        reading = _reading(m, spec)
-        doc.heading("Reading for users")
-        doc.text(
-            "A factor f is a range tool: dividing by f before the sum keeps partial sums "
-            "below 65504 (fp16's largest value) and multiplying by f/N afterwards restores "
-            "the mean. It costs nothing while every prescaled value g/f stays a normal "
-            "number (>= 6.1e-5 in fp16); below that, values lose bits as subnormals and "
-            "under 6e-8 they vanish. So: pick f large enough that N x (typical |g|) / f "
-            "stays well below 65504 when gradients share a sign across ranks (with pure "
-            "noise the sum only grows like sqrt(N)), and small enough that the smallest "
-            "gradients you care about stay above ~6e-5 x f. Check the gradient scale at the "
-            "end of training too: it shrinks as the loss falls. bfloat16 has fp32's range, so "
-            "no factor is needed, but its 8-bit significand makes long ring sums inaccurate.")
-        doc.bullets(reading)
-        doc.table(_choices(m, spec),
-                  caption="The common choices, checked (ok = safe; OVERFLOW = inf/nan; "
-                          "underflow = results flushed; err xK = K times the best factor's "
-                          "error):")
-        for dtype in spec.map_labels():
-            if not (m["dtype"] == dtype).any():
-                continue
-            hm = _heatmaps(plt, m, spec, dtype, outdir)
-            paths += hm
-            doc.heading(f"{dtype}: error and range maps")
-            if dtype == GPU_LABEL:
-                doc.text("float16 under Horovod's CUDA scaling rule (horovod/common/ops/cuda/"
-                         "cuda_kernels.cu): the factor is rounded to half and each element "
-                         "is multiplied in half, where the float16 maps scale in fp32 as "
-                         "Horovod does on CPU. Where 1/f is not exact in half the average is "
-                         "biased.")
-            for p in hm:
-                doc.image(Path(p.name), p.stem)
-            doc.heading(f"{dtype}: safe factor ranges", level=3)
-            for dist in spec.distributions:
-                doc.table(safe_table(m, spec, dtype, dist.name),
-                          caption=f"{dtype}, {dist.name}: safe predivide factors "
-                                  "(smallest - largest on the grid)")
-        summary = m.copy()
-        summary["factor"] = summary.apply(lambda r: nm.factor_label(r["factor"],
-                                                                    r["world_size"]), axis=1)
-        keep = summary[summary["factor"].isin(["1", "sqrt(N)", "N"])]
-        piv = keep.pivot_table(index=["dtype", "dist", "scale", "world_size"], columns="factor",
-                               values="rel_l2_err", aggfunc="first")
-        doc.heading("Relative L2 error at f = 1, sqrt(N), N", level=3)
-        doc.table(piv.reset_index()[[c for c in ("dtype", "dist", "scale", "world_size", "1",
-                                                  "sqrt(N)", "N") if c in piv.reset_index()]]
-                  .query("world_size in [64, 1024, 4096]"))
-        cols = ["dtype", "dist", "scale", "world_size", "factor", "factor_label", "overflow",
-                "underflow", "rel_l2_err", "best_rel_l2_err", "max_rel_err", "mean_rel_err",
-                "safe"]
-        m[cols].to_csv(outdir / "safe.csv", index=False, float_format="%.4g")
-        paths.append(outdir / "safe.csv")
-    paths += _training(plt, df, outdir, doc, m)
+
+
+def _users(doc: Any, m: Any, spec: Spec) -> None:
+    """Write the reading for users: the rule of thumb, one sentence per cell, common choices."""
+    reading = _reading(m, spec)
+    doc.heading("Reading for users")
+    doc.text(
+        "A factor f is a range tool: dividing by f before the sum keeps partial sums "
+        "below 65504 (fp16's largest value) and multiplying by f/N afterwards restores "
+        "the mean. It costs nothing while every prescaled value g/f stays a normal "
+        "number (>= 6.1e-5 in fp16); below that, values lose bits as subnormals and "
+        "under 6e-8 they vanish. So: pick f large enough that N x (typical |g|) / f "
+        "stays well below 65504 when gradients share a sign across ranks (with pure "
+        "noise the sum only grows like sqrt(N)), and small enough that the smallest "
+        "gradients you care about stay above ~6e-5 x f. Check the gradient scale at the "
+        "end of training too: it shrinks as the loss falls. bfloat16 has fp32's range, so "
+        "no factor is needed, but its 8-bit significand makes long ring sums inaccurate.")
+    doc.bullets(reading)
+    doc.table(_choices(m, spec),
+              caption="The common choices, checked (ok = safe; OVERFLOW = inf/nan; "
+                      "underflow = results flushed; err xK = K times the best factor's "
+                      "error):")
+
+
+def _maps(doc: Any, plt: Any, m: Any, spec: Spec, dtype: str, outdir: Path) -> list[Path]:
+    """Write one dtype's section: its error and range maps and its safe-range tables."""
+    hm = _heatmaps(plt, m, spec, dtype, outdir)
+    doc.heading(f"{dtype}: error and range maps")
+    if dtype == GPU_LABEL:
+        doc.text("float16 under Horovod's CUDA scaling rule (horovod/common/ops/cuda/"
+                 "cuda_kernels.cu): the factor is rounded to half and each element "
+                 "is multiplied in half, where the float16 maps scale in fp32 as "
+                 "Horovod does on CPU. Where 1/f is not exact in half the average is "
+                 "biased.")
+    for p in hm:
+        doc.image(Path(p.name), p.stem)
+    doc.heading(f"{dtype}: safe factor ranges", level=3)
+    for dist in spec.distributions:
+        doc.table(safe_table(m, spec, dtype, dist.name),
+                  caption=f"{dtype}, {dist.name}: safe predivide factors "
+                          "(smallest - largest on the grid)")
+    return hm
+
+
+def _error_table(doc: Any, m: Any) -> None:
+    """Tabulate the relative L2 error at f = 1, sqrt(N), N for N = 64, 1024, 4096."""
+    summary = m.copy()
+    summary["factor"] = summary.apply(lambda r: nm.factor_label(r["factor"],
+                                                                r["world_size"]), axis=1)
+    keep = summary[summary["factor"].isin(["1", "sqrt(N)", "N"])]
+    piv = keep.pivot_table(index=["dtype", "dist", "scale", "world_size"], columns="factor",
+                           values="rel_l2_err", aggfunc="first")
+    doc.heading("Relative L2 error at f = 1, sqrt(N), N", level=3)
+    doc.table(piv.reset_index()[[c for c in ("dtype", "dist", "scale", "world_size", "1",
+                                              "sqrt(N)", "N") if c in piv.reset_index()]]
+              .query("world_size in [64, 1024, 4096]"))
+
+
+def _write_safe_csv(m: Any, outdir: Path) -> Path:
+    """Write every map point with its verdict to ``safe.csv``; return its path."""
+    cols = ["dtype", "dist", "scale", "world_size", "factor", "factor_label", "overflow",
+            "underflow", "rel_l2_err", "best_rel_l2_err", "max_rel_err", "mean_rel_err",
+            "safe"]
+    m[cols].to_csv(outdir / "safe.csv", index=False, float_format="%.4g")
+    return outdir / "safe.csv"
+
+
+def _how_to(doc: Any) -> None:
+    """Define the metrics and name the commands that reproduce the report."""
     doc.heading("Metrics and how to reproduce")
     doc.bullets([
         "rel_l2_err = ||out - mean|| / ||mean|| over finite outputs: the error an optimizer "
@@ -402,8 +457,13 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         "answers one point; `ddpbench numerics sweep FILE` or `ddpbench run FILE` the map; "
         "`ddpbench numerics bench` times the emulator.",
     ])
+
+
+def _failed(doc: Any, df: Any) -> None:
+    """List the failed points with their errors, if any."""
+    import pandas as pd
+
     failed = df[df["status"] != "ok"] if "status" in df else pd.DataFrame()
     if not failed.empty:
         doc.heading("Failed points")
         doc.table(failed[[c for c in ("point", "error") if c in failed]])
-    return paths + doc.write(outdir)
