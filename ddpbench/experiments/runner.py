@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 RUNNER_COLUMNS = ("experiment", "kind", "mode", "point", "repetition", "status", "error")
-_LEGACY_COLUMNS = ("wall_s", "finished_at")  # written into results.csv before the run log
+_LEGACY_COLUMNS = ("wall_s", "finished_at")  # the run log's fields: dropped from results.csv
 # -- results.csv -----------------------------------------------------------------------------
 def _umask_mode() -> int:
     mask = os.umask(0)
@@ -110,7 +110,7 @@ class ResultsStore:
                 continue  # a malformed line (more cells than the header): ignore it
             self._add(row)
         legacy = [c for c in _LEGACY_COLUMNS if c in self.header]
-        if legacy:  # wall times and timestamps now live in the untracked run log
+        if legacy:  # wall times and timestamps belong in the untracked run log
             self.header = [c for c in self.header if c not in legacy]
             for row in self.rows:
                 for c in legacy:
@@ -348,7 +348,7 @@ def save_experiment(exp: Experiment, outdir: Path) -> None:
 
 
 def _saved_keys(doc: dict[str, Any]) -> dict[str, str]:
-    """Return the keys of a manifest written before keys were kept (from its saved spec)."""
+    """Return the keys of a manifest that holds none, computed from its saved spec."""
     try:
         kind = load_kind(doc.get("kind", "throughput"))
         exp = Experiment(name=doc["name"], kind=doc.get("kind", "throughput"),
