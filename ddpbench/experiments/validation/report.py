@@ -158,17 +158,10 @@ def _pct(x: float | None) -> str:
 
 def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     """Write report.md/html, the scatter of published against simulated and the error bars."""
-    import pandas as pd
-
     pub = data.load(spec.published)
     by_id = {p.id: p for p in pub.points}
     outdir.mkdir(parents=True, exist_ok=True)
-    df = df[[str(i) in by_id for i in df["id"]]].copy()
-    sensitive = _is_sensitivity(df)
-    sens_df, df = df[sensitive], df[~sensitive]
-    order = {p.id: i for i, p in enumerate(pub.points)}
-    df["_order"] = [order[i] for i in df["id"]]
-    df = df.sort_values("_order")
+    df, sens_df = _published_rows(df, pub)
     s = summary(df, spec)
     doc = Document("Validation against published measurements")
     doc.text(
@@ -176,6 +169,38 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         f"and scored. The `fit` split holds the points looked at while the model's "
         f"mechanisms were chosen; the `test` split holds points set aside before any of them "
         f"was simulated, to score the model once it is frozen.")
+    slopes = curve_slopes(df, by_id)
+    _scores(doc, s, spec, slopes)
+    _every_point(doc, df, pub, by_id)
+    if slopes:
+        _curves(doc, slopes, df)
+    _p3_ordering(doc, df, by_id)
+    _constants(doc, df, by_id)
+    _mechanisms_and_notes(doc, spec)
+    if spec.sensitivity:
+        _sensitivity(doc, df, sens_df, by_id, spec)
+
+    paths = _plots(df, by_id, outdir, spec, doc, sens_df)
+    return [*doc.write(outdir), *paths]
+
+
+def _published_rows(df: Any, pub: data.Published) -> tuple[Any, Any]:
+    """Keep the rows of published points, in the published order; return the scored rows
+    and the sensitivity rows apart."""
+    by_id = {p.id: p for p in pub.points}
+    df = df[[str(i) in by_id for i in df["id"]]].copy()
+    sensitive = _is_sensitivity(df)
+    sens_df, df = df[sensitive], df[~sensitive]
+    order = {p.id: i for i, p in enumerate(pub.points)}
+    df["_order"] = [order[i] for i in df["id"]]
+    return df.sort_values("_order"), sens_df
+
+
+def _scores(doc: Document, s: dict[str, Any], spec: Spec,
+            slopes: list[dict[str, Any]]) -> None:
+    """Table the scores per split and both together; say which targets are met."""
+    import pandas as pd
+
     met = targets_met(s, spec)
     split_rows = []
     for k, target_med in (("fit", spec.target_median), ("test", spec.test_target_median)):
@@ -197,7 +222,6 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         f"beyond {_pct(spec.test_target_max)}": s["beyond_test_max"],
         "pinned (median)": f"{s['pinned_scored']} ({_pct(s['pinned_median_abs_error'])})"})
     doc.table(pd.DataFrame(split_rows))
-    slopes = curve_slopes(df, by_id)
     wrong = [c["curve"] for c in slopes if any(a is False for a in c["agree"])]
     doc.text(
         f"Targets: fit median {'met' if met['fit_median'] else 'NOT met'}; test median "
@@ -206,6 +230,12 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         f"within {_pct(spec.target_max)}: {'met' if met['every_point'] else 'NOT met'}; "
         f"{len(slopes) - len(wrong)} of {len(slopes)} published curves with every step's "
         f"slope of the published sign" + (f" (not: {', '.join(wrong)})" if wrong else "") + ".")
+
+
+def _every_point(doc: Document, df: Any, pub: data.Published,
+                 by_id: dict[str, data.Point]) -> None:
+    """One row per point: its source and quote, setting, published and simulated value."""
+    import pandas as pd
 
     rows = []
     for _, row in df.iterrows():
@@ -228,30 +258,35 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         })
     doc.heading("Every point")
     doc.table(pd.DataFrame(rows))
-    if slopes:
-        _curves(doc, slopes, df)
 
+
+def _p3_ordering(doc: Document, df: Any, by_id: dict[str, data.Point]) -> None:
+    """Compare the P3 paper's ordering of peak gains with the simulated one, and the peak
+    bandwidths."""
     doc.heading("The P3 paper's ordering of gains")
     peaks = {r["id"]: (_num(r.get("simulated")), _num(r.get("peak_bandwidth_gbps")))
              for _, r in df.iterrows() if r["id"] in _P3_ORDER}
-    if len(peaks) == len(_P3_ORDER):
-        pub_order = sorted(_P3_ORDER, key=lambda i: -by_id[i].value)
-        sim_order = sorted(_P3_ORDER, key=lambda i: -(peaks[i][0] or 0.0))
-        names = {i: by_id[i].setting.workload for i in _P3_ORDER}
-        doc.text("Published: " + " > ".join(f"{names[i]} ({by_id[i].value:g}x)" for i in pub_order)
-                 + ". Simulated: " + " > ".join(
-                     f"{names[i]} ({peaks[i][0] or 0:.2f}x at {peaks[i][1] or 0:g} Gbps)"
-                     for i in sim_order)
-                 + ". Ordering " + ("reproduced." if pub_order == sim_order else "NOT reproduced."))
-        pb = {r["id"]: _num(r.get("simulated")) for _, r in df.iterrows()
-              if by_id[r["id"]].metric == "peak_bandwidth"}
-        if pb:
-            doc.text("Peak bandwidths (published -> simulated): " + "; ".join(
-                f"{by_id[i].setting.workload} {by_id[i].value:g} -> {v or 0:g} Gbps"
-                for i, v in pb.items()) + ". The paper states no peak bandwidth for Sockeye.")
-    else:
+    if len(peaks) != len(_P3_ORDER):
         doc.text("Not all three P3 peak-gain points ran; the ordering is not checked.")
+        return
+    pub_order = sorted(_P3_ORDER, key=lambda i: -by_id[i].value)
+    sim_order = sorted(_P3_ORDER, key=lambda i: -(peaks[i][0] or 0.0))
+    names = {i: by_id[i].setting.workload for i in _P3_ORDER}
+    doc.text("Published: " + " > ".join(f"{names[i]} ({by_id[i].value:g}x)" for i in pub_order)
+             + ". Simulated: " + " > ".join(
+                 f"{names[i]} ({peaks[i][0] or 0:.2f}x at {peaks[i][1] or 0:g} Gbps)"
+                 for i in sim_order)
+             + ". Ordering " + ("reproduced." if pub_order == sim_order else "NOT reproduced."))
+    pb = {r["id"]: _num(r.get("simulated")) for _, r in df.iterrows()
+          if by_id[r["id"]].metric == "peak_bandwidth"}
+    if pb:
+        doc.text("Peak bandwidths (published -> simulated): " + "; ".join(
+            f"{by_id[i].setting.workload} {by_id[i].value:g} -> {v or 0:g} Gbps"
+            for i, v in pb.items()) + ". The paper states no peak bandwidth for Sockeye.")
 
+
+def _constants(doc: Document, df: Any, by_id: dict[str, data.Point]) -> None:
+    """List the hardware table's entries that the simulated points use, with their sources."""
     doc.heading("Constants and how they were chosen")
     used_t = sorted({by_id[i].setting.transport for i in df["id"] if by_id[i].simulate})
     used_d = sorted({str(by_id[i].setting.device) for i in df["id"]
@@ -283,6 +318,11 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
              "its own.")
     doc.bullets(items)
 
+
+def _mechanisms_and_notes(doc: Document, spec: Spec) -> None:
+    """Table the spec's mechanisms (the split each was chosen on) and list its notes."""
+    import pandas as pd
+
     if spec.mechanisms:
         doc.heading("Mechanisms: the split each was chosen on, and what it did to both")
         doc.table(pd.DataFrame([{"mechanism": m.name, "source": m.source,
@@ -293,12 +333,6 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
     if spec.notes:
         doc.heading("Why the misses")
         doc.bullets(list(spec.notes))
-
-    if spec.sensitivity:
-        _sensitivity(doc, df, sens_df, by_id, spec)
-
-    paths = _plots(df, by_id, outdir, spec, doc, sens_df)
-    return [*doc.write(outdir), *paths]
 
 
 def _curves(doc: Document, slopes: list[dict[str, Any]], df: Any) -> None:
