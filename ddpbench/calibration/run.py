@@ -61,11 +61,12 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ddpbench import contract
 from ddpbench.calibration.machine import KIND, BackendFit, Machine, launch_time
 
 __all__ = ["SYNTHETIC", "SYNTHETIC_KNOBS", "calibrate", "fit_backend", "fit_backends",
-           "launch_medians", "progress_steps", "real_phases", "refit", "shared_bandwidth",
-           "synthetic_profile"]
+           "launch_medians", "progress_steps", "real_phases", "real_rounds", "refit",
+           "shared_bandwidth", "synthetic_profile"]
 
 STEP_PROCESSES = (2, 3, 4, 6, 8)
 """Process counts at which the ring step is timed (beyond 8: extended along 6 to 8)."""
@@ -209,7 +210,7 @@ def compute_rule(workload: str, compute_scale: float, size_scale: float,
                  reps: int = 3) -> dict[str, Any]:
     """Return the sleep rule (rate, overhead) and the workload's sequence timed against it."""
     from ddpbench.comm import precise_timers
-    from ddpbench.experiments.throughput.worker import load_workload
+    from ddpbench.emulation import load_workload
 
     precise_timers()  # as the trainer's worker sleeps (its main thread's timer slack)
     requested = [5e-5, 2e-4, 1e-3, 5e-3]
@@ -251,10 +252,10 @@ def real_phases(backend: str, phases: Sequence[dict[str, Any]], workers: int, se
     runs of a calibration round spares two process start-ups, about 2 s of the 3 s a round
     of a parameter-server backend took on a 2-core machine.
     """
-    from ddpbench.experiments.throughput.points import run_point
+    from ddpbench.emulation import run_real
 
     first, *rest = phases
-    row = run_point({"mode": "real", "backend": backend, "workload": str(first["workload"]),
+    row = run_real({"mode": "real", "backend": backend, "workload": str(first["workload"]),
                      "workers": workers,
                      "servers": servers if servers != workers else "colocated",
                      "iterations": first["iterations"], "warmup": first.get("warmup", 3),
@@ -498,8 +499,6 @@ def refit(machine: Machine, *, size_scale: float) -> Machine:
     Raises:
         ValueError: a profile without the stored launches or workload it needs.
     """
-    from ddpbench import contract
-
     m = machine.measurements or {}
     try:
         launches = m["iteration_ms"]
@@ -527,8 +526,6 @@ def refit(machine: Machine, *, size_scale: float) -> Machine:
 
 def progress_steps(backends: Sequence[str], rounds: int) -> int:
     """Return how many steps :func:`calibrate` reports to its ``progress`` callback."""
-    from ddpbench import contract
-
     ps = [b for b in backends if b in contract.BACKENDS and contract.backend(b).uses_servers]
     # 4 measurements, a job per backend and round, a fit per backend, and one more per
     # parameter-server backend where two or more share a bandwidth
@@ -558,8 +555,7 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
             launch's median iteration time is taken (the workload's: its lower quartile,
             :func:`~ddpbench.calibration.machine.launch_time`) and the median of them
             kept, so that a launch that lands in a slow or fast state of a shared machine
-            does not move the fit (pooling the launches' samples moved it by up to 1.9x
-            between two runs; the smallest launch followed the fast ones).
+            does not move the fit.
         bind: how every job's ranks are placed on cores (``ddpbench launch --bind``); the
             profile records it, and a real run compared with it must use the same.
         progress: called with each step's name before it runs.
@@ -568,8 +564,44 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         ValueError: bad arguments, naming them.
         RuntimeError: a real run failed (its message).
     """
+    servers = _check_arguments(backends, workers=workers, servers=servers,
+                               step_processes=step_processes, step_repeats=step_repeats,
+                               rounds=rounds, bind=bind)
+    tick = progress or (lambda _step: None)
+    cores = _cores()
+    tick("ping-pong")
+    pp = pingpong(timeout_s, bind)
+    tick("ring steps")
+    steps = ring_steps(sorted(set(step_processes)), timeout_s, step_repeats, bind)
+    handoff = steps.pop("handoff")
+    tick("copy and sum")
+    cs = copy_and_sum()
+    tick("compute")
+    comp = compute_rule(workload, compute_scale, size_scale)
+    schedule = {"compute_scale": compute_scale, "size_scale": size_scale}
+    # Server processes of each backend's runs (0: an allreduce backend); a run launches
+    # ``workers`` of them colocated when the count equals the workers.
+    srv = {b: servers if contract.backend(b).uses_servers else 0 for b in backends}
+    with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
+        paths = write_synthetic(Path(tmp))
+        samples = real_rounds(backends, paths, srv, workload=workload, workers=workers,
+                              iterations=iterations, schedule=schedule, rounds=rounds,
+                              timeout_s=timeout_s, bind=bind, tick=tick)
+        fits = fit_backends(launch_medians(samples, workload), srv, paths, workload=workload,
+                            workers=workers, latency_us=pp["latency_us"],
+                            bandwidth_gbps=pp["bandwidth_gbps"], cores=cores,
+                            compute=(comp["rate"], comp["overhead_us"]), schedule=schedule,
+                            tick=tick)
+    return _profile(pp, steps, handoff, cs, comp, fits, samples, cores=cores, workers=workers,
+                    servers=servers, iterations=iterations, bind=bind)
+
+
+def _check_arguments(backends: Sequence[str], *, workers: int, servers: int | None,
+                     step_processes: Sequence[int], step_repeats: int, rounds: int,
+                     bind: str) -> int:
+    """Return the server processes (``workers`` when None), refusing a bad argument by name."""
     import ddpbench
-    from ddpbench import contract
+    from ddpbench.launch import BINDINGS
 
     if workers < 2:
         raise ValueError(f"workers: calibration needs at least 2 worker processes, got {workers}")
@@ -590,51 +622,52 @@ def calibrate(backends: Sequence[str], *, workers: int = 2, servers: int | None 
         raise ValueError(f"step_repeats: expected >= 1, got {step_repeats}")
     if rounds < 1:
         raise ValueError(f"rounds: expected >= 1, got {rounds}")
-    from ddpbench.launch import BINDINGS
-
     if bind not in BINDINGS:
         raise ValueError(f"bind: expected one of {', '.join(BINDINGS)}, got {bind!r}")
-    tick = progress or (lambda _step: None)
-    cores = _cores()
-    tick("ping-pong")
-    pp = pingpong(timeout_s, bind)
-    tick("ring steps")
-    steps = ring_steps(sorted(set(step_processes)), timeout_s, step_repeats, bind)
-    handoff = steps.pop("handoff")
-    tick("copy and sum")
-    cs = copy_and_sum()
-    tick("compute")
-    comp = compute_rule(workload, compute_scale, size_scale)
-    runs: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
-        paths = write_synthetic(Path(tmp))
-        samples: dict[str, dict[str, list[list[float]]]] = {
-            b: {name: [] for name in (*SYNTHETIC, workload)} for b in backends}
-        # Server processes of each backend's runs (0: an allreduce backend); a run launches
-        # ``workers`` of them colocated when the count equals the workers.
-        srv = {b: servers if contract.backend(b).uses_servers else 0 for b in backends}
-        for r in range(rounds):
-            of = f" ({r + 1}/{rounds})" if rounds > 1 else ""
-            for b in backends:  # the round's three runs of a backend in one job
-                tick(f"{b}{of}")
-                got = real_phases(b, [
-                    *({"workload": str(paths[name]), "iterations": 2 * iterations,
-                       "knobs": SYNTHETIC_KNOBS.get(b, {}).get(name) or {}}
-                      for name in SYNTHETIC),  # short runs: twice the iterations
-                    {"workload": workload, "iterations": iterations + iterations // 2,
-                     "compute_scale": compute_scale, "size_scale": size_scale}],
-                    workers, srv[b] or workers, timeout_s, bind)
-                for name, times in zip((*SYNTHETIC, workload), got):
-                    samples[b][name].append(times)
-        measured = launch_medians(samples, workload)
+    return servers
+
+
+def real_rounds(backends: Sequence[str], paths: dict[str, Path], servers: dict[str, int], *,
+                workload: str, workers: int, iterations: int, schedule: dict[str, float],
+                rounds: int, timeout_s: float, bind: str = "none",
+                tick: Callable[[str], None] = lambda _step: None,
+                ) -> dict[str, dict[str, list[list[float]]]]:
+    """Return backend -> run name -> each launch's timed iterations (seconds): ``rounds``
+    rounds, every backend once per round, its three runs (the synthetic ones, then the
+    workload with compute) in one job (:func:`real_phases`).
+
+    ``paths``: the synthetic profiles' files; ``servers``: each backend's server processes
+    (0: an allreduce backend); ``schedule``: the workload run's ``compute_scale`` and
+    ``size_scale``. The synthetic runs are short, so they take twice ``iterations``.
+    """
+    samples: dict[str, dict[str, list[list[float]]]] = {
+        b: {name: [] for name in (*SYNTHETIC, workload)} for b in backends}
+    for r in range(rounds):
+        of = f" ({r + 1}/{rounds})" if rounds > 1 else ""
         for b in backends:
-            runs[b] = {name: [[round(x * 1e3, 4) for x in launch] for launch in v]
-                       for name, v in samples[b].items()}
-        fits = fit_backends(measured, srv, paths, workload=workload, workers=workers,
-                            latency_us=pp["latency_us"], bandwidth_gbps=pp["bandwidth_gbps"],
-                            cores=cores, compute=(comp["rate"], comp["overhead_us"]),
-                            schedule={"compute_scale": compute_scale,
-                                      "size_scale": size_scale}, tick=tick)
+            tick(f"{b}{of}")
+            got = real_phases(b, [
+                *({"workload": str(paths[name]), "iterations": 2 * iterations,
+                   "knobs": SYNTHETIC_KNOBS.get(b, {}).get(name) or {}}
+                  for name in SYNTHETIC),
+                {"workload": workload, "iterations": iterations + iterations // 2,
+                 "compute_scale": schedule["compute_scale"],
+                 "size_scale": schedule["size_scale"]}],
+                workers, servers[b] or workers, timeout_s, bind)
+            for name, times in zip((*SYNTHETIC, workload), got):
+                samples[b][name].append(times)
+    return samples
+
+
+def _profile(pp: dict[str, Any], steps: dict[str, dict[int, float]], handoff: dict[int, float],
+             cs: dict[str, float], comp: dict[str, Any], fits: dict[str, BackendFit],
+             samples: dict[str, dict[str, list[list[float]]]], *, cores: int, workers: int,
+             servers: int, iterations: int, bind: str) -> Machine:
+    """Return the machine profile of the measurements (``pp``: :func:`pingpong`, ``steps``
+    and ``handoff``: :func:`ring_steps`, ``cs``: :func:`copy_and_sum`, ``comp``:
+    :func:`compute_rule`), the fits and the launches they come from, stamped now."""
+    runs = {b: {name: [[round(x * 1e3, 4) for x in launch] for launch in v]
+                for name, v in by_run.items()} for b, by_run in samples.items()}
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Machine(
         kind=KIND, host=platform.node() or "unknown", measured_at=now, cores=cores,
