@@ -238,6 +238,19 @@ def prepare(raw: YamlMap, file: Path | str) -> None:
 def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
     """Check names against the known backends, knobs and workloads (with lines)."""
     base = Path(file).parent if file != "<string>" else Path.cwd()
+    _check_backends(spec, raw, file)
+    spec = _resolve_workloads(spec, raw, file, base)
+    spec = _resolve_machines(spec, raw, file, base)
+    _check_zip(spec, raw, file)
+    if spec.report.baseline is not None and spec.report.baseline not in spec.backends:
+        raise err_at(file, raw, ["report", "baseline"],
+                     f"baseline {spec.report.baseline!r} is not one of the experiment's "
+                     f"backends {sorted(spec.backends)}")
+    return spec
+
+
+def _check_backends(spec: ThroughputSpec, raw: Any, file: Path | str) -> None:
+    """Check every backend's name, its knobs' names and every knob value against the contract."""
     for name, knobs in spec.backends.items():
         if name not in contract.BACKENDS:
             raise err_at(file, raw, ["backends", name],
@@ -261,6 +274,11 @@ def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
                         contract.validate_knobs(name, {knob: value})
                 except ValueError as err:
                     raise err_at(file, raw, loc, str(err)) from None
+
+
+def _resolve_workloads(spec: ThroughputSpec, raw: Any, file: Path | str,
+                       base: Path) -> ThroughputSpec:
+    """Check each workload is built in or a profile file; make profile paths cwd-relative."""
     valid = _known_workloads()
     resolved = []
     for i, w in enumerate(spec.workloads):
@@ -272,40 +290,58 @@ def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
         resolved.append(w if w in valid else _from_cwd(base / w))
     if tuple(resolved) != spec.workloads:
         spec = spec.model_copy(update={"workloads": tuple(resolved)})
+    return spec
+
+
+def _resolve_machines(spec: ThroughputSpec, raw: Any, file: Path | str,
+                      base: Path) -> ThroughputSpec:
+    """Check each machine profile exists, covers the backends and matches the real runs'
+    binding; make its path cwd-relative."""
     machines: list[str | None] = []
-
-    def where_of(i: int) -> list[Any]:
-        return ["machine", i] if isinstance(raw.get("machine"), list) else ["machine"]
-
     for i, m in enumerate(spec.machine):
         if m is None:
             machines.append(m)
             continue
+        where = ["machine", i] if isinstance(raw.get("machine"), list) else ["machine"]
         path = base / m
-        if not path.is_file():
-            raise err_at(file, raw, where_of(i), f"machine profile {m!r} not found (relative to the "
-                         "experiment file); write one with `ddpbench calibrate -o PATH`")
-        from ddpbench.calibration.machine import load_machine
-
-        try:
-            profile = load_machine(path)
-        except ValueError as bad:
-            raise err_at(file, raw, where_of(i), str(bad)) from None
-        missing = [b for b in spec.backends if b not in profile.backends]
-        if missing:
-            raise err_at(file, raw, where_of(i), f"machine profile {m!r} has no calibration "
-                         f"for backend(s) {missing} (it has: {sorted(profile.backends)}); "
-                         f"calibrate them: ddpbench calibrate --backends "
-                         f"{','.join(spec.backends)} -o {m}")
-        if spec.mode != "simulate" and profile.bind != spec.real.bind:
-            # The simulated twin of a real point must describe the same placement of ranks.
-            raise err_at(file, raw, where_of(i), f"machine profile {m!r} was calibrated with "
-                         f"bind: {profile.bind}, but this experiment's real runs use bind: "
-                         f"{spec.real.bind}; calibrate with `ddpbench calibrate --bind "
-                         f"{spec.real.bind} -o {m}` or set real: {{bind: {profile.bind}}}")
+        _check_machine(spec, m, path, file, raw, where)
         machines.append(_from_cwd(path))
     if tuple(machines) != spec.machine:
         spec = spec.model_copy(update={"machine": tuple(machines)})
+    return spec
+
+
+def _check_machine(spec: ThroughputSpec, m: str, path: Path, file: Path | str, raw: Any,
+                   where: list[Any]) -> None:
+    """Raise an error at ``where`` unless the machine profile ``m`` at ``path`` fits ``spec``."""
+    if not path.is_file():
+        raise err_at(file, raw, where,
+                     f"machine profile {m!r} not found (relative to the "
+                     "experiment file); write one with `ddpbench calibrate -o PATH`")
+    from ddpbench.calibration.machine import load_machine
+
+    try:
+        profile = load_machine(path)
+    except ValueError as bad:
+        raise err_at(file, raw, where, str(bad)) from None
+    missing = [b for b in spec.backends if b not in profile.backends]
+    if missing:
+        raise err_at(file, raw, where,
+                     f"machine profile {m!r} has no calibration "
+                     f"for backend(s) {missing} (it has: {sorted(profile.backends)}); "
+                     f"calibrate them: ddpbench calibrate --backends "
+                     f"{','.join(spec.backends)} -o {m}")
+    if spec.mode != "simulate" and profile.bind != spec.real.bind:
+        # The simulated twin of a real point must describe the same placement of ranks.
+        raise err_at(file, raw, where,
+                     f"machine profile {m!r} was calibrated with "
+                     f"bind: {profile.bind}, but this experiment's real runs use bind: "
+                     f"{spec.real.bind}; calibrate with `ddpbench calibrate --bind "
+                     f"{spec.real.bind} -o {m}` or set real: {{bind: {profile.bind}}}")
+
+
+def _check_zip(spec: ThroughputSpec, raw: Any, file: Path | str) -> None:
+    """Check each zip group pairs known axes, none in two groups, of equal lengths."""
     axis_names: set[str] = set(spec.axes_of(next(iter(spec.backends))))
     for name in spec.backends:
         axis_names |= set(spec.axes_of(name))
@@ -319,7 +355,7 @@ def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
             key = "workload" if axis == "workloads" else axis
             if axis not in axis_names:
                 raise err_at(file, raw, ["zip", g],
-                           f"zip names unknown axis {axis!r}; valid axes: {sorted(axis_names)}")
+                             f"zip names unknown axis {axis!r}; valid axes: {sorted(axis_names)}")
             if key in seen:
                 raise err_at(file, raw, ["zip", g], f"axis {axis!r} is in two zip groups")
             seen.add(key)
@@ -329,11 +365,4 @@ def check(spec: ThroughputSpec, raw: Any, file: Path | str) -> ThroughputSpec:
                     lengths[axis] = len(axes[key])
         if len(set(lengths.values())) > 1:
             raise err_at(file, raw, ["zip", g],
-                       f"zipped axes must have equal lengths, got {lengths}")
-    if spec.report.baseline is not None and spec.report.baseline not in spec.backends:
-        raise err_at(file, raw, ["report", "baseline"],
-                   f"baseline {spec.report.baseline!r} is not one of the experiment's "
-                   f"backends {sorted(spec.backends)}")
-    return spec
-
-
+                         f"zipped axes must have equal lengths, got {lengths}")
