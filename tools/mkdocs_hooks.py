@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import re
+import sys
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -79,6 +82,21 @@ def _type(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+def _yaml(value: Any) -> str:
+    """Return a default as an experiment file writes it: lists for tuples, ``null``, ``true``."""
+    def plain(v: Any) -> Any:
+        if hasattr(v, "model_dump"):
+            return plain(v.model_dump(mode="json"))
+        if isinstance(v, (tuple, list)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        return v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+
+    value = plain(value)
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _bounds(metadata: list[Any]) -> str:
     signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
     out = [f"{sign} {getattr(m, key)}" for m in metadata for key, sign in signs.items()
@@ -108,6 +126,28 @@ def _rst_to_md(text: str) -> str:
     """Return docstring text with reST roles and double backticks as markdown code."""
     text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
     return _escape(text.replace("``", "`"))
+
+
+def _rst_blocks(doc: str) -> str:
+    """Return a reST docstring as markdown: a paragraph ending in ``::`` introduces a YAML
+    block (the indented lines after it), fenced."""
+    out: list[str] = []
+    lines = inspect.cleandoc(doc).splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.rstrip().endswith("::"):
+            out.append(_rst_to_md(line.rstrip()[:-1]))
+            i += 1
+            block = []
+            while i < len(lines) and (not lines[i].strip() or lines[i].startswith(" ")):
+                block.append(lines[i])
+                i += 1
+            out += ["", "```yaml", textwrap.dedent("\n".join(block)).strip("\n"), "```", ""]
+            continue
+        out.append(_rst_to_md(line))
+        i += 1
+    return "\n".join(out)
 
 
 # -- cli --------------------------------------------------------------------------------------
@@ -198,11 +238,12 @@ def _fields_table(model: Any, docs: dict[str, str] | None = None,
             default = field.get_default(call_default_factory=True)
         else:
             default = field.default
-        shown = "required" if default is PydanticUndefined else _code(repr(default)
-                                                                     if not isinstance(default, str)
-                                                                     else default)
-        if isinstance(default, BaseModel):
+        if default is PydanticUndefined:
+            shown = "required"
+        elif isinstance(default, BaseModel):
             shown = f"see `{type(default).__name__}`"
+        else:
+            shown = _code(_yaml(default))
         doc = field.description or docs.get(name) or fallback.get(name) or ""
         row = [_code(name), _code(_type(field.annotation)), _bounds(field.metadata), shown]
         if knobs:
@@ -250,11 +291,17 @@ def schema() -> str:
     from ddpbench import contract
     from ddpbench.experiments.kinds import EXPERIMENT_KINDS, load_kind
 
-    fallback = {**_attribute_docs(contract.Cluster), **_attribute_docs(contract.Schedule)}
+    cluster_docs = {**_attribute_docs(contract.Cluster), **_attribute_docs(contract.Schedule)}
+    axes = {a for a in contract.COMMON_AXES if a != "workload"}
     out = []
     for kind in EXPERIMENT_KINDS:
         spec = load_kind(kind).Spec
+        # a kind whose keys are the cluster's axes (throughput) means by them what Cluster does
+        fallback = cluster_docs if axes <= set(spec.model_fields) else {}
         out += [f"## `kind: {kind}`", ""]
+        module_doc = sys.modules[spec.__module__].__doc__ or ""
+        if "::" in module_doc:  # an annotated example file
+            out += [_rst_blocks(module_doc.split("\n", 1)[1]), ""]
         doc = inspect.cleandoc(spec.__doc__ or "").split("\n\nAttributes:")[0]
         out += [_rst_to_md(doc), "", _fields_table(spec, _attribute_docs(spec), fallback), ""]
         seen: set[type] = {spec}
