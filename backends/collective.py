@@ -19,10 +19,10 @@ What it offers beyond ``mpi`` and ``horovod``:
   at steps 1, 1 + k, 1 + 2k, ...; python/paddle/distributed/fleet/meta_optimizers/
   localsgd_optimizer.py).
 
-Each reduction is a ring allreduce with exactly the chunking and reduction order of
-the chunking of :func:`ddpbench.tensor_ops.ring_chunks` (``horovod``'s ``_ring_allreduce``, which is blocking; here every
-step is an ``Isend``/``Irecv`` pair that the engine polls), so a tensor reduced here equals
-bit for bit the same tensor reduced by unfused ``horovod``. Prescale and postscale follow
+Each reduction is the ring allreduce of :func:`ddpbench.rules.ring.ring_steps`, the driver
+``horovod``'s ring runs with blocking ``Sendrecv``; here every step is an ``Isend``/``Irecv``
+pair that the engine polls, so a tensor reduced here equals bit for bit the same tensor
+reduced by unfused ``horovod`` with ``algorithm="ring"``. Prescale and postscale follow
 ``ddpbench.tensor_ops.scale_`` (halves scaled in float32).
 
 Ordering: calls are collective and must be made in the same order on every rank (no
@@ -36,7 +36,7 @@ hanging.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,8 @@ from ddpbench.api import ReduceOp, register
 from ddpbench.backends._common import MismatchError, Request, RequestStore, mismatch_message
 from ddpbench.comm import POLL_TESTS, Protocol
 from ddpbench.contract import CollectiveKnobs
-from ddpbench.tensor_ops import byte_view, reduce_ufunc, ring_chunks, scale_
+from ddpbench.rules.ring import Scratch, ring_steps
+from ddpbench.tensor_ops import byte_view, reduce_ufunc, scale_
 
 TAG_RING = 21
 MODES = ("grad_allreduce", "local_sgd")
@@ -56,52 +57,23 @@ _Options = CollectiveKnobs  # knobs and bounds: ddpbench.contract
 
 _Steps = Generator[list, None, None]
 
-_LINE = 64
-"""A cache line: a ring step's receive buffer starts at the sender's offset within one."""
-
 
 def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int],
-                scratch: Callable[[int], np.ndarray] | None = None) -> _Steps:
+                scratch: Scratch | None = None) -> _Steps:
     """Reduce the 1-D ``buf`` in place over ``comm``; yield the requests of each ring step.
 
-    ``scratch(nbytes)`` gives the receive buffer (a uint8 array of at least ``nbytes``, kept
-    by the caller between calls: a fresh one of over 32 MiB would be mapped, and its pages
-    faulted in, anew on every call); None allocates one.
-
-    The order of the chunking of :func:`ddpbench.tensor_ops.ring_chunks`: in reduce-scatter step s rank r sends chunk (r - s)
-    mod p to the right and combines chunk (r - s - 1) mod p from the left into its own;
-    then p - 1 allgather steps pass the completed chunks on unchanged.
+    Each step of :func:`ddpbench.rules.ring.ring_steps` becomes an ``Irecv``/``Isend``
+    pair, yielded for the engine to poll; the ring resumes once both complete. ``scratch``
+    keeps the receive buffer between calls; its bytes sent are counted in ``stats``.
     """
     from mpi4py import MPI
 
     p, r = comm.size, comm.rank
-    if p == 1:
-        return
-    chunks = ring_chunks(buf.size, p)
     right, left = (r + 1) % p, (r - 1) % p
-    ufunc = reduce_ufunc(op)
-    raw, size = buf.view(np.uint8), buf.itemsize
-    need = chunks[0][1] * size + _LINE
-    space = scratch(need)[:need] if scratch is not None else np.empty(need, np.uint8)
-    at, there = raw.ctypes.data, space.ctypes.data
-    for s in range(p - 1):
-        so, sc = chunks[(r - s) % p]
-        ro, rc = chunks[(r - s - 1) % p]
-        # Received where the left neighbour's chunk lies within a cache line (its buffer is
-        # laid out as this one): MPICH copies between processes at half speed otherwise.
-        k = (at + ro * size - there) % _LINE
-        tmp_raw = space[k:k + rc * size]
-        reqs = [comm.Irecv([tmp_raw, MPI.BYTE], left, TAG_RING),
-                comm.Isend([raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING)]
-        stats["bytes_sent"] += sc * size
-        yield reqs
-        ufunc(tmp_raw.view(buf.dtype), buf[ro:ro + rc], out=buf[ro:ro + rc])
-    for s in range(p - 1):
-        so, sc = chunks[(r + 1 - s) % p]
-        ro, rc = chunks[(r - s) % p]
-        reqs = [comm.Irecv([raw[ro * size:(ro + rc) * size], MPI.BYTE], left, TAG_RING),
-                comm.Isend([raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING)]
-        stats["bytes_sent"] += sc * size
+    for send, recv in ring_steps(buf, r, p, reduce_ufunc(op), scratch):
+        reqs = [comm.Irecv([recv, MPI.BYTE], left, TAG_RING),
+                comm.Isend([send, MPI.BYTE], right, TAG_RING)]
+        stats["bytes_sent"] += send.nbytes
         yield reqs
 
 
@@ -115,13 +87,7 @@ class _Ring:
         self.steps: _Steps | None = None
         self.reqs: list = []
         self.stats: dict[str, Any] = {"ops": 0, "bytes_sent": 0, "names": []}
-        self._scratch = np.empty(0, np.uint8)
-
-    def scratch(self, nbytes: int) -> np.ndarray:
-        """The ring's receive buffer, grown to the largest chunk seen (one op at a time)."""
-        if self._scratch.size < nbytes:
-            self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch
+        self.scratch = Scratch()  # the ring's receive buffer (one op at a time)
 
 
 class _CollectiveProtocol(Protocol):

@@ -5,7 +5,7 @@ How a ``push_pull`` travels (``horovod/common/operations.cc``, ``controller.cc``
 
 1. The caller's thread queues the request; the engine thread runs Horovod's cycle, at most
    every ``cycle_time`` ms on every rank (a cycle that starts late does not shift the
-   ones after it by more than its own lateness; see :mod:`ddpbench.fusion`). Idle ranks
+   ones after it by more than its own lateness; see :mod:`ddpbench.rules.fusion`). Idle ranks
    cycle too, as in Horovod (``idle="cycle"``); ``idle="wait"``, ddpbench's variant, lets an
    idle rank wait for work (up to 10 ms) and runs a synchronous call's cycles on the
    caller's thread when nothing else of this rank is queued (no engine hand-off).
@@ -21,7 +21,7 @@ How a ``push_pull`` travels (``horovod/common/operations.cc``, ``controller.cc``
    checked for agreement (a disagreement becomes an error response that raises the same
    message on every rank) and becomes ready. The coordinator lists the common cached
    responses first, then the newly ready ones, and every rank caches the new ones.
-4. The cycle's responses are fused with Horovod's look-ahead (``ddpbench.fusion``) and
+4. The cycle's responses are fused with Horovod's look-ahead (:mod:`ddpbench.rules.fusion`) and
    executed in the same order on every rank: pack into the persistent fusion buffer by
    offset with the prescale folded into the copy, reduce, unpack with the postscale folded
    into the copy. A group whose tensors (and outputs) already lie back to back in one
@@ -29,8 +29,9 @@ How a ``push_pull`` travels (``horovod/common/operations.cc``, ``controller.cc``
    where it lies: no copies, the same bits (ddpbench's addition; Horovod always copies).
    ``algorithm="mpi"`` (default) reduces with the MPI library's own
    ``MPI_Allreduce``, as Horovod's CPU path does (``ops/mpi_operations.cc``);
-   ``algorithm="ring"`` runs the point-to-point ring (reduce-scatter, allgather) whose
-   chunking :mod:`ddpbench.numerics` and the simulator model.
+   ``algorithm="ring"`` runs the point-to-point ring (reduce-scatter, allgather) of
+   :mod:`ddpbench.rules.ring`, whose chunking :mod:`ddpbench.numerics` and the simulator
+   model.
 
 ``cache_capacity=0`` turns the cache off: every cycle then goes through the coordinator,
 as Horovod does with ``HOROVOD_CACHE_CAPACITY=0``.
@@ -41,7 +42,7 @@ half multiply, unless ``gpu_half_scaling="float"``), and reduce through NCCL
 (``gpu_transport="nccl"``, one rank per GPU) or through the CPU path via pinned host
 memory (``"host"``, which also runs several ranks on one GPU).
 
-:mod:`ddpbench.numerics` reproduces ``algorithm="ring"`` bit for bit (``ring_chunks``
+:mod:`ddpbench.numerics` reproduces ``algorithm="ring"`` bit for bit (the ring's chunk
 order); ``"mpi"`` reduces in the MPI library's own order, which the emulator does not
 model (at 3 ranks MPICH's fp16 sums differ from the ring's in the last bit).
 Knobs default to Horovod's and read ``HOROVOD_FUSION_THRESHOLD`` (bytes),
@@ -70,15 +71,9 @@ from ddpbench.backends._common import (
 )
 from ddpbench.comm import Protocol
 from ddpbench.contract import HorovodKnobs
-from ddpbench.fusion import fuse_responses
-from ddpbench.tensor_ops import (
-    adjacent_span,
-    byte_view,
-    reduce_ufunc,
-    ring_chunks,
-    scale_,
-    scale_into,
-)
+from ddpbench.rules.fusion import fuse_responses
+from ddpbench.rules.ring import Scratch, ring_steps
+from ddpbench.tensor_ops import adjacent_span, byte_view, reduce_ufunc, scale_, scale_into
 
 TAG_RING = 13
 
@@ -91,54 +86,21 @@ class StallWarning(UserWarning):
 
 
 def _ring_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp,
-                    scratch: list[np.ndarray] | None = None) -> None:
-    """Reduce the 1-D ``buf`` in place over ``comm`` with a ring: reduce-scatter, allgather.
+                    scratch: Scratch | None = None) -> int:
+    """Reduce the 1-D ``buf`` in place over ``comm`` with the ring; return the bytes sent.
 
-    ``scratch``, a one-element list, keeps the receive buffer between calls.
-
-    Reduce-scatter step s: rank r sends chunk (r - s) mod p right and combines chunk
-    (r - s - 1) mod p from the left into its own, in the buffer's dtype. So chunk c is
-    accumulated as x_c, then + x_{c+1}, ..., + x_{c-1}, and is complete on rank c - 1.
+    Each step of :func:`ddpbench.rules.ring.ring_steps` is one blocking ``Sendrecv``;
+    ``scratch`` keeps the receive buffer between calls.
     """
     from mpi4py import MPI
 
     p, r = comm.size, comm.rank
-    if p == 1:
-        return
-    chunks = ring_chunks(buf.size, p)
     right, left = (r + 1) % p, (r - 1) % p
-    ufunc = reduce_ufunc(op)
-    raw = buf.view(np.uint8)
-    size = buf.itemsize
-    # The receive buffer is reused across calls (``scratch`` holds it): a fresh one of
-    # megabytes costs a page fault per 4 KiB on first touch, every call.
-    need = chunks[0][1] * size
-    if scratch is None:
-        scratch = [np.empty(0, np.uint8)]
-    if scratch[0].nbytes < need:
-        scratch[0] = np.empty(need, np.uint8)
-    tmp_raw = scratch[0][:need]
-    tmp = tmp_raw.view(buf.dtype)
-
-    def part(c: int) -> tuple[int, int]:
-        off, cnt = chunks[c]
-        return off, cnt
-
-    for s in range(p - 1):
-        so, sc = part((r - s) % p)
-        ro, rc = part((r - s - 1) % p)
-        comm.Sendrecv(
-            [raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING,
-            [tmp_raw[:rc * size], MPI.BYTE], left, TAG_RING,
-        )
-        ufunc(tmp[:rc], buf[ro:ro + rc], out=buf[ro:ro + rc])
-    for s in range(p - 1):
-        so, sc = part((r + 1 - s) % p)
-        ro, rc = part((r - s) % p)
-        comm.Sendrecv(
-            [raw[so * size:(so + sc) * size], MPI.BYTE], right, TAG_RING,
-            [raw[ro * size:(ro + rc) * size], MPI.BYTE], left, TAG_RING,
-        )
+    sent = 0
+    for send, recv in ring_steps(buf, r, p, reduce_ufunc(op), scratch):
+        comm.Sendrecv([send, MPI.BYTE], right, TAG_RING, [recv, MPI.BYTE], left, TAG_RING)
+        sent += send.nbytes
+    return sent
 
 
 class _ResponseCache:
@@ -283,7 +245,7 @@ class _HorovodProtocol(Protocol):
         self.pending: dict[Any, Request] = {}
         self.queue: list[Request] = []  # requests not yet handled by a cycle, in order
         self.fusion = np.empty(0, np.uint8)  # persistent, grown to the largest group seen
-        self.scratch = [np.empty(0, np.uint8)]
+        self.scratch = Scratch()
         self.closing = False
         self.closed_handle: Handle | None = None
         self.finished = False
@@ -554,13 +516,7 @@ class _HorovodProtocol(Protocol):
             return
         if source is not None:
             buf[...] = source
-        _ring_allreduce(self.data, buf, op, self.scratch)
-        if self.size > 1:
-            # Rank r sends every chunk but (r+1) in the reduce-scatter, every chunk but
-            # (r+2) in the allgather.
-            chunks = ring_chunks(buf.size, self.size)
-            unsent = chunks[(self.rank + 1) % self.size][1] + chunks[(self.rank + 2) % self.size][1]
-            self.stats["bytes_sent"] += (2 * buf.size - unsent) * buf.itemsize
+        self.stats["bytes_sent"] += _ring_allreduce(self.data, buf, op, self.scratch)
 
     def _allreduce(self, reqs: list[Request]) -> None:
         meta = reqs[0].meta

@@ -7,7 +7,7 @@ small an f and the partial sums of an fp16 ring overflow at scale; too large and
 gradients are flushed to zero or lose bits as subnormals. This module answers which f is
 safe for a world size N, a dtype and a gradient scale, at world sizes no lab has.
 
-The emulator reproduces the ``horovod`` backend bit for bit (the chunking of :func:`ddpbench.tensor_ops.ring_chunks`):
+The emulator reproduces the ``horovod`` ring bit for bit (:mod:`ddpbench.rules.ring`):
 
 - chunk c of the n-element buffer holds n // p elements plus one for c < n % p;
 - chunk c is accumulated in the buffer's dtype as ``acc = x_c[c]``, then
@@ -56,7 +56,8 @@ import ml_dtypes
 import numpy as np
 
 from ddpbench.api import ReduceOp
-from ddpbench.tensor_ops import reduce_ufunc, ring_chunks, scale_
+from ddpbench.rules.ring import ring_chunks
+from ddpbench.tensor_ops import reduce_ufunc, scale_
 
 __all__ = [
     "DISTRIBUTIONS",

@@ -122,21 +122,6 @@ def byte_view(a: Any) -> Any:
     return a.reshape(-1).view(np.uint8)
 
 
-def ring_chunks(n: int, p: int) -> list[tuple[int, int]]:
-    """Return (offset, count) of the p ring chunks of an n-element buffer.
-
-    Chunk i holds n // p elements plus one for i < n % p, as ``np.array_split`` cuts; with
-    n < p the trailing chunks are empty.
-    """
-    base, extra = divmod(n, p)
-    out, off = [], 0
-    for i in range(p):
-        cnt = base + (1 if i < extra else 0)
-        out.append((off, cnt))
-        off += cnt
-    return out
-
-
 def dtype_label(dtype: Any) -> str:
     """Return the short name used in messages and reports (float16, bfloat16, int32, ...)."""
     return np.dtype(dtype).name

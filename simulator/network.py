@@ -32,7 +32,7 @@ from typing import Any
 import simpy
 
 from ddpbench import contract
-from ddpbench.backends.ps.sockets import Sockets
+from ddpbench.rules.sockets import Sockets
 
 __all__ = ["CountingEnvironment", "Gate", "Link", "Message", "Network", "Port", "Sender",
            "call_later", "ecmp_path"]
@@ -333,7 +333,7 @@ class Sender:
 
     def use_sockets(self, hwm: int) -> None:
         """Send through per-destination sockets of ``hwm`` messages (P3's ps-lite,
-        :class:`ddpbench.backends.ps.sockets.Sockets`, the real transport's rule too)."""
+        :class:`ddpbench.rules.sockets.Sockets`, the real transport's rule too)."""
         self.sockets = Sockets(hwm)
 
     def send(self, msg: Message) -> None:

@@ -11,7 +11,8 @@
 
 Allreduce strategies are symmetric: every worker computes the same and every link carries
 the same traffic, so only worker 0 is simulated (one event per ring step, not one per link)
-and the other workers' byte counts follow from the ring's chunking (the chunking of :func:`ddpbench.tensor_ops.ring_chunks`).
+and the other workers' byte counts follow from the ring's chunking
+(:mod:`ddpbench.rules.ring`, the real rings' own rule).
 Parameter-server strategies simulate every worker and server host.
 """
 
@@ -23,14 +24,14 @@ import math
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar
 
-import numpy as np
 import simpy
 from pydantic import BaseModel
 
 from ddpbench import contract, hardware
-from ddpbench.backends.ps import placement
-from ddpbench.backends.ps.placement import Part
-from ddpbench.fusion import fuse_responses, next_cycle_start
+from ddpbench.rules import placement
+from ddpbench.rules.fusion import fuse_responses, next_cycle_start
+from ddpbench.rules.placement import Part
+from ddpbench.rules.ring import bytes_per_rank, send_chunk
 from ddpbench.simulator.context import SimContext, Span, new_span
 from ddpbench.simulator.network import Gate, Link, Message, Network, call_later
 
@@ -96,19 +97,6 @@ class Strategy(abc.ABC):
 # ---------------------------------------------------------------- allreduce strategies
 
 
-def ring_chunk_sizes(n: int, p: int) -> np.ndarray:
-    """Elements of each ring chunk (np.array_split order, the chunking of :func:`ddpbench.tensor_ops.ring_chunks`)."""
-    base, extra = divmod(n, p)
-    return base + (np.arange(p) < extra).astype(np.int64)
-
-
-def ring_bytes_per_rank(n: int, p: int, itemsize: int) -> np.ndarray:
-    """Bytes each rank sends in one ring allreduce of ``n`` elements."""
-    sizes = ring_chunk_sizes(n, p)
-    r = np.arange(p)
-    return (2 * n - sizes[(r + 1) % p] - sizes[(r + 2) % p]) * itemsize
-
-
 def _ring_step(sim: SimContext, chunk_bytes: float) -> tuple[float, float]:
     """Return (fixed, transfer) seconds of one ring step whose biggest chunk is ``chunk_bytes``.
 
@@ -170,7 +158,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     right = (1 % p) // sim.gpus  # the host of rank 0's right neighbour, rank 1
     sim.comm_begin()
     for s in range(2 * (p - 1)):
-        chunk = (-s) % p if s < p - 1 else (1 - (s - p + 1)) % p
+        chunk = send_chunk(0, s, p)
         nbytes = (base + (chunk < extra)) * itemsize
         start = env.now
         if uplink is None:
@@ -187,7 +175,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
             record(sim.span(0, "allreduce", layer, start, env.now, nbytes, right))
     sim.comm_end()
     if sim.gpus == 1:
-        sim.add_sent_all(ring_bytes_per_rank(n, p, itemsize))
+        sim.add_sent_all(bytes_per_rank(n, p, itemsize))
     elif sim.num_hosts > 1:
         sim.add_sent_hosts(2 * (p - 1) / p * n * itemsize)
 
@@ -340,7 +328,7 @@ class HorovodStrategy(_AllreduceBase):
 
     def _buffers(self, tensors: list) -> list[list]:
         """Fuse one cycle's tensors with Horovod's look-ahead, the rule the real backend
-        plans with (:func:`ddpbench.fusion.fuse_responses`); simulated tensors share one
+        plans with (:func:`ddpbench.rules.fusion.fuse_responses`); simulated tensors share one
         dtype, so all are compatible and the first that does not fit starts a buffer."""
         itemsize = self.sim.itemsize
         return fuse_responses(tensors, self.knobs.fusion_threshold,
@@ -508,12 +496,12 @@ class _PSBase(Strategy):
     @abc.abstractmethod
     def make_parts(self) -> list[_Part]:
         """Cut every tensor into parts and place them on servers (the backend's rule,
-        :mod:`ddpbench.backends.ps.placement`; docs/fidelity/)."""
+        :mod:`ddpbench.rules.placement`; docs/fidelity/)."""
 
     def placed_parts(self, place: Callable[[int, int], list[Part]], *,
                      prioritised: bool) -> list[_Part]:
         """Every tensor's parts from ``place(key, numel)`` (the real backend's placement
-        rule, :mod:`ddpbench.backends.ps.placement`; the key is the tensor's index, its
+        rule, :mod:`ddpbench.rules.placement`; the key is the tensor's index, its
         order of first use); ``prioritised`` gives each part its layer's priority, -layer,
         else 0 (FIFO)."""
         sim = self.sim
@@ -830,7 +818,7 @@ weight and the gradient and writes the weight."""
 class P3Strategy(_PSBase):
     """``p3``: priority-based parameter propagation.
 
-    Slices as P3 places them (:func:`~ddpbench.backends.ps.placement.p3_parts`), each a
+    Slices as P3 places them (:func:`~ddpbench.rules.placement.p3_parts`), each a
     merged push-pull with priority -layer. By default the worker sends as P3's ps-lite
     does: one sending thread pops the best slice into its server's socket, which holds
     ``send_hwm`` slices, and blocks when that socket is full (:meth:`Sender.use_sockets`);

@@ -28,7 +28,7 @@ per tensor, ``shape``, ``dtype``, ``bytes`` and ``ready_ms`` (when its gradient 
 milliseconds after the backward pass began).
 
 Tensors are numbered in file order: that number is the tensor's key for the parameter-server
-placement rules of each backend (:mod:`ddpbench.backends.ps.placement`, docs/fidelity/).
+placement rules of each backend (:mod:`ddpbench.rules.placement`, docs/fidelity/).
 """
 
 from __future__ import annotations

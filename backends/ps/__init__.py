@@ -3,10 +3,10 @@
 Read it bottom up; each module imports only those above it in this list:
 
 - :mod:`.wire`: the message format (a 56-byte header, then the payload);
-- :mod:`.placement`: where each part of an array goes (pure functions, shared with the
-  simulator's strategies so both place every byte alike);
-- :mod:`.sockets`: P3's sending thread and sockets as one clock-free rule (shared with
-  the simulator's sender);
+- :mod:`ddpbench.rules.placement` (outside this package, shared with the simulator's
+  strategies so both place every byte alike): where each part of an array goes;
+- :mod:`ddpbench.rules.sockets` (shared with the simulator's sender): P3's sending thread
+  and sockets as one clock-free rule;
 - :mod:`.transport`: the process's uplink and downlink (priority queue, gates, pacing,
   send trace) as the engine's protocol;
 - :mod:`.server`: the summation server and the server ranks' loop (:func:`.server.serve`);
@@ -14,5 +14,5 @@ Read it bottom up; each module imports only those above it in this list:
 - :mod:`.kvstore`, :mod:`.p3`, :mod:`.byteps`: the backends, each a PSStore with its
   knobs (:mod:`ddpbench.contract`), placement and send policy.
 
-This file imports nothing, so the placement and socket rules load without MPI.
+This file imports nothing, so its modules load one by one (the wire format without MPI).
 """

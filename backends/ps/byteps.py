@@ -33,11 +33,11 @@ import heapq
 from typing import Any
 
 from ddpbench.api import Handle, ReduceOp, register
-from ddpbench.backends.ps.placement import Part, byteps_parts
 from ddpbench.backends.ps.transport import Gate
 from ddpbench.backends.ps.wire import FLAG_ACK_ARRIVAL, Msg
 from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import BytepsKnobs
+from ddpbench.rules.placement import Part, byteps_parts
 
 __all__ = ["BytePSStore"]
 

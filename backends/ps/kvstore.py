@@ -27,9 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from ddpbench.api import register
-from ddpbench.backends.ps.placement import Part, kvstore_parts
 from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import KvstoreKnobs
+from ddpbench.rules.placement import Part, kvstore_parts
 
 __all__ = ["KVStoreBackend"]
 

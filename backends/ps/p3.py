@@ -29,10 +29,10 @@ from __future__ import annotations
 from typing import Any
 
 from ddpbench.api import register
-from ddpbench.backends.ps.placement import Part, p3_parts
 from ddpbench.backends.ps.transport import Gate
 from ddpbench.backends.ps.worker import PSStore
 from ddpbench.contract import P3Knobs
+from ddpbench.rules.placement import Part, p3_parts
 
 __all__ = ["P3Store"]
 

@@ -28,9 +28,9 @@ import numpy as np
 
 from ddpbench import trace
 from ddpbench.backends._common import mpi_module
-from ddpbench.backends.ps.sockets import Sockets
 from ddpbench.backends.ps.wire import ACK, FLAG_DATA, HEADER, TAG, TAG_DATA, Msg, np_dtype
 from ddpbench.comm import Protocol, test_all
+from ddpbench.rules.sockets import Sockets
 
 __all__ = ["Gate", "SendRecord", "Transport"]
 

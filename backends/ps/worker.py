@@ -2,10 +2,10 @@
 
 A subclass (``kvstore``, ``p3``, ``byteps``) supplies its knobs model (from
 :mod:`ddpbench.contract`), its placement of an array's parts on servers
-(:mod:`.placement`) and its send policy; this module turns ``broadcast`` and ``push_pull``
-into messages (:mod:`.wire`) on the process's :class:`~.transport.Transport` and completes
-the caller's handles from the replies. In colocated mode the same process also runs a
-:class:`~.server.Server` on that transport.
+(:mod:`ddpbench.rules.placement`) and its send policy; this module turns ``broadcast``
+and ``push_pull`` into messages (:mod:`.wire`) on the process's
+:class:`~.transport.Transport` and completes the caller's handles from the replies. In
+colocated mode the same process also runs a :class:`~.server.Server` on that transport.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import numpy as np
 
 from ddpbench.api import Handle, ReduceOp
 from ddpbench.backends._common import EngineStore, check_dtype
-from ddpbench.backends.ps.placement import Part
 from ddpbench.backends.ps.server import (
     Server,
     dedicated_host_name,
@@ -55,6 +54,7 @@ from ddpbench.backends.ps.wire import (
 )
 from ddpbench.contract import PSKnobs
 from ddpbench.optim import SGD
+from ddpbench.rules.placement import Part
 from ddpbench.tensor_ops import scale_
 
 KICK_EVERY = 8
@@ -166,7 +166,7 @@ class PSStore(EngineStore):
     # -- for subclasses -------------------------------------------------------------------
     @abc.abstractmethod
     def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
-        """Cut a new array into parts and place them (the backend's rule, :mod:`.placement`).
+        """Cut a new array into parts and place them (:mod:`ddpbench.rules.placement`).
 
         ``key`` is the name when it is an int, else the order of first use; ``declared`` is
         always the order of first use (0, 1, ...), BytePS's declared key.

@@ -16,7 +16,7 @@ from ddpbench.api import ReduceOp
 from ddpbench.backends._common import MismatchError
 from ddpbench.backends.horovod import _ring_allreduce
 from ddpbench.comm import engine, world
-from ddpbench.tensor_ops import ring_chunks
+from ddpbench.rules.ring import ring_chunks
 
 
 def log(check: str, **fields) -> None:

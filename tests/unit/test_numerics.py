@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ddpbench import numerics as nm
-from ddpbench.tensor_ops import ring_chunks, scale_
+from ddpbench.rules.ring import ring_chunks
+from ddpbench.tensor_ops import scale_
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 

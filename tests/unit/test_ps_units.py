@@ -9,9 +9,10 @@ import pytest
 
 import ddpbench
 from ddpbench import trace
-from ddpbench.backends.ps import placement, transport, wire
+from ddpbench.backends.ps import transport, wire
 from ddpbench.backends.ps.kvstore import KVStoreBackend
 from ddpbench.backends.ps.p3 import P3Store
+from ddpbench.rules import placement
 
 
 class _Sent:

@@ -106,7 +106,7 @@ def test_broadcast_and_tree_closed_forms():
 
 def busiest_server_bytes(wl, partition_bytes, servers):
     """Bytes of one worker's gradients on the busiest server under BytePS's hashing."""
-    from ddpbench.backends.ps.placement import byteps_parts
+    from ddpbench.rules.placement import byteps_parts
 
     load = [0] * servers
     for key, t in enumerate(wl.tensors):

@@ -628,7 +628,7 @@ def test_tensorflow_parameter_servers_closed_form(workers):
     want = applied + 2 * 5e-6 + nbytes / cap + 5e-6
     assert r.iteration_time_s == pytest.approx(want, rel=1e-9)
     # the placement: whole variables, round-robin in creation order
-    from ddpbench.backends.ps import placement
+    from ddpbench.rules import placement
     assert [p.server for k in range(5) for p in placement.tensorflow_parts(k, 10**8, 3)] == \
         [0, 1, 2, 0, 1]
 

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from ddpbench import contract, hardware
-from ddpbench.backends.ps import placement
+from ddpbench.rules import placement
 from ddpbench.simulator import simulate, simulate_collective
 from ddpbench.simulator.workload import ITEMSIZE, Layer, Tensor, Workload
 

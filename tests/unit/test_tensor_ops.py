@@ -6,7 +6,8 @@ import pytest
 
 from ddpbench.backends._common import Meta, mismatch_message
 from ddpbench.benchmarks.allreduce import parse_size, parse_sizes, profile_tensor_sizes
-from ddpbench.tensor_ops import adjacent_span, ring_chunks, scale_
+from ddpbench.rules.ring import ring_chunks
+from ddpbench.tensor_ops import adjacent_span, scale_
 
 
 @pytest.mark.parametrize("n,p", [(10, 3), (2, 4), (0, 3), (16, 4), (7, 1)])

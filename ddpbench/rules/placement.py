@@ -1,16 +1,26 @@
 """Where each part of an array goes: the placement rules of the parameter-server backends.
 
 These functions are the rules themselves, free of MPI: the real backends
-(:mod:`.kvstore`, :mod:`.p3`, :mod:`.byteps`) and the simulator's strategies both call them,
-so a simulated point places every byte where the real backend does.
+(:mod:`ddpbench.backends.ps.kvstore`, :mod:`~ddpbench.backends.ps.p3`,
+:mod:`~ddpbench.backends.ps.byteps`) and the simulator's strategies both call them, so a
+simulated point places every byte where the real backend does.
+
+- MXNet's KVStore (src/kvstore/kvstore_dist.h, ``EncodeDefaultKey``): an array below
+  ``bigarray_bound`` elements goes whole to server ``(key * 9973) % S``, a larger one is
+  split evenly over all servers.
+- P3 (its MXNet fork's kvstore_dist.h): the same hash below ``slice_params`` elements,
+  else slices of ``slice_params`` elements round-robin from server 0.
+- BytePS (byteps/common/global.cc, operations.cc): partitions of ``partition_bytes``, each
+  on server ``djb2(key) % S`` of its own key.
+- TensorFlow (tensorflow/python/training/device_setter.py): whole variables round-robin.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["P3_HASH", "Part", "byteps_parts", "djb2", "even_split", "hashed_server", "kvstore_parts",
-           "p3_parts", "tensorflow_parts"]
+__all__ = ["P3_HASH", "Part", "byteps_parts", "djb2", "even_split", "hashed_server",
+           "kvstore_parts", "p3_parts", "tensorflow_parts"]
 
 
 @dataclass(frozen=True)

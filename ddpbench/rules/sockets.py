@@ -8,7 +8,7 @@ blocking), whatever its priority or destination. The uplink takes the sockets' m
 the order they were handed over. A server answers from its receiving thread straight into
 its socket (``KVServer::Response`` calls ``Van::Send``): :meth:`Sockets.direct`.
 
-The real transport (:mod:`.transport`) and the simulator's sender
+The real transport (:mod:`ddpbench.backends.ps.transport`) and the simulator's sender
 (:class:`ddpbench.simulator.network.Sender`) both drive this class, each with its own
 clock (a time stamp travels with each handed-over message), so both send alike. It imports
 nothing but the standard library.
