@@ -322,7 +322,7 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "message to the kernel through ZeroMQ (ps-lite's van) or MPI over TCP, a send "
               "system call and the library's queueing, ~5 us (an estimate of the whole stack; "
               "a small-message round trip costs ~20 us of CPU over both ends; libzmq's own "
-              "share, measured with benchmarks/zmq_message_cost.c, libzmq 4.3.5 over loopback "
+              "share, measured with tools/probes/zmq_message_cost.c, libzmq 4.3.5 over loopback "
               "TCP on this project's build machine, is 0.6-0.9 us of sender CPU per "
               "four-frame ps-lite push, a lower bound: ps-lite's protobuf meta and queues "
               "come on top); "
@@ -343,8 +343,8 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "messages and 1049 MB/s in 128 MiB ones (ufo-kit/ufo-filters pull request #147, "
               "2017: 1.07 us per 4 KiB page), and on this project's build machine (a virtual "
               "machine) 64-128 MiB messages over loopback TCP ran at 10-13 Gbit/s against "
-              "20-51 at 1-16 MiB (benchmarks/zmq_large_messages.py), a fresh mapping costing "
-              "2.6-2.9 us per page more than mapped memory (benchmarks/page_fault_cost.c)",
+              "20-51 at 1-16 MiB (tools/probes/zmq_large_messages.py), a fresh mapping costing "
+              "2.6-2.9 us per page more than mapped memory (tools/probes/page_fault_cost.c)",
               socket_gbps=15.0, loopback=True, large_message_bytes=32 << 20, server_cpu=True,
               flow_spread=TCP_FLOW_SPREAD),
     Transport("rdma", 0.97, 2.0, 1.0, True,

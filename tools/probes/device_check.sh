@@ -11,11 +11,11 @@
 # Each step has its own time limit and a failed step does not stop the rest; logs go to
 # $OUT (or ./device_out).
 #
-# Usage: bash benchmarks/device_check.sh [gpu|cpu|all|real_local]   (default all), on the GPU
+# Usage: bash tools/probes/device_check.sh [gpu|cpu|all|real_local]   (default all), on the GPU
 #        machine;
-#        bash benchmarks/device_check.sh wheels             here, to fill .whl/ (git-ignored)
+#        bash tools/probes/device_check.sh wheels             here, to fill .whl/ (git-ignored)
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WHAT=${1:-all}
 if [ "$WHAT" = wheels ]; then  # for the GPU machine's Python (3.12, x86-64 Linux)
     mkdir -p .whl

@@ -7,7 +7,7 @@
  * against the same copy into memory already mapped, and prints the difference per page:
  * a figure for the simulator's page_fault_us on this host.
  *
- *   gcc -O2 -o page_fault_cost benchmarks/page_fault_cost.c && ./page_fault_cost
+ *   gcc -O2 -o page_fault_cost tools/probes/page_fault_cost.c && ./page_fault_cost
  */
 #include <stdio.h>
 #include <stdlib.h>

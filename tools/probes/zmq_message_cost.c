@@ -9,7 +9,7 @@
  * Build against the libzmq that pyzmq's wheel ships (no headers needed):
  *   python -m venv /tmp/zq && /tmp/zq/bin/pip install pyzmq
  *   LIB=$(find /tmp/zq -name 'libzmq-*.so.*' | head -1)
- *   gcc -O2 -o zmq_message_cost benchmarks/zmq_message_cost.c "$LIB" -Wl,-rpath,$(dirname "$LIB")
+ *   gcc -O2 -o zmq_message_cost tools/probes/zmq_message_cost.c "$LIB" -Wl,-rpath,$(dirname "$LIB")
  * Run (one receiver and one sender per size; columns: bytes, messages, process CPU us,
  * sender-thread CPU us, wall us, each per message):
  *   for s in 0 4096 65536 200000 1048576; do

@@ -6,7 +6,7 @@ faults of every 4 KiB (see page_fault_cost.c). Each size is measured three times
 the order small to large, large to small, small to large, in one run.
 
     python -m venv /tmp/zq && /tmp/zq/bin/pip install pyzmq
-    /tmp/zq/bin/python benchmarks/zmq_large_messages.py
+    /tmp/zq/bin/python tools/probes/zmq_large_messages.py
 """
 
 import multiprocessing as mp
