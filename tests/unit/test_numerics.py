@@ -21,7 +21,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 def literal_ring(x: np.ndarray, op: str = "sum", pre: float = 1.0, post: float = 1.0):
-    """the chunking of :func:`ddpbench.tensor_ops.ring_chunks` step by step: p local buffers, sendrecv per step, per rank."""
+    """The ring of :mod:`ddpbench.rules.ring` step by step: p local buffers, sendrecv per step."""
     p, n = x.shape
     bufs = [x[r].copy() for r in range(p)]
     for b in bufs:

@@ -184,7 +184,7 @@ def test_allreduce_bytes_per_host(backend):
     for rank in range(p):
         sent = r.bytes_sent[f"worker{rank}"]
         assert sent == pytest.approx(2 * (p - 1) / p * wl.model_bytes, rel=1e-6)
-        if backend != "horovod":  # one ring per tensor: the chunking of :func:`ddpbench.tensor_ops.ring_chunks` chunking
+        if backend != "horovod":  # one ring per tensor: the ring's chunking
             def chunk(n, i):
                 return n // p + (1 if i < n % p else 0)
             exact = sum(4 * (2 * t.numel - chunk(t.numel, (rank + 1) % p)
