@@ -30,19 +30,16 @@ How a simulated point uses a profile (:func:`adjust`):
   sleeps until its next cycle): there ``compute_factor - 1`` is multiplied by the ratio of
   the hand-off times beside idle engines instead (``handoff_us``, the same law;
   :meth:`Machine.compute_contention`). The ring step keeps every engine busy, which a worker
-  computing beside an idle engine does not see: with it, ``horovod`` at 3 and 4 workers on 2
-  cores ran 0.72-0.99x the simulated time, below 1 in all of ten real_local runs. The
-  polled style's engines poll between messages as the ring step's do, so theirs keeps the
-  ring step;
+  computing beside an idle engine does not see. The polled style's engines poll between
+  messages as the ring step's do, so theirs keeps the ring step;
 - per call: ``mpi`` and ``horovod`` make one native ``MPI_Allreduce`` per tensor (or fused
   buffer), whose steps run inside MPI; their fitted cost is a call's, which the ring step's
   ratio stretches as a whole (the ring step is one call too). The simulator charges a ring's
   software cost per step, 2(P-1) of them, so at W workers a step carries
   ``(W_cal - 1) / (W - 1)`` of the stretched per-step cost and a call costs the same
-  whatever its step count. Measured where every rank has a core (16 cores, `bench
-  allreduce`, 4 KiB): ``mpi``'s cost over a bare call was 33, 26 and 26 us at 2, 3 and 4
-  ranks, flat, where a cost per step would grow 1 : 2 : 3. ``collective``'s ring is made
-  in Python, a step at a time on its engine, so its cost stays per step.
+  whatever its step count (``ddpbench bench allreduce``, where every rank has a core,
+  finds a call's cost over a bare ``MPI_Allreduce`` flat in the rank count). ``collective``'s ring is made in Python, a step at a time on
+  its engine, so its cost stays per step.
 """
 
 from __future__ import annotations
@@ -69,9 +66,9 @@ def launch_time(samples: Sequence[float]) -> float:
     """Return the iteration time one launch stands for: the lower quartile of its timed
     iterations (the ``floor(n / 4)``-th smallest, counting from 0).
 
-    A shared machine's slow phases (seconds long, everything up to 2.4x slower) only ever
-    add time, and they begin and end inside a workload's launches (1-4 s): a launch's
-    median moves with the share of its iterations they catch, its lower quartile less.
+    A shared machine's slow phases (seconds long, everything slower) only ever add time,
+    and they begin and end inside a workload's launches (1-4 s): a launch's median moves
+    with the share of its iterations they catch, its lower quartile less.
     ``ddpbench calibrate`` fits each backend's compute factor to it, and a report with
     ``aggregate: quartile`` takes it for the real points, so that the two estimate the
     same thing.
@@ -107,9 +104,7 @@ class BackendFit(_Strict):
         compute_factor: how much slower the trainer's compute emulation runs beside this
             backend's communication threads than alone (fitted on the workload's own run).
         workload_ms: measured iteration time of the calibration workload (with compute;
-            the median of the launches' lower quartiles, :func:`launch_time`; the fastest
-            launch's in profiles written before 2026-11-27, the median iteration before
-            that).
+            the median of the launches' lower quartiles, :func:`launch_time`).
         workload_sim_ms: the fitted simulator's time for it.
         small_ms: measured iteration time of the many-small-tensors workload (median).
         large_ms: measured iteration time of the few-large-tensors workload (median).
@@ -219,8 +214,8 @@ class Machine(_Strict):
         share its time among, ``k >= 0`` fitted by least squares to the measured counts
         above ``cores``. Processes per core, not processes beyond the cores, because that
         is what a ring step waits for: each core's runnable processes take turns, so on 2
-        cores 3 and 4 processes cost alike (measured here: polled 176 and 186 us, blocking
-        70 and 67 us), and a line in ``P - cores`` put 3 processes halfway between 2 and 4.
+        cores 3 and 4 processes cost alike, where a line in ``P - cores`` would put 3
+        processes halfway between 2 and 4.
         A law through the table, not the table itself: with more processes than cores
         each measured step time depends on how the scheduler happened to interleave them.
         """
@@ -393,7 +388,7 @@ def adjust(machine: Machine, backend: str, *, workers: int, servers: int, paced:
     # compute_factor - 1 is the compute's excess beside this backend's threads, which
     # contention stretches. A factor below 1 (a fit at the bottom of its range: the model
     # over-predicts the workload run's communication) is no excess: kept as fitted, never
-    # stretched, which at 4 processes against 2 made compute times negative.
+    # stretched (stretched, it would turn compute times negative).
     excess = fit.compute_factor - 1.0
     slow = 1.0 + excess * (compute if excess > 0 else 1.0)
     return {"bandwidth_gbps": bw, "latency_us": lat,

@@ -1,44 +1,44 @@
 """``ddpbench calibrate``'s work: measure this machine with real processes, fit the model.
 
-Steps (each a tick of the progress bar):
+Steps:
 
 1. MPI ping-pong between two processes (:mod:`ddpbench.calibration.pingpong`, per size the
-   fastest of five blocks' medians; the median of three jobs): latency is
-   the half round trip at 0 bytes, bandwidth the least-squares slope over the three
-   largest sizes (256 KiB to 32 MiB).
+   fastest of five blocks' medians; the median of three jobs): latency is the half round
+   trip at 0 bytes, bandwidth the least-squares slope over the three largest sizes (256 KiB
+   to 32 MiB).
 2. Ring steps through an engine thread at 2 to 8 processes (:mod:`.ringstep`): how much a
    message's software cost stretches as processes outnumber cores; in the same jobs, a
    sleep and a hand-off to an idle engine (how compute beside an idle engine stretches).
 3. Copy and summation throughput of NumPy on 64 MiB float32 arrays (one core).
-4. Compute emulation: one ``time.sleep`` per layer and pass is what the trainer's worker
-   does (:mod:`ddpbench.experiments.throughput.worker`); the median time of calls of 0.05
-   to 5 ms gives the rate (slope) and the per-call overhead (intercept) by least squares
-   over the four requested times (a median, so one stretched sleep does not tilt it), and
-   the workload's own sequence of calls is timed against that rule.
-5. For each backend, two synthetic workloads on ``workers`` real worker processes (and
-   ``servers`` server processes for the parameter-server backends), no compute: 64 tensors
-   of 256 floats (``small``: per-message costs dominate) and 4 tensors of 1 Mi floats
-   (``large``: bytes dominate). The backend's ``per_message_us`` and ``bandwidth_gbps`` are
-   then fitted through the simulator itself, so they count messages the way the simulator
-   counts them: alternating one-dimensional solves (bisection; the simulated time grows
-   with the per-message cost and falls with bandwidth) until both workloads' simulated
-   iteration times equal the measured times (each run is launched ``rounds`` times, every
-   backend once per round, a backend's three runs of a round, these two and the workload
-   below, one after another in one job: :func:`real_phases`; the measured time is the
-   median of the launches' median iteration times: a shared machine has states of
-   seconds in which everything runs up to 2.4x slower, or a third faster, and a launch
-   that lands in one says nothing about the backend; the smallest of two launches, kept
-   until 2026-11, gave 8 of the 18 backend constants within 10% between two calibrations
-   of a 2-core VM, the median of three 16 from the same runs). When bytes
-   take under a tenth of the large run (``p3``'s slices: it is all message costs) no
-   bandwidth can be told from infinite: the ping-pong's is kept (``bandwidth_fitted:
-   false``). ``horovod``'s small run is unfused (:data:`SYNTHETIC_KNOBS`). Then the
-   workload itself (with compute, as the experiment runs it) gives the backend's
-   ``compute_factor``: how much slower the sleeps run beside that backend's threads, solved
-   the same way with the two costs fixed; its launches (1-4 s) span the slow phases, which
-   begin and end inside them, so each stands for its lower quartile
-   (:func:`~ddpbench.calibration.machine.launch_time`, as a report with ``aggregate:
-   quartile`` takes the real points).
+4. Compute emulation: one ``time.sleep`` per layer and pass is what the worker program does
+   (:mod:`ddpbench.emulation`). The median time of calls of 0.05 to 5 ms gives the rate
+   (slope) and the per-call overhead (intercept) by least squares over the four requested
+   times (a median, so that one stretched sleep does not tilt the line), and the
+   workload's own sequence of calls is timed against that rule.
+5. For each backend, two synthetic workloads without compute on ``workers`` real worker
+   processes (and ``servers`` server processes for the parameter-server backends): 64
+   tensors of 256 floats (``small``: per-message costs dominate) and 4 tensors of 1 Mi
+   floats (``large``: bytes dominate). ``horovod``'s small run is unfused
+   (:data:`SYNTHETIC_KNOBS`).
+6. The backend's ``per_message_us`` and ``bandwidth_gbps`` are fitted through the simulator
+   itself, so that they count messages the way the simulator counts them: alternating
+   one-dimensional solves (the simulated time grows with the per-message cost and falls
+   with bandwidth) until both workloads' simulated iteration times equal the measured
+   ones. When bytes take under a tenth of the large run (``p3``'s slices: it is all
+   message costs) no bandwidth can be told from infinite, and the ping-pong's is kept
+   (``bandwidth_fitted: false``).
+7. The workload itself, with compute as the experiment runs it, gives the backend's
+   ``compute_factor``: how much slower the sleeps run beside that backend's threads,
+   solved the same way with the two costs fixed.
+
+Each run is launched ``rounds`` times, every backend once per round, a backend's three runs
+of a round (the two synthetic ones and the workload) one after another in one job
+(:func:`real_phases`). A run's measured time is the median over its launches, since a
+shared machine has slow and fast states of seconds and a launch that lands in one says
+nothing about the backend. A synthetic launch stands for its median iteration; a workload
+launch spans the slow phases, which begin and end inside it, so it stands for its lower
+quartile (:func:`~ddpbench.calibration.machine.launch_time`, as a report with ``aggregate:
+quartile`` takes the real points).
 """
 
 from __future__ import annotations
@@ -88,15 +88,13 @@ SYNTHETIC_KNOBS: dict[str, dict[str, dict[str, Any]]] = {
 """Backend knobs of a calibration workload's real and simulated runs (both alike).
 
 ``horovod``'s small run is unfused: fused, its 64 tensors take one buffer that finishes well
-inside Horovod's 1 ms cycle, so the iteration time is the cycle plus a residue of tens of
-microseconds that falls on either side of a cycle boundary: the per-message cost fitted to it
-took one of two values, 15 or 30 us, from run to run. Unfused, the 64 allreduces take about
-2 ms and the cost is pinned down (10.3-10.7 us in four runs). Both synthetic runs also
-leave out the cycle (``cycle_time`` 0: a rank starts a cycle as soon as work is queued):
-the cycle is a knob the simulator models, not a cost to fit, and with it each launch's
-iterations lock into one phase against the 1 ms clock, so that four launches of the small
-run took 2.14, 2.27, 2.22 and 1.09 ms per iteration (medians), without it 1.10, 1.07, 1.06
-and 1.13 ms. The workload run keeps the defaults, as the experiments run it."""
+inside Horovod's 1 ms cycle (``HOROVOD_CYCLE_TIME``), so the iteration time is the cycle plus
+a residue that falls on either side of a cycle boundary, and the per-message cost fitted to
+it jumps from run to run; unfused, the 64 allreduces pin it down. Both synthetic runs also
+leave out the cycle (``cycle_time`` 0: a rank starts a cycle as soon as work is queued): the
+cycle is a knob the simulator models, not a cost to fit, and with it each launch's
+iterations lock into one phase against the 1 ms clock. The workload run keeps the defaults,
+as the experiments run it."""
 
 
 def synthetic_profile(name: str) -> dict[str, Any]:
@@ -122,8 +120,7 @@ def pingpong(timeout_s: float = 120.0, bind: str = "none", launches: int = 3) ->
     (ranks placed by ``bind``, as ``ddpbench launch --bind``).
 
     Per size, the median of ``launches`` jobs' times: on a shared machine one job can land
-    in a fast or a slow state of seconds (the 0-byte latency of five calibrations' single
-    jobs on a 2-core VM: 1.8, 2.3, 2.8, 2.8 and 2.9 us), which a median of three leaves out.
+    in a fast or a slow state of seconds, which a median of three leaves out.
     """
     runs = []
     with tempfile.TemporaryDirectory(prefix="ddpbench-calibrate-") as tmp:
@@ -161,9 +158,7 @@ def ring_steps(counts: Sequence[int], timeout_s: float = 120.0, repeats: int = 5
     out: dict[str, dict[int, float]] = {s: {} for s in (*STYLES, "handoff")}
     # A count within the cores runs again in the middle and at the end and keeps its
     # median run: there the step is the uncontended one (the law's s0), and one job can
-    # land in a slow or a fast state of a shared machine (a first job after another has
-    # sometimes measured 4x; the fastest of three, kept until 2026-11, read 20.4-29.3 us
-    # blocking at 2 processes in five calibrations of one 2-core VM in an hour).
+    # land in a slow or a fast state of a shared machine.
     within = [n for n in counts if n <= _cores()]
     mid = len(counts) // 2
     order = [*counts[:mid], *within, *counts[mid:], *within]
@@ -249,8 +244,7 @@ def real_phases(backend: str, phases: Sequence[dict[str, Any]], workers: int, se
 
     A phase is a dict of the worker's ``--then`` keys (``workload``, ``knobs``,
     ``iterations``, ``warmup``, ``compute_scale``, ``size_scale``); one job for the three
-    runs of a calibration round spares two process start-ups, about 2 s of the 3 s a round
-    of a parameter-server backend took on a 2-core machine.
+    runs of a calibration round spares two process start-ups.
     """
     from ddpbench.emulation import run_real
 
@@ -275,10 +269,10 @@ def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, *,
 
     Bracketed false position with the Illinois rule, on ``1 / x`` when ``inverse`` (a
     simulated time is close to linear in a per-message cost and a compute factor, and in
-    the inverse of a bandwidth), stopping once f is within ``rtol`` of the target: 3-7
-    simulations per solve where bisection took 24 for the same accuracy, which made the
-    fits a quarter of ``calibrate``'s time. Every step keeps the root bracketed, so a
-    simulated time with a jump in it (events reordering) still converges, to the jump.
+    the inverse of a bandwidth), stopping once f is within ``rtol`` of the target: a few
+    simulations per solve where bisection takes several times as many for the same
+    accuracy. Every step keeps the root bracketed, so a simulated time with a jump in it
+    (events reordering) still converges, to the jump.
     """
     flo, fhi = f(lo), f(hi)
     if increasing and target <= flo or not increasing and target >= flo:
@@ -468,8 +462,8 @@ def fit_backends(measured: dict[str, dict[str, float]], servers: dict[str, int],
     ``schedule``: the workload run's ``compute_scale`` and ``size_scale``.
 
     The parameter-server backends move bytes through one transport: one bandwidth for all
-    of them, from all their large runs (each alone moved by up to 1.5x between two
-    calibrations of one machine); their own fits only weigh in.
+    of them, from all their large runs (one run alone is a noisy measure of it); their own
+    fits only weigh in.
     """
     group = [b for b in measured if servers[b]]
     group = group if len(group) > 1 else []
