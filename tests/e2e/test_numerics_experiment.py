@@ -86,6 +86,18 @@ def test_runner_runs_and_renders_the_numerics_kind(tmp_path):
     assert "| 16 |" in md and "Reading for users" in md
 
 
+def test_cells_run_as_batches_in_the_pool_give_the_rows_of_an_in_line_run(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_YAML)
+    exp = schema.load_experiment(path)
+    for jobs in (1, 2):
+        runner.run_experiment(exp, tmp_path / f"j{jobs}", jobs=jobs, progress=False,
+                              render_report=False)
+    one, two = (runner.read_results(tmp_path / f"j{j}" / "results.csv")
+                .set_index("point").sort_index() for j in (1, 2))
+    pd.testing.assert_frame_equal(one, two[one.columns])
+
+
 def test_numerics_sweep_writes_what_the_runner_resumes(tmp_path, capsys):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_YAML)
