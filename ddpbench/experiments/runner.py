@@ -272,7 +272,7 @@ def _execute(kind_name: str, params: dict[str, Any]) -> tuple[bool, Any, float]:
 
 
 def _execute_batch(kind_name: str, batch: list[dict[str, Any]]) -> list[tuple[bool, Any, float]]:
-    """Run the points of one batch in order, in one process (:meth:`~.kinds.ExperimentKind.batch_key`)."""
+    """Run the points of one batch in order in one process (see ``ExperimentKind.batch_key``)."""
     return [_execute(kind_name, params) for params in batch]
 
 
