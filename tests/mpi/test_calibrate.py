@@ -83,7 +83,7 @@ def test_one_job_runs_phases_each_with_its_own_store(tmp_path, backend, workers,
 
 def test_a_bad_phase_is_refused_on_every_rank(tmp_path):
     cmd = [sys.executable, "-m", "ddpbench", "launch", "-n", "2", "--timeout", "60", "--",
-           sys.executable, "-m", "ddpbench.experiments.throughput.worker", "--workload",
+           sys.executable, "-m", "ddpbench.emulation", "--workload",
            "resnet50", "--backend", "mpi", "--then", '[{"workload": "vgg19", "iter": 2}]']
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert proc.returncode != 0
