@@ -5,12 +5,12 @@ A report folder that puts real runs beside their simulated twins on a calibrated
 repetitions with their timed iterations (``results.csv``) and the machine profile the run
 was calibrated with (``machine.yaml``). On a noisy machine one run says little about a
 change to the model (the same point moves between runs an hour apart), so this benchmark
-reads every stored version of the folder from git history, simulates
-each real point's twin again on today's simulator with that run's own profile, and prints,
-per run, the scores as shipped (the twins stored with the run, made by the code of its day:
-the same run's baseline) beside today's: the median ``|real/sim - 1|``, the points beyond
-25%, and the medians at the calibration's worker count (in sample) and at the others (out of
-sample). A real point is the median over its repetitions of each repetition's lower quartile
+reads every stored version of the folder from git history and simulates each real point's
+twin again on today's simulator with that run's own profile. Per run it prints the scores
+as shipped (the twins stored with the run, made by the code of its day: the same run's
+baseline) beside today's: the median ``|real/sim - 1|``, the points beyond 25%, and the
+medians at the calibration's worker count (in sample) and at the others (out of sample).
+A real point is the median over its repetitions of each repetition's lower quartile
 (:func:`~ddpbench.calibration.machine.launch_time`), as a report with ``aggregate:
 quartile`` shows it, for every stored run alike.
 

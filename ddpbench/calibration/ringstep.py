@@ -14,8 +14,8 @@ The same job also times a hand-off with the engines idle (:func:`_handoff`): eac
 thread sleeps 0.2 ms, as the trainer's compute emulation does, then has its engine run an
 empty call and waits for it, while no engine has anything in flight, as the ``mpi`` and
 ``horovod`` engines sit between their calls (on a condition variable, or asleep until the
-next cycle), in blocks of their own after the ring steps' (interleaved with them, the
-hand-off blocks would slow the steps). Its mean excess over the sleep is written as
+next cycle). The hand-off runs in blocks of its own after the ring steps', since
+interleaved with them it would slow the steps. Its mean excess over the sleep is written as
 ``handoff_us``: how a worker's compute beside an idle engine stretches as processes
 outnumber cores (:meth:`~ddpbench.calibration.machine.Machine.compute_contention`).
 """
