@@ -12,6 +12,7 @@ and :func:`on_page_markdown` replaces it with the section's markdown. The sectio
 - ``schema``: each experiment kind's ``Spec`` (:mod:`ddpbench.experiments.kinds`), nested
   models included;
 - ``hardware``: the device, transport and intra-host link presets (:mod:`ddpbench.hardware`);
+- ``floors``: the package's floors, from the layer check's table (``tests/unit/test_layers.py``);
 - ``results-index``: every ``docs/results/*.md`` with its first heading, newest first.
 
 :func:`on_config` also lists the dated results pages under the nav's "Results log", newest
@@ -343,6 +344,26 @@ def hardware() -> str:
                 "across switches (Gbit/s)", "source"], links), ""])
 
 
+# -- the floors -------------------------------------------------------------------------------
+def floors() -> str:
+    """Return the package's floors from the layer check's own table (tests/unit), read as
+    literals (the test is not run)."""
+    import ast
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "unit" / "test_layers.py"
+    tables: dict[str, Any] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if isinstance(target, ast.Name) and target.id in ("FLOORS", "APART"):
+                tables[target.id] = ast.literal_eval(node.value)
+    rows = [[floor, what, ", ".join(f"`{m}`" for m in modules)]
+            for floor, (what, modules) in sorted(tables["FLOORS"].items())]
+    apart = [f"- `{a}` never imports `{b}`: {why}." for a, b, why in tables.get("APART", ())]
+    return "\n".join([_table(["floor", "what lives there", "modules (`x.*`: the package x)"],
+                              rows), "", *apart])
+
+
 # -- the results log --------------------------------------------------------------------------
 def _results(docs_dir: str) -> list[tuple[str, str]]:
     """Return (file name, first heading) of each results page, newest (by name) first."""
@@ -362,7 +383,7 @@ def results_index(docs_dir: str) -> str:
 
 
 SECTIONS = {"cli": cli, "backends": backends, "knobs": knobs, "cluster": cluster,
-            "schema": schema, "hardware": hardware}
+            "schema": schema, "hardware": hardware, "floors": floors}
 
 
 # -- mkdocs events ----------------------------------------------------------------------------
