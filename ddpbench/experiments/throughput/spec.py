@@ -45,7 +45,12 @@ BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16", 
 
 
 class RealOptions(Frozen):
-    """How real-mode points run (``ddpbench.experiments.throughput.worker`` under ``ddpbench launch``)."""
+    """How real-mode points run (``ddpbench.experiments.throughput.worker`` under ``ddpbench launch``).
+
+    Attributes:
+        compute: how a worker emulates a layer's compute time: ``sleep`` or ``spin``.
+        timeout_s: a real point's job is killed after this many seconds and its row fails.
+    """
 
     compute: Literal["sleep", "spin"] = "sleep"
     timeout_s: float = Field(300.0, gt=0)
@@ -62,7 +67,14 @@ class GanttOptions(Frozen):
 
 
 class ReportOptions(Frozen):
-    """What the report shows."""
+    """What the report shows.
+
+    Attributes:
+        plots: the plots to draw, by name; ``None`` = those that suit the sweep's axes.
+        gantt: params that select the point whose iteration the Gantt plot shows (first
+            match); a mapping or a list of them.
+        title: the report's title; ``None`` = "Experiment NAME".
+    """
 
     baseline: str | None = Field(None, description="backend that speedups are relative to")
     plots: tuple[
@@ -87,6 +99,21 @@ class ThroughputSpec(Frozen):
 
     Every point-level scalar may be a list (a sweep axis); all axes are normalised to
     tuples. ``backends`` maps each backend to its knobs, each knob a scalar or a list.
+    The point-level keys are the fields of :class:`ddpbench.contract.Cluster` and
+    :class:`ddpbench.contract.Schedule` of the same names.
+
+    Attributes:
+        mode: ``simulate`` (every point in the simulator), ``real`` (on real processes under
+            ``ddpbench launch``) or ``both`` (each point both ways, side by side).
+        workloads: profile names (``ddpbench list workloads``) or paths to profile YAML
+            files, relative to the experiment file.
+        repetitions: runs per point, in rounds over all points; the report shows one value
+            per point from them (``report.aggregate``).
+        backends: backend names, or name -> knobs; a knob list is an axis of that backend
+            only, and a common axis given here overrides it for that backend.
+        zip: groups of axes that vary together instead of as a grid.
+        real: how real-mode points run (:class:`RealOptions`).
+        report: what the report shows (:class:`ReportOptions`).
     """
 
     mode: Literal["simulate", "real", "both"] = "simulate"
