@@ -273,7 +273,7 @@ def cluster() -> str:
 
     out = []
     for model in (contract.Cluster, contract.Schedule):
-        out += [f"## `{model.__name__}`", "",
+        out += [f"### `{model.__name__}`", "",
                 _rst_to_md(inspect.cleandoc(model.__doc__ or "").split("\n\n")[0]), "",
                 _fields_table(model, _attribute_docs(model)), ""]
     return "\n".join(out)
