@@ -6,6 +6,7 @@ import pandas as pd
 
 from ddpbench.experiments import report
 from ddpbench.experiments.throughput import report as throughput_report
+from ddpbench.experiments.throughput.aggregate import per_point, series_columns
 from ddpbench.experiments.throughput.spec import ThroughputSpec
 
 
@@ -126,7 +127,7 @@ def test_quartile_takes_each_real_runs_lower_quartile_and_the_median_of_them(tmp
     spec = ThroughputSpec(workloads=["resnet50"], backends=["kvstore", "p3"],
                           bandwidth_gbps=[1, 10, 30], mode="both",
                           report={"baseline": "kvstore", "aggregate": "quartile"})
-    agg = throughput_report._prepare(rows, "quartile")
+    agg = per_point(rows, "quartile")
     for _, row in agg.iterrows():
         point = base[(base["backend"] == row["backend"])
                      & (base["bandwidth_gbps"] == row["bandwidth_gbps"])].iloc[0]
@@ -156,8 +157,8 @@ def test_a_point_left_at_an_axis_default_keeps_its_rows_and_its_own_plot_line(tm
     assert "| w<1> | 1 | V100 | 200.0 | 400.0 |" in table
     speedups = md.split("## Throughput (samples/s")[0]
     assert "| w<1> | 30 | default | 1 |" in speedups and "| w<1> | 30 | V100 | 1 |" in speedups
-    sim = throughput_report._prepare(rows)
-    assert throughput_report._series(sim, "bandwidth_gbps") == ["variant", "device"]
+    sim = per_point(rows)
+    assert series_columns(sim, "bandwidth_gbps") == ["variant", "device"]
 
 
 def test_rerendering_with_the_edited_file_shows_its_description_if_the_points_are_the_same(

@@ -3,7 +3,8 @@
 Its parts: :mod:`.spec` (the file's keys, checked against :mod:`ddpbench.contract`),
 :mod:`.points` (the grid, point names, running a point simulated or real), :mod:`.worker`
 (the real-mode worker program run under ``ddpbench launch``), :mod:`.timeline` (Gantt
-spans) and :mod:`.report` (tables and plots).
+spans) and :mod:`.report` (the report, from :mod:`.aggregate`'s one row per point,
+:mod:`.text`'s tables and :mod:`.plots`' registered plots).
 """
 
 from __future__ import annotations
