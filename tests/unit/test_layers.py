@@ -99,6 +99,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _arrows(name: str, path: Path, is_init: bool, modules: set[str]) -> list[Arrow]:
+    """Return every import of a ddpbench module in module ``name``, at any depth."""
     tree = ast.parse(path.read_text(), str(path))
     out: list[Arrow] = []
 
