@@ -301,8 +301,12 @@ def schema() -> str:
         fallback = cluster_docs if axes <= set(spec.model_fields) else {}
         out += [f"## `kind: {kind}`", ""]
         module_doc = sys.modules[spec.__module__].__doc__ or ""
-        if "::" in module_doc:  # an annotated example file
+        package_doc = sys.modules[spec.__module__.rsplit(".", 1)[0]].__doc__ or ""
+        if "::" in module_doc:  # the spec's module is about the keys: all of it
             out += [_rst_blocks(module_doc.split("\n", 1)[1]), ""]
+        elif "::" in package_doc:  # the kind's package: only its annotated example file
+            example = _rst_blocks(package_doc).split("```yaml", 1)[1].split("```", 1)[0]
+            out += ["An example file:", "", "```yaml" + example + "```", ""]
         doc = inspect.cleandoc(spec.__doc__ or "").split("\n\nAttributes:")[0]
         out += [_rst_to_md(doc), "", _fields_table(spec, _attribute_docs(spec), fallback), ""]
         seen: set[type] = {spec}
