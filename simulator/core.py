@@ -172,9 +172,35 @@ class _Sim:
         link = hardware.intra_link(c.intra_link)
         self.env = CountingEnvironment()
         self.workload = workload if workload is not None else _EMPTY
+        self.cluster = c
+        self.symmetric = symmetric
         self.gpus = c.gpus_per_host
         self.num_hosts = c.num_hosts
         self.workers = c.workers if symmetric else self.num_hosts
+        self._init_links(c, tr, link)
+        self._init_servers(c, tr, summation)
+        self._init_hosts(c, symmetric)
+        self.timeline: list[Span] = []
+        self.trace_steps = self.trace_sums = trace
+        self._seq = 0
+        # Compute slows by this fraction for the time a GPU collective runs beside it.
+        self.overlap_slowdown = c.compute_overlap_slowdown
+        self._busy: list[_Busy] = [_Busy()]  # one per group once training runs
+        # One connection's ceiling (the cluster's socket_gbps, else the transport's), where
+        # it binds: what one ps-lite process receives, and a ring's step to the next host.
+        cap = tr.binding_socket_gbps(c.bandwidth_gbps, c.socket_gbps)
+        # Colocated servers over a transport without a local shortcut: a worker's parts on
+        # its own host's server cross that server's socket too, so the ceiling can bind
+        # below the NIC's rate.
+        self.loopback = tr.loopback and not self.dedicated
+        self.net = None if symmetric else self._network(c, tr, cap)
+        self._init_rings(c, tr, link, cap)
+        self.negotiation = self._negotiation(c, tr)
+        self._bcast: list[float] | None = None
+
+    def _init_links(self, c: contract.Cluster, tr: hardware.Transport,
+                    link: hardware.IntraLink) -> None:
+        """Set the NIC's and the intra-host link's rates and latencies, and NCCL's model."""
         self.line_bandwidth = c.bandwidth_gbps * 1e9 / 8
         self.bandwidth = self.line_bandwidth * tr.efficiency * tr.duplex
         self.latency = c.latency_us * 1e-6
@@ -193,6 +219,10 @@ class _Sim:
                                    and tr.name != "ideal" else None)
         self.nccl_proto = hardware.nccl_protocols(c.nccl_proto)
         self.nccl_release = hardware.nccl_release(c.nccl_version)
+
+    def _init_servers(self, c: contract.Cluster, tr: hardware.Transport,
+                      summation: float) -> None:
+        """Set the parameter servers' summation and update rates and their thread's budget."""
         self.summation = summation
         self.update = math.inf if c.server_update_gbps is None else c.server_update_gbps * 1e9 / 8
         # MXNet's server thread (kvstore, p3) on a real transport: bytes of memory traffic
@@ -202,6 +232,9 @@ class _Sim:
                        else c.server_update_gbps)
         self.server_thread = (update_gbps * 1e9 / 8 * hardware.MXNET_SERVER_BYTES["update"]
                               if tr.server_cpu and summation < math.inf else 0.0)
+
+    def _init_hosts(self, c: contract.Cluster, symmetric: bool) -> None:
+        """Name the hosts (workers', then dedicated servers') and zero their byte counts."""
         self.itemsize = ITEMSIZE
         self.dedicated = 0 if symmetric else c.dedicated_servers()
         self.num_servers = self.dedicated or self.num_hosts
@@ -214,32 +247,27 @@ class _Sim:
         # Per-message counts (the network's): plain lists, added to the arrays at the end.
         self._sent_msgs = [0] * nhosts
         self._received_msgs = [0] * nhosts
-        self.timeline: list[Span] = []
-        self.trace_steps = self.trace_sums = trace
-        self.symmetric = symmetric
-        self.cluster = c
-        self._seq = 0
-        # Compute slows by this fraction for the time a GPU collective runs beside it.
-        self.overlap_slowdown = c.compute_overlap_slowdown
-        self._busy: list[_Busy] = [_Busy()]  # one per group once training runs
-        # One connection's ceiling (the cluster's socket_gbps, else the transport's), where
-        # it binds: what one ps-lite process receives, and a ring's step to the next host.
-        cap = tr.binding_socket_gbps(c.bandwidth_gbps, c.socket_gbps)
-        # Colocated servers over a transport without a local shortcut: a worker's parts on
-        # its own host's server cross that server's socket too, so the ceiling can bind
-        # below the NIC's rate.
-        self.loopback = tr.loopback and not self.dedicated
+
+    def _network(self, c: contract.Cluster, tr: hardware.Transport,
+                 cap: float | None) -> Network:
+        """Return the parameter servers' network: every host's NIC, racks, sockets, and
+        the page faults of large received messages."""
         socket_gbps = c.socket_gbps if c.socket_gbps is not None else tr.socket_gbps
         fault_us = tr.page_fault_us if c.page_fault_us is None else c.page_fault_us
         large = (None if tr.large_message_bytes is None or not fault_us
                  else (tr.large_message_bytes, fault_us * 1e-6 / 4096))
         sock = socket_gbps if self.loopback or large is not None else cap
-        self.net = None if symmetric else Network(
-            self.env, nhosts, self.bandwidth, self.latency, self._record,
+        return Network(
+            self.env, self.num_hosts + self.dedicated, self.bandwidth, self.latency, self._record,
             oversubscription=c.oversubscription, rack_size=c.rack_size,
             per_message=self.per_message,
             socket_bandwidth=None if sock is None else sock * 1e9 / 8,
             loopback=self.loopback, large_message=large, ecmp_paths=c.ecmp_paths)
+
+    def _init_rings(self, c: contract.Cluster, tr: hardware.Transport,
+                    link: hardware.IntraLink, cap: float | None) -> None:
+        """Set what a ring's step to the next host moves: over its connections, across
+        racks, at the slowest connection's share of the NIC."""
         # A ring's step to the next host travels over connections: over tcp one kernel TCP
         # connection carries at most the transport's socket figure, however fast the NIC.
         # MPI over TCP sends it over one; NCCL's rings over as many as it opens channels
@@ -260,16 +288,20 @@ class _Sim:
         share = hardware.slowest_share(flows, tr.flow_spread)
         self.ring_bandwidth *= share
         self.flow_bandwidth *= share
-        # Horovod's coordinator agrees on ready tensors each cycle with two bitwise
-        # allreduces of its response-cache bit vector (horovod/common/controller.cc,
-        # CoordinateCacheAndState: CrossRankBitwiseAnd/Or), each ceil(log2 p) rounds of
-        # small messages; the ideal transport has no control plane. On one host those
-        # messages stay in the host (MPI's shared memory): the intra-host link's latency.
+
+    def _negotiation(self, c: contract.Cluster, tr: hardware.Transport) -> float:
+        """Return the seconds Horovod's coordinator spends agreeing on ready tensors a cycle.
+
+        It runs two bitwise allreduces of its response-cache bit vector
+        (horovod/common/controller.cc, CoordinateCacheAndState: CrossRankBitwiseAnd/Or),
+        each ceil(log2 p) rounds of small messages; the ideal transport has no control
+        plane. On one host those messages stay in the host (MPI's shared memory): the
+        intra-host link's latency.
+        """
         rounds = math.ceil(math.log2(c.workers)) if c.workers > 1 else 0
         hop = self.latency + self.per_message if self.num_hosts > 1 else self.intra_latency
-        self.negotiation = (2 * rounds * hop
-                            if tr.control_plane else 0.0)
-        self._bcast: list[float] | None = None
+        return (2 * rounds * hop
+                if tr.control_plane else 0.0)
 
     def _cross_rack(self, flows: int) -> float:
         """Return what a ring's step moves from one rack to the next, bytes/s: ``flows``
@@ -573,9 +605,9 @@ def _without_gc(run: Any) -> Any:
     """Return ``run()`` with Python's cyclic garbage collector paused.
 
     A run creates millions of short-lived objects (events, messages) beside a growing
-    timeline; every collection would walk the timeline again (40% of a 64-host P3 run).
-    The simulation's objects do not depend on cycle collection: an event drops its
-    callbacks once processed, so memory stays the same (measured: 326 MB either way).
+    timeline; every collection would walk the timeline again. The simulation's objects do
+    not depend on cycle collection: an event drops its callbacks once processed, so memory
+    stays the same.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -665,6 +697,15 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
     sim = _Sim(wl, c, symmetric=cls.symmetric, summation=summation * 1e9 / 8,
                trace=trace, transport=transport)
     ends = _without_gc(lambda: sim.run_training(cls(sim, parsed), sched.iterations))
+    return _result(sim, ends, sched, backend=backend, symmetric=cls.symmetric, parsed=parsed,
+                   batch=batch)
+
+
+def _result(sim: _Sim, ends: list[float], sched: contract.Schedule, *, backend: str,
+            symmetric: bool, parsed: Any, batch: int) -> SimResult:
+    """Return what the run measured: the steady-state iteration time (after the warm-up
+    iterations), and each host's bytes per iteration and NIC utilisation."""
+    c, wl = sim.cluster, sim.workload
     base = ends[sched.warmup - 1] if sched.warmup > 0 else 0.0
     iter_time = (ends[-1] - base) / (sched.iterations - sched.warmup)
     n = sched.iterations
@@ -675,7 +716,7 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
             for h, b in sent.items()}
     servers_out: int | str = sim.dedicated if sim.dedicated else "colocated"
     return SimResult(workload=wl.name, backend=backend, workers=c.workers,
-                     servers=servers_out if not cls.symmetric else 0,
+                     servers=servers_out if not symmetric else 0,
                      knobs={k: getattr(parsed, k) for k in contract.sweep_knobs(backend, "sim")},
                      iteration_time_s=iter_time,
                      throughput=c.workers * batch / iter_time if iter_time else math.inf,
