@@ -11,7 +11,16 @@ NOISE_SIGMAS = 2.0  # a difference beyond this many standard errors is told from
 
 
 class Variant(BaseModel):
-    """Backends and the settings to grid over for them."""
+    """Backends and the settings to grid over for them.
+
+    Attributes:
+        backends: the backends that run this variant.
+        compression: gradient compression: ``none`` or ``fp16``.
+        predivide: ``gradient_predivide_factor`` values.
+        local_sgd_period: local SGD's period in steps (``collective``'s ``local_sgd``
+            mode); 0 = off.
+        knobs: backend knobs for these runs.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     backends: list[str] = Field(min_length=1)
@@ -22,7 +31,21 @@ class Variant(BaseModel):
 
 
 class Spec(BaseModel):
-    """The keys of an ``accuracy`` experiment."""
+    """The keys of an ``accuracy`` experiment.
+
+    Attributes:
+        workers: worker processes of each training job.
+        servers: the parameter-server backends' servers: ``colocated`` or a count.
+        steps: training steps of each run.
+        batch_size: samples per worker and step.
+        lr: the learning rate at the first step.
+        lr_schedule: ``cosine`` decay over the steps, or ``constant``.
+        momentum: SGD momentum.
+        seed: the first repetition's seed (``seed + 1``, ... for the next).
+        eval_every: steps between evaluations of worker 0's replica on the test set.
+        timeout_s: a run's job is killed after this many seconds and its row fails.
+        variants: the backends and settings to compare (:class:`Variant`).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     model: str = Field("mlp", description="mlp | cnn (ddpbench.nn, NumPy), or a PyTorch "

@@ -15,7 +15,12 @@ class _Frozen(BaseModel):
 
 
 class FactorGrid(_Frozen):
-    """Predivide factors 2^0, 2^step, ..., 2^max_exp, plus ``extra`` and sqrt(N), N."""
+    """Predivide factors 2^0, 2^step, ..., 2^max_exp, plus ``extra`` and sqrt(N), N.
+
+    Attributes:
+        include_sqrt_n: add sqrt(N) at each world size N.
+        include_n: add N itself (the predivide factor of a plain average).
+    """
 
     max_exp: int = Field(24, ge=0, le=60, description="largest factor is 2^max_exp")
     step: int = Field(2, ge=1, le=60, description="exponent step of the grid")
@@ -47,7 +52,15 @@ class FactorGrid(_Frozen):
 
 
 class Distribution(_Frozen):
-    """A gradient distribution and the scales (RMS of one rank's element) to sweep."""
+    """A gradient distribution and the scales (RMS of one rank's element) to sweep.
+
+    Attributes:
+        name: how each rank's gradient is drawn (:func:`ddpbench.numerics.gradient_block`):
+            ``normal``, ``correlated`` (a part shared by all ranks), ``heavy_tailed``
+            (Student t, 3 degrees of freedom) or ``layers`` (``correlated`` with a
+            per-tensor RMS multiplier).
+        scales: the RMS values of one rank's element to sweep.
+    """
 
     name: Literal["normal", "correlated", "heavy_tailed", "layers"]
     scales: tuple[float, ...] = Field(min_length=1)
@@ -68,7 +81,15 @@ class SafeCriteria(_Frozen):
 
 
 class Training(_Frozen):
-    """The least-squares training run with fp16 communication (numerics.train_least_squares)."""
+    """The least-squares training run with fp16 communication (numerics.train_least_squares).
+
+    Attributes:
+        world_size: simulated workers averaging through the emulated ring.
+        factors: the predivide factors trained with (beside the exact fp64 average).
+        steps: SGD steps of each run.
+        dim: parameters of the least-squares model.
+        dtype: the dtype the gradients are communicated in.
+    """
 
     world_size: int = Field(1024, ge=1)
     scale: float = Field(100.0, gt=0, description="target RMS of one worker's first gradient")
@@ -91,7 +112,18 @@ GPU_LABEL = "float16_gpu"
 
 
 class Spec(_Frozen):
-    """The keys of a ``kind: numerics`` experiment file."""
+    """The keys of a ``kind: numerics`` experiment file.
+
+    Attributes:
+        world_sizes: the ranks N of the emulated ring allreduce to map.
+        factors: the predivide factors tried at each N (:class:`FactorGrid`).
+        dtypes: the dtypes the gradients are communicated in.
+        distributions: the gradient distributions and scales (:class:`Distribution`).
+        seed: seed of the drawn gradients and of the training run.
+        safe: when a factor counts as safe (:class:`SafeCriteria`).
+        training: the training run with fp16 communication (:class:`Training`); ``None``
+            = none.
+    """
 
     world_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     factors: FactorGrid = FactorGrid()
