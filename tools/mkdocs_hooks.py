@@ -15,6 +15,9 @@ and :func:`on_page_markdown` replaces it with the section's markdown. The sectio
 - ``floors``: the package's floors, from the layer check's table (``tests/unit/test_layers.py``);
 - ``results-index``: every ``docs/results/*.md`` with its first heading, newest first.
 
+:func:`on_page_content` shows the docstrings' reST roles (``:class:`x```), which
+mkdocstrings leaves as text, as plain code, and their ``::`` before a literal block as ``:``.
+
 :func:`on_config` also lists the dated results pages under the nav's "Results log", newest
 first, so a new results file needs no edit of ``mkdocs.yml``. Nothing here is imported by
 ddpbench; ``mkdocs.yml`` names this file under ``hooks:``.
@@ -402,6 +405,15 @@ def on_config(config: Any) -> Any:
                       if f"{RESULTS}/{name}" not in listed]
             entry[RESULTS_NAV] = pages
     return config
+
+
+ROLE = re.compile(r":(?:class|func|data|mod|meth|attr|exc|obj):(<code>)~?")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Show the docstrings' reST cross-references (``:class:`x```) as the code they name,
+    and a paragraph that introduces a literal block (``...::``) with one colon."""
+    return ROLE.sub(r"\1", html).replace("::</p>", ":</p>")
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
