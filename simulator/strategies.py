@@ -31,7 +31,7 @@ from ddpbench import contract, hardware
 from ddpbench.rules import placement
 from ddpbench.rules.fusion import fuse_responses, next_cycle_start
 from ddpbench.rules.placement import Part
-from ddpbench.rules.ring import bytes_per_rank, send_chunk
+from ddpbench.rules.ring import bytes_per_rank, chunk_sizes, send_chunk
 from ddpbench.simulator.context import SimContext, Span, new_span
 from ddpbench.simulator.network import Gate, Link, Message, Network, call_later
 
@@ -137,8 +137,9 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     if p == 1:
         return
     env = sim.env
-    base, extra = divmod(n, p)
-    lat, tx = _ring_step(sim, (base + (extra > 0)) * itemsize)
+    sizes = chunk_sizes(n, p)  # the real rings' chunks; chunk 0 is the largest
+    largest = int(sizes[0]) * itemsize
+    lat, tx = _ring_step(sim, largest)
     share = 1.0
     if sim.nccl is not None:  # NCCL's latency and protocol replace the per-step costs
         steps = 2 * (p - 1)
@@ -149,7 +150,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     held = tx
     if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
         # Rings share the NIC at its speed; each ring's own connection may be slower.
-        nic_tx = (base + (extra > 0)) * itemsize / sim.ring_bandwidth / share
+        nic_tx = largest / sim.ring_bandwidth / share
         if sim.nccl is not None:
             held, lat = nic_tx, lat + (tx - nic_tx)
         else:
@@ -159,7 +160,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     sim.comm_begin()
     for s in range(2 * (p - 1)):
         chunk = send_chunk(0, s, p)
-        nbytes = (base + (chunk < extra)) * itemsize
+        nbytes = int(sizes[chunk]) * itemsize
         start = env.now
         if uplink is None:
             yield env.timeout(lat + tx)
