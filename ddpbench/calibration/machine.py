@@ -182,8 +182,8 @@ class Machine(_Strict):
 
     def save(self, path: str | Path) -> None:
         """Write the profile as YAML to ``path``."""
-        header = ("# Machine profile written by `ddpbench calibrate`; fields: README.md, "
-                  "'Calibrating the simulator'.\n")
+        header = ("# Machine profile written by `ddpbench calibrate`; its fields: "
+                  "docs/tutorials/calibrate.md.\n")
         Path(path).write_text(header + yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     def fit(self, backend: str) -> BackendFit:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -16,8 +15,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="run only points whose name matches (a glob such as 'p3[*' or "
                         "a substring such as 'workload=vgg19')")
     parser.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
-                        help=f"parallel processes for simulated points (default: all "
-                        f"{os.cpu_count()} cores)")
+                        help="parallel processes for simulated points (default: one per core)")
     parser.add_argument("--force", action="store_true",
                         help="run finished points again (their rows are replaced)")
     parser.add_argument("--fresh", action="store_true",
