@@ -180,3 +180,18 @@ def test_rerendering_with_the_edited_file_shows_its_description_if_the_points_ar
     runner.render(schema.load_experiment(path), out)
     assert "second words" in (out / "report.md").read_text()
     assert "third words" not in (out / "experiment.json").read_text()
+
+
+def test_a_variant_names_only_its_own_backends_knobs():
+    # Horovod's `hierarchical` swept beside byteps: byteps rows have no such knob, so the
+    # neutral value filled into its empty cells must not label them.
+    rows = []
+    for backend, hier in (("horovod", False), ("horovod", True), ("byteps", None)):
+        rows.append({"experiment": "s", "kind": "throughput", "mode": "simulate",
+                     "point": f"{backend}[h={hier}]", "repetition": 0, "status": "ok",
+                     "error": None, "backend": backend, "workload": "w", "workers": 4,
+                     "servers": "colocated", "bandwidth_gbps": 10.0, "latency_us": 5.0,
+                     "iterations": 3, "warmup": 1, "compute_scale": 1.0, "size_scale": 1.0,
+                     "hierarchical": hier, "iteration_time_s": 0.01, "throughput": 100.0})
+    variants = sorted(per_point(pd.DataFrame(rows))["variant"])
+    assert variants == ["byteps", "horovod (hierarchical=false)", "horovod (hierarchical=true)"]

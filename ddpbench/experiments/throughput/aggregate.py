@@ -29,9 +29,14 @@ KNOB_COLUMNS = tuple(sorted({k for name in contract.BACKENDS for k in contract.s
 
 
 def variant_label(row: Any, knobs: Sequence[str]) -> str:
-    """Return ``backend`` or ``backend (knob=v, ...)`` for the knobs given on ``row``."""
+    """Return ``backend`` or ``backend (knob=v, ...)`` for the knobs given on ``row``.
+
+    Only the row's own backend's knobs name it: another backend's knob swept in the same
+    experiment (Horovod's ``hierarchical`` beside ``byteps``) is not a variant of it.
+    """
+    own = set(contract.knob_info(row["backend"])) if row["backend"] in contract.BACKENDS else None
     given = [f"{k}={format_value(int_if_whole(row[k]))}" for k in knobs
-             if k in row and row[k] == row[k] and row[k] != ""]
+             if (own is None or k in own) and k in row and row[k] == row[k] and row[k] != ""]
     return f"{row['backend']} ({', '.join(given)})" if given else str(row["backend"])
 
 
