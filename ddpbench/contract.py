@@ -18,7 +18,12 @@ A knob is a pydantic field whose metadata says where it applies:
   the accuracy kind, not by a throughput sweep.
 
 ``source`` names the original system's file the default comes from (the fidelity tables
-cite the same paths).
+cite the same paths). ``tune`` says how ``ddpbench tune`` searches a knob the simulator
+honours: ``(low, high, "log")`` or ``(low, high, "linear")`` for a number,
+``"categorical"`` for a Literal or a bool (its choices from the type); ``tune_source`` names
+where the range comes from (an original's own autotuner where it has one, else the rule);
+``tune_when`` makes it a conditional parameter, searched only when other knobs of the
+backend hold the given values. A knob without ``tune`` is never searched.
 
 Example:
     >>> from ddpbench import contract
@@ -35,7 +40,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -62,6 +67,7 @@ __all__ = [
     "defaults",
     "knob",
     "knob_info",
+    "tunable",
     "sweep_knobs",
     "validate_knobs",
 ]
@@ -84,7 +90,8 @@ def _env_number(name: str, default: float, cast: Callable[[Any], Any] = float) -
 
 def knob(default: Any = None, *, doc: str, side: Side = "both", source: str = "",
          env: str | None = None, cluster: bool = False, sweep: bool = True, unit: str = "",
-         **bounds: Any) -> Any:
+         tune: tuple[float, float, str] | str | None = None, tune_source: str = "",
+         tune_when: Mapping[str, Any] | None = None, **bounds: Any) -> Any:
     """Declare one knob: its default, bounds (``ge``, ``gt``, ``le``), doc and provenance.
 
     Args:
@@ -96,15 +103,38 @@ def knob(default: Any = None, *, doc: str, side: Side = "both", source: str = ""
         cluster: set from the point's cluster (servers, pacing), not swept as a knob.
         sweep: False for a training-loop setting that a throughput sweep does not set.
         unit: the unit the value is in, for tables.
+        tune: how ``ddpbench tune`` searches it: ``(low, high, "log" | "linear")`` or
+            ``"categorical"``; None = not searched.
+        tune_source: where the search range comes from.
+        tune_when: other knobs' values under which it is searched (a conditional parameter).
         **bounds: pydantic bounds (``ge``, ``gt``, ``le``, ``lt``, ``allow_inf_nan``).
     """
     extra: Any = {"side": side, "source": source, "env": env, "cluster": cluster,
-                  "sweep": sweep, "unit": unit}
+                  "sweep": sweep, "unit": unit, "tune": _tune_spec(tune, side, tune_source,
+                                                                  tune_when)}
     if env is not None:
         cast = type(default)
         return Field(default_factory=lambda: _env_number(env, default, cast), description=doc,
                      json_schema_extra=extra, **bounds)
     return Field(default, description=doc, json_schema_extra=extra, **bounds)
+
+
+def _tune_spec(tune: Any, side: Side, source: str, when: Mapping[str, Any] | None
+               ) -> dict[str, Any] | None:
+    """Return a knob's search range as stored in its metadata (None: not searched)."""
+    if tune is None:
+        return None
+    if side == "real":
+        raise ValueError("a knob only real runs see cannot be tuned in simulation")
+    if tune == "categorical":
+        spec: dict[str, Any] = {"scale": "categorical"}
+    else:
+        low, high, scale = tune
+        if scale not in ("log", "linear") or not low < high or (scale == "log" and low <= 0):
+            raise ValueError(f"tune range must be (low < high, 'log' or 'linear'), with "
+                             f"low > 0 on a log scale; got {tune!r}")
+        spec = {"scale": scale, "low": low, "high": high}
+    return {**spec, "source": source, "when": dict(when or {})}
 
 
 class Knobs(BaseModel):
@@ -131,14 +161,20 @@ class HorovodKnobs(Knobs):
     fusion_threshold: int = knob(
         128 * 1024 * 1024, ge=0, unit="bytes", env="HOROVOD_FUSION_THRESHOLD",
         source="horovod/common/operations.cc, HOROVOD_FUSION_THRESHOLD",
+        tune=(1 << 20, 128 << 20, "log"),
+        tune_source="horovod/common/parameter_manager.cc (Horovod's autotuner: fusion_buffer_threshold_mb in "
+                    "[0, 64]), widened to hold the default; from 1 MiB on a log scale",
         doc="fusion buffer size; 0 disables fusion")
     cycle_time: float = knob(
         1.0, ge=0, allow_inf_nan=False, unit="ms", env="HOROVOD_CYCLE_TIME",
         source="horovod/common/operations.cc, HOROVOD_CYCLE_TIME",
+        tune=(1.0, 100.0, "log"),
+        tune_source="horovod/common/parameter_manager.cc (Horovod's autotuner: cycle_time_ms in [1, 100])",
         doc="time between planning rounds of the coordinator")
     hierarchical: bool = knob(
         False, side="sim", env="HOROVOD_HIERARCHICAL_ALLREDUCE",
         source="horovod/common/ops/nccl_operations.cc, NCCLHierarchicalAllreduce",
+        tune="categorical", tune_source="horovod/common/parameter_manager.cc (Horovod's autotuner: hierarchical_allreduce false, true)",
         doc="intra-host reduce-scatter, inter-host allreduce, intra-host all-gather")
     coordinator: Literal["cache", "gather", "p2p"] = knob(
         "cache", side="sim",
@@ -181,7 +217,9 @@ class CollectiveKnobs(Knobs):
     """``collective``: Paddle-style collectives over parallel rings."""
 
     nrings: int = knob(2, ge=1, le=64, doc="parallel rings (duplicated communicators)",
-                       source="python/paddle/distributed/fleet (nrings)")
+                       source="python/paddle/distributed/fleet (nrings)",
+                       tune=(1, 8, "linear"),
+                       tune_source="ddpbench's rule (Paddle has no tuner): 1 to 8 rings")
     average_scaling: Literal["before_sum", "after_sum"] = knob(
         "before_sum", side="real", source="python/paddle/fluid/transpiler/collective.py (GradAllReduce)",
         doc="AVERAGE: 'before_sum' divides by the workers before the ring sum, as Paddle "
@@ -228,6 +266,9 @@ class KvstoreKnobs(PSKnobs):
 
     bigarray_bound: int = knob(
         1_000_000, ge=1, unit="elements", source="src/kvstore/kvstore_dist.h, MXNET_KVSTORE_BIGARRAY_BOUND",
+        tune=(100_000, 1_000_000_000, "log"),
+        tune_source="ddpbench's rule (MXNet has no tuner): a decade below the default up to "
+                    "10^9 elements, above any array of the shipped workloads (none split)",
         doc="arrays at least this big are split evenly over all servers")
     merged_push_pull: bool = knob(
         False, doc="false = MXNet's round trip (the pull goes once the server has answered "
@@ -253,12 +294,18 @@ class P3Knobs(PSKnobs):
     slice_params: int = knob(
         40_000, ge=1, unit="elements",
         source="P3's MXNet fork, src/kvstore/kvstore_dist.h, MXNET_KVSTORE_BIGARRAY_BOUND",
+        tune=(10_000, 1_000_000, "log"),
+        tune_source="ddpbench's rule (P3 has no tuner): a quarter of the default up to 25 "
+                    "times it (a simulation's events grow as the slices shrink)",
         doc="elements per slice; smaller arrays go whole to server (key*9973) % S")
     send_hwm: int = knob(
         1, ge=1, unit="messages", source="P3's ps-lite, src/zmq_van.h (ZMQ_SNDHWM)",
+        tune=(1, 16, "log"),
+        tune_source="ddpbench's rule: P3's 1 up to 16 slices per socket",
         doc="slices a socket to one server holds before the sending thread blocks")
     water_mark: int = knob(
-        0, ge=0, unit="slices",
+        0, ge=0, unit="slices", tune=(0, 16, "linear"),
+        tune_source="ddpbench's rule: 0 (P3's sockets) or a window of up to 16 slices",
         doc="0 = P3's sockets; > 0 = ddpbench's own window of slices in flight per server "
             "(acknowledged on arrival, replies by priority), not P3's")
     priority: bool = knob(
@@ -273,18 +320,26 @@ class BytepsKnobs(PSKnobs):
 
     partition_bytes: int = knob(
         4_096_000, ge=1, unit="bytes", source="byteps/common/global.cc, BYTEPS_PARTITION_BYTES",
+        tune=(1_024_000, 128_000_000, "log"),
+        tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, partition in [2, 32] M parameters: up to "
+                    "128 MB of fp32), down to a quarter of BytePS's default",
         doc="bytes per partition")
     scheduler: Literal["byteps", "bytescheduler", "window"] = knob(
         "byteps", source="byteps/common/scheduled_queue.cc; bytescheduler/common/bytecore.py",
+        tune="categorical", tune_source="the three schedulers",
         doc="'byteps': FIFO to the network (BytePS's credit orders only the local reduce "
             "stage); 'bytescheduler': ByteScheduler's credit; 'window': ddpbench's own byte "
             "window released on arrival, not an original's")
     credit_params: int = knob(
         4_000_000, ge=1, unit="elements",
         source="bytescheduler/common/bytecore.py, BYTESCHEDULER_CREDIT",
+        tune=(1_000_000, 16_000_000, "log"), tune_when={"scheduler": "bytescheduler"},
+        tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, credit for 'ps' in [1, 16] M parameters)",
         doc="scheduler 'bytescheduler': parameters pushed and not yet acknowledged")
     credit_bytes: int = knob(
-        4_096_000, ge=1, unit="bytes",
+        4_096_000, ge=1, unit="bytes", tune=(4_000_000, 64_000_000, "log"),
+        tune_when={"scheduler": "window"},
+        tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, credit for 'ps', [1, 16] M parameters) as fp32 bytes",
         doc="scheduler 'window': bytes in flight, released on arrival (ddpbench's own)")
     merged_push_pull: bool = knob(
         False, doc="false = BytePS's round trip (push, its acknowledgement, then the pull); "
@@ -372,6 +427,31 @@ def defaults(name: str, side: Side = "sim") -> dict[str, Any]:
     """Return the defaults of the knobs of ``name`` that ``side`` honours (not cluster ones)."""
     info = knob_info(name)
     return {k: info[k]["default"] for k in sweep_knobs(name, side)}
+
+
+def tunable(name: str) -> dict[str, dict[str, Any]]:
+    """Return the knobs of backend ``name`` that ``ddpbench tune`` searches.
+
+    Each entry: ``kind`` (``int``, ``float``, ``bool`` or ``categorical``), ``scale``
+    (``log``, ``linear`` or ``categorical``), ``low``/``high`` or ``choices``, ``default``,
+    ``source`` (where the range comes from), ``when`` (other knobs' values it needs) and
+    ``unit``, in the order the knobs are declared.
+    """
+    out = {}
+    model = backend(name).knobs
+    for key, info in knob_info(name).items():
+        spec = info.get("tune")
+        if not spec:
+            continue
+        annotation = model.model_fields[key].annotation
+        entry: dict[str, Any] = {**spec, "default": info["default"], "unit": info["unit"]}
+        if spec["scale"] == "categorical":
+            entry["kind"] = "bool" if annotation is bool else "categorical"
+            entry["choices"] = [False, True] if annotation is bool else list(get_args(annotation))
+        else:
+            entry["kind"] = "int" if annotation is int else "float"
+        out[key] = entry
+    return out
 
 
 def _message(err: ValidationError, what: str) -> str:
