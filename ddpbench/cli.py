@@ -13,7 +13,7 @@ import importlib
 import sys
 
 # The order here is the order in --help.
-COMMANDS = ["run", "report", "list", "simulate", "launch", "bench", "numerics", "train",
+COMMANDS = ["run", "report", "list", "simulate", "tune", "launch", "bench", "numerics", "train",
             "profile", "calibrate"]
 
 

@@ -18,6 +18,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", "-w", default="resnet50",
                         help="profile name or YAML path (default resnet50)")
     parser.add_argument("--backend", "-b", default="p3", help="backend name (default p3)")
+    add_cluster_flags(parser)
+    parser.add_argument("--knob", "-k", action="append", default=[], metavar="NAME=VALUE",
+                        help="a backend knob, e.g. -k slice_params=10000 (repeatable)")
+    parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_max_events_flag(parser)
+
+
+def add_max_events_flag(parser: argparse.ArgumentParser) -> None:
+    """Add ``--max-events``, the limit on one simulation's estimated events."""
+    parser.add_argument("--max-events", type=float, default=None, metavar="N",
+                        help="refuse a simulation estimated past N events (default "
+                             "DDPBENCH_MAX_EVENTS or 50,000,000: about 5 min here)")
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the flags of the cluster and the schedule (``ddpbench simulate``'s and ``tune``'s)."""
     parser.add_argument("--workers", "-n", type=int, default=None,
                         help="worker processes, one per GPU (default 4, or hosts x "
                              "gpus_per_host with --hosts)")
@@ -36,13 +53,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rack-size", type=int, default=8,
                         help="hosts per rack when oversubscribed (default 8)")
     _cluster_flags(parser)
-    parser.add_argument("--knob", "-k", action="append", default=[], metavar="NAME=VALUE",
-                        help="a backend knob, e.g. -k slice_params=10000 (repeatable)")
-    parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--max-events", type=float, default=None, metavar="N",
-                        help="refuse a simulation estimated past N events (default "
-                             "DDPBENCH_MAX_EVENTS or 50,000,000: about 5 min here)")
 
 
 _FLAGGED = ("workers", "servers", "bandwidth_gbps", "latency_us", "iterations", "warmup",
@@ -75,15 +85,19 @@ def _value(text: str) -> object:
     return text
 
 
-def main(args: argparse.Namespace) -> int:
+def cluster_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return the cluster and schedule keywords of :func:`add_cluster_flags`' flags.
+
+    Returns:
+        ``(kwargs, given)``: every keyword ``simulate`` takes from the flags, and those of
+        the other Cluster/Schedule fields that were given.
+
+    Raises:
+        UsageError: a malformed ``--servers``.
+    """
+    from ddpbench import contract
     from ddpbench.cli import UsageError
 
-    knobs = {}
-    for item in args.knob:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--knob expects NAME=VALUE, got {item!r}")
-        knobs[name] = _value(value)
     servers: object = args.servers
     if servers != "colocated":
         try:
@@ -91,8 +105,6 @@ def main(args: argparse.Namespace) -> int:
         except ValueError:
             raise UsageError(f"--servers must be a count or 'colocated', got {args.servers!r}"
                              ) from None
-    from ddpbench import contract, simulator
-
     cluster = {k: getattr(args, k) for k in (*contract.Cluster.model_fields,
                                              *contract.Schedule.model_fields)
                if k not in _FLAGGED and getattr(args, k, None) is not None}
@@ -102,8 +114,29 @@ def main(args: argparse.Namespace) -> int:
         bandwidth_gbps=args.bandwidth_gbps, latency_us=args.latency_us,
         iterations=args.iterations, warmup=args.warmup,
         compute_scale=args.compute_scale, oversubscription=args.oversubscription,
-        rack_size=args.rack_size, **cluster, **dict[str, Any](knobs),
+        rack_size=args.rack_size, **cluster,
     )
+    return kwargs, cluster
+
+
+def main(args: argparse.Namespace) -> int:
+    from ddpbench.cli import UsageError
+
+    knobs = {}
+    for item in args.knob:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--knob expects NAME=VALUE, got {item!r}")
+        knobs[name] = _value(value)
+    from ddpbench import simulator
+
+    kwargs, cluster = cluster_kwargs(args)
+    servers = kwargs["servers"]
+    for name in knobs:
+        if name in kwargs:
+            raise UsageError(f"--knob {name}: {name} is a cluster setting; give it as "
+                             f"--{name.replace('_', '-')}")
+    kwargs.update(knobs)
     if args.max_events is not None and not args.max_events > 0:
         raise UsageError(f"--max-events must be > 0, got {args.max_events:g}")
     from ddpbench.simulator import estimate

@@ -1,0 +1,381 @@
+"""The search of ``ddpbench tune``: optuna's TPE over the space, each trial one simulation.
+
+The study lives in the output folder (``study.db``, SQLite, study ``ddpbench-tune``), so a
+second run resumes it: ``--trials 200`` after a run of 100 runs the 100 it lacks (finished
+trials are counted; failed ones are not). The backend is a categorical parameter and each
+backend's knobs are conditional on it, named ``<backend>.<knob>``. Every backend's default
+configuration is enqueued once (``enqueue_trial(..., skip_if_exists=True)``), so the answer
+is never slower than a default. TPE is seeded (``TPESampler(seed=seed)``); trials are asked
+``jobs`` at a time and told in the order they were asked, so the same seed and ``jobs`` give
+the same trials however long each simulation takes. A configuration met again (TPE proposes
+one it has tried, or a backend without knobs) is told its earlier result without simulating:
+the simulator is deterministic.
+
+Each trial runs :func:`ddpbench.simulator.simulate` in a worker process (the runner's
+executors: local processes, or ``mpi4py.futures`` with ``executor="mpi"``). A simulation
+that raises is a failed trial (a row with ``status=failed`` and its error), never counted
+as finished. ``results.csv`` is rewritten from the study after every batch (a temporary
+file, then a rename), one row per finished or failed trial; ``tune.json`` records the
+request, and a folder that holds another request is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpbench import contract
+from ddpbench.tune.space import Space
+
+__all__ = ["STUDY_NAME", "Request", "TuneRun", "evaluate", "load_setting", "read_rows", "run"]
+
+STUDY_NAME = "ddpbench-tune"
+_RESULT_COLUMNS = ("iteration_time_s", "throughput", "events", "seconds", "reused", "status",
+                   "error")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a tune answers: a workload on a cluster, over a space, from a seed."""
+
+    workload: str
+    """A shipped workload name or a profile YAML path."""
+    cluster: contract.Cluster
+    schedule: contract.Schedule
+    space: Space
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the request as tune.json records it (what a resumed run must match)."""
+        return {"workload": self.workload, "cluster": self.cluster.model_dump(),
+                "schedule": self.schedule.model_dump(), "backends": list(self.space.backends),
+                "space": self.space.to_dict(),
+                "fixed": {b: dict(v) for b, v in self.space.fixed.items() if v},
+                "dropped": [{"backend": b, "knob": k, "why": w}
+                            for b, k, w in self.space.dropped],
+                "seed": self.seed}
+
+
+@dataclass
+class TuneRun:
+    """What one call of :func:`run` did."""
+
+    folder: Path
+    finished_before: int
+    finished: int = 0
+    failed: int = 0
+    reused: int = 0
+    seconds: float = 0.0
+    stopped: str = ""
+    """Why the run stopped early ("time", "failures"), or ""."""
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def load_setting(path: str | Path) -> dict[str, Any]:
+    """Return the Cluster and Schedule fields of a cluster YAML file (``--cluster``).
+
+    The file is a mapping of :class:`~ddpbench.contract.Cluster` and
+    :class:`~ddpbench.contract.Schedule` fields, as an experiment file writes them.
+
+    Raises:
+        ValueError: unreadable or malformed YAML, an unknown key (the valid ones listed) or
+            a bad value; the message names the file, the line and the field, as the
+            runner's schema errors do.
+    """
+    from pydantic import ValidationError
+
+    from ddpbench.experiments.schema import ExperimentError, line_of, load_yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"--cluster {path}: {err.strerror or err}") from None
+    raw = load_yaml(text, path)
+    if not isinstance(raw, dict):
+        raise ExperimentError(path, getattr(raw, "line", None), None,
+                              "a cluster file is a mapping of Cluster and Schedule fields")
+    valid = [*contract.Cluster.model_fields, *contract.Schedule.model_fields]
+    for key in raw:
+        if key not in valid:
+            raise ExperimentError(path, line_of(raw, [key]), str(key),
+                                  f"unknown key; valid keys: {valid}")
+    values = {str(k): v for k, v in raw.items()}
+    for model in (contract.Cluster, contract.Schedule):
+        try:
+            model(**{k: v for k, v in values.items() if k in model.model_fields})
+        except ValidationError as err:
+            e = err.errors(include_url=False)[0]
+            name = str(e["loc"][0]) if e["loc"] else None
+            extra = model.model_fields[name].json_schema_extra if name else None
+            expect = extra.get("expect") if isinstance(extra, dict) else None
+            msg = str(e["msg"]).removeprefix("Value error, ")
+            if expect and e["type"] != "value_error":
+                msg = f"must be {expect}, got {e.get('input')!r}"
+            raise ExperimentError(path, line_of(raw, [name] if name else []), name,
+                                  msg) from None
+    return values
+
+
+def evaluate(workload: str, backend: str, knobs: Mapping[str, Any],
+             cluster: Mapping[str, Any], schedule: Mapping[str, Any]) -> dict[str, Any]:
+    """Simulate one configuration (in a worker process) and return its figures.
+
+    ``knobs`` may hold ``servers`` (a parameter-server placement): it goes to the cluster.
+
+    Returns:
+        ``{"ok": True, iteration_time_s, throughput, events, seconds}``, or
+        ``{"ok": False, "error": text, "seconds"}`` when the simulation raised.
+    """
+    from ddpbench import simulator
+
+    start = time.perf_counter()
+    try:
+        knobs = dict(knobs)
+        fields = dict(cluster)
+        if "servers" in knobs:
+            fields["servers"] = knobs.pop("servers")
+        res = simulator.simulate(workload, backend, cluster=contract.Cluster(**fields),
+                                 schedule=contract.Schedule(**schedule), trace=False, **knobs)
+        return {"ok": True, "iteration_time_s": res.iteration_time_s,
+                "throughput": res.throughput, "events": res.events,
+                "seconds": time.perf_counter() - start}
+    except Exception as err:  # noqa: BLE001 - a failed trial is a row, not a crash
+        msg = " ".join(str(err).split())
+        return {"ok": False, "error": f"{type(err).__name__}: {msg}",
+                "seconds": time.perf_counter() - start}
+
+
+def _config_key(backend: str, knobs: Mapping[str, Any]) -> str:
+    return json.dumps([backend, sorted(knobs.items())], default=str)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(folder / ".tmp.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another tune is writing {folder}; wait for it to "
+                               "finish") from None
+        yield
+
+
+def _check_request(folder: Path, request: dict[str, Any]) -> None:
+    """Write tune.json, or refuse a folder whose tune.json holds another request."""
+    path = folder / "tune.json"
+    normal = json.loads(json.dumps(request))
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            saved = None
+        if saved != normal:
+            differ = sorted(k for k in set(normal) | set(saved or {})
+                            if (saved or {}).get(k) != normal.get(k))
+            raise ValueError(f"{folder} holds another tune (its tune.json differs in "
+                             f"{differ}); give another -o FOLDER, or remove that one")
+        return
+    _write_atomic(path, json.dumps(normal, indent=2) + "\n")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _study(folder: Path, seed: int) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    return optuna.create_study(study_name=STUDY_NAME, storage=f"sqlite:///{folder / 'study.db'}",
+                               sampler=sampler, direction="minimize", load_if_exists=True)
+
+
+def read_rows(study: Any, space: Space) -> list[dict[str, Any]]:
+    """Return one row per finished or failed trial of ``study``, in trial order."""
+    from optuna.trial import TrialState
+
+    rows = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        if "backend" not in t.params:
+            continue
+        backend, _ = space.knobs_of(t.params)
+        row: dict[str, Any] = {"trial": t.number, "backend": backend,
+                               "is_default": bool(t.user_attrs.get("is_default", False))}
+        for p in space.params:
+            if p.name in t.params:
+                row[p.knob] = t.params[p.name]
+        ok = t.state == TrialState.COMPLETE
+        row.update({"iteration_time_s": t.value if ok else None,
+                    "throughput": t.user_attrs.get("throughput"),
+                    "events": t.user_attrs.get("events"),
+                    "seconds": t.user_attrs.get("seconds"),
+                    "reused": bool(t.user_attrs.get("reused", False)),
+                    "status": "ok" if ok else "failed", "error": t.user_attrs.get("error", "")})
+        rows.append(row)
+    return rows
+
+
+def _write_rows(folder: Path, rows: list[dict[str, Any]], space: Space) -> None:
+    knobs = list(dict.fromkeys(p.knob for p in space.params))
+    header = ["trial", "backend", "is_default", *knobs, *_RESULT_COLUMNS]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, header, lineterminator="\n", restval="")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    _write_atomic(folder / "results.csv", buf.getvalue())
+
+
+def run(request: Request, folder: Path, *, trials: int | None = 100,
+        seconds: float | None = None, jobs: int = 1, executor: str = "local",
+        progress: bool = True, on_batch: Callable[[TuneRun], None] | None = None) -> TuneRun:
+    """Run (or resume) the tune of ``request`` in ``folder`` until it holds ``trials``.
+
+    Args:
+        request: the workload, cluster, schedule, space and seed.
+        folder: the output folder (created); its study resumes.
+        trials: finished trials the study should hold in all (None: no limit, then
+            ``seconds`` must be given).
+        seconds: stop asking for trials after this many seconds (None: no limit).
+        jobs: trials evaluated at once, each in a process of its own.
+        executor: ``"local"`` (processes here) or ``"mpi"`` (``mpi4py.futures``).
+        progress: show a tqdm bar on stderr.
+        on_batch: called after every batch of trials is told.
+
+    Raises:
+        ValueError: a bad budget or executor, or a folder that holds another request.
+        RuntimeError: another tune writes the folder.
+    """
+    if trials is None and seconds is None:
+        raise ValueError("give --trials N or --time SECONDS")
+    if trials is not None and trials < 1:
+        raise ValueError(f"--trials must be >= 1, got {trials}")
+    if seconds is not None and not seconds > 0:
+        raise ValueError(f"--time must be > 0 seconds, got {seconds:g}")
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    if executor not in ("local", "mpi"):
+        raise ValueError(f"unknown executor {executor!r}; valid: ['local', 'mpi']")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder):
+        _check_request(folder, request.to_dict())
+        return _search(request, folder, trials, seconds, jobs, executor, progress, on_batch)
+
+
+def _search(request: Request, folder: Path, trials: int | None, seconds: float | None,
+            jobs: int, executor: str, progress: bool,
+            on_batch: Callable[[TuneRun], None] | None) -> TuneRun:
+    from optuna.trial import TrialState
+    from tqdm import tqdm
+
+    space = request.space
+    study = _study(folder, request.seed)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        # A run killed mid-trial left it running: it failed, and is asked again.
+        study.tell(t.number, state=TrialState.FAIL)
+    for b in space.backends:
+        study.enqueue_trial(space.default_params(b), user_attrs={"is_default": True},
+                            skip_if_exists=True)
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    cache = {_config_key(*space.knobs_of(t.params)): t for t in done}
+    state = TuneRun(folder, finished_before=len(done))
+    if space.empty:
+        waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        trials = min(trials, len(done) + waiting) if trials is not None else len(done) + waiting
+        seconds = None
+    todo = None if trials is None else max(0, trials - len(done))
+    cluster, schedule = request.cluster.model_dump(), request.schedule.model_dump()
+    bar = tqdm(total=todo, desc="tune", unit="trial", disable=not progress or todo == 0,
+               file=sys.stderr, dynamic_ncols=True)
+    start = time.perf_counter()
+    pool = None
+    if jobs > 1:
+        from ddpbench.experiments.runner import _make_executor
+
+        pool = _make_executor(executor, jobs)
+    try:
+        while todo is None or state.finished < todo:
+            if seconds is not None and time.perf_counter() - start >= seconds:
+                state.stopped = "time"
+                break
+            if state.failed >= max(10, todo or 0):
+                state.stopped = "failures"
+                break
+            n = jobs if todo is None else min(jobs, todo - state.finished)
+            asked = [study.ask() for _ in range(n)]
+            configs = [space.suggest(t) for t in asked]
+            results = _evaluate_batch(request.workload, configs, cache, cluster, schedule, pool)
+            for t, (backend, knobs), res in zip(asked, configs, results):
+                for key in ("throughput", "events", "seconds", "reused", "error"):
+                    if key in res:
+                        t.set_user_attr(key, res[key])
+                if res["ok"]:
+                    frozen = study.tell(t, res["iteration_time_s"])
+                    cache.setdefault(_config_key(backend, knobs), frozen)
+                    state.finished += 1
+                    state.reused += bool(res.get("reused"))
+                    bar.update(1)
+                else:
+                    study.tell(t, state=TrialState.FAIL)
+                    state.failed += 1
+                    bar.set_postfix(failed=state.failed)
+            state.rows = read_rows(study, space)
+            _write_rows(folder, state.rows, space)
+            if on_batch is not None:
+                on_batch(state)
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    state.seconds = time.perf_counter() - start
+    state.rows = read_rows(study, space)
+    _write_rows(folder, state.rows, space)
+    return state
+
+
+def _evaluate_batch(workload: str, configs: list[tuple[str, dict[str, Any]]],
+                    cache: Mapping[str, Any], cluster: dict[str, Any],
+                    schedule: dict[str, Any], pool: Any) -> list[dict[str, Any]]:
+    """Return the result of each configuration: reused from ``cache`` or simulated."""
+    out: list[dict[str, Any] | None] = [None] * len(configs)
+    futures: dict[str, Any] = {}
+    for i, (backend, knobs) in enumerate(configs):
+        key = _config_key(backend, knobs)
+        hit = cache.get(key)
+        if hit is not None:
+            out[i] = {"ok": True, "iteration_time_s": hit.value, "reused": True,
+                      "throughput": hit.user_attrs.get("throughput"),
+                      "events": hit.user_attrs.get("events"), "seconds": 0.0}
+        elif key not in futures:
+            args = (workload, backend, knobs, cluster, schedule)
+            futures[key] = pool.submit(evaluate, *args) if pool is not None else evaluate(*args)
+    done = {k: (f.result() if pool is not None else f) for k, f in futures.items()}
+    for i, (backend, knobs) in enumerate(configs):
+        if out[i] is None:
+            out[i] = dict(done[_config_key(backend, knobs)])
+    return [r for r in out if r is not None]
