@@ -561,15 +561,15 @@ def experiment_yaml(request: Mapping[str, Any], df: Any, folder: str | Path,
     exp.update(_non_default(schedule))
     backends: dict[str, dict[str, Any]] = {}
     zipped: list[list[str]] = []
-    if differ:
-        knobs: dict[str, Any] = {k: v for k, v in chosen.items() if k not in differ}
-        for k, v in differ.items():
-            knobs[k] = [v, base.get(k)]
-        backends[backend] = knobs
-        if len(differ) > 1:
-            zipped.append([f"{backend}.{k}" for k in differ])
-    else:
-        backends[backend] = dict(chosen)
+    # The fixed knobs as they are; the chosen ones that differ from their defaults as
+    # [chosen, default], zipped: the chosen point and the default point.
+    knobs: dict[str, Any] = {k: _coerce(backend, k, v)
+                             for k, v in _fixed(request, backend).items()}
+    for k, v in differ.items():
+        knobs[k] = [v, base.get(k)]
+    backends[backend] = knobs
+    if len(differ) > 1:
+        zipped.append([k if k in contract.COMMON_AXES else f"{backend}.{k}" for k in differ])
     for other in request.get("backends") or sorted(set(df["backend"])):
         if other != backend:
             backends[str(other)] = {k: _coerce(str(other), k, v)

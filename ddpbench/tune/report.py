@@ -285,15 +285,21 @@ def importances(folder: Path, request: Mapping[str, Any]
         backend = str(backend)
         names = [_param_name(request, backend, k) for k in answer.knob_columns(request, backend)]
         trials = [t for t in done if t.params.get("backend", backend) == backend]
+        if not names:
+            continue  # nothing searched: its default only
         names = [n for n in names if trials and all(n in t.params for t in trials)]
         if not names:
-            notes.append(f"{backend}: no knob searched in all its trials")
+            notes.append(f"{backend}: no knob was searched in every one of its trials")
             continue
         values = {t.value for t in trials}
         if len(trials) < 2 or len(values) < 2:
             notes.append(f"{backend}: {len(trials)} completed trial(s) with "
                          f"{len(values)} distinct value(s); importances need at least two "
                          "that differ")
+            continue
+        if len(names) == 1:
+            notes.append(f"{backend}: one knob searched ({names[0].removeprefix(backend + '.')}"
+                         "), its importance 1 by definition")
             continue
         try:
             imp = optuna.importance.get_param_importances(
@@ -434,9 +440,15 @@ def _plot_importances(plt: Any, doc: Document, imps: Mapping[str, Mapping[str, f
     if not imps:
         return []
     n = len(imps)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 0.5 * max(len(v) for v in imps.values())
-                                             + 1.8), squeeze=False)
-    for ax, (backend, imp) in zip(axes[0], imps.items()):
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    height = 0.5 * max(len(v) for v in imps.values()) + 1.6
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, height * nrows + 0.4),
+                             squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    for ax, (backend, imp) in zip(flat, imps.items()):
         names = list(imp)[::-1]
         ax.barh(names, [imp[k] for k in names], color="tab:blue")
         ax.set_xlim(0, 1)
