@@ -294,9 +294,9 @@ class P3Knobs(PSKnobs):
     slice_params: int = knob(
         40_000, ge=1, unit="elements",
         source="P3's MXNet fork, src/kvstore/kvstore_dist.h, MXNET_KVSTORE_BIGARRAY_BOUND",
-        tune=(10_000, 1_000_000, "log"),
-        tune_source="ddpbench's rule (P3 has no tuner): a quarter of the default up to 25 "
-                    "times it (a simulation's events grow as the slices shrink)",
+        tune=(40_000, 1_000_000, "log"),
+        tune_source="ddpbench's rule (P3 has no tuner): P3's own slice size up to 25 times "
+                    "it; below it a simulation's events grow as the slices shrink",
         doc="elements per slice; smaller arrays go whole to server (key*9973) % S")
     send_hwm: int = knob(
         1, ge=1, unit="messages", source="P3's ps-lite, src/zmq_van.h (ZMQ_SNDHWM)",

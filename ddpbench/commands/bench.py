@@ -17,6 +17,7 @@ BENCHES = {
     "pushpull": "ddpbench.benchmarks.pushpull",
     "noise": "ddpbench.benchmarks.noise",
     "backtest": "ddpbench.benchmarks.backtest",
+    "tune": "ddpbench.benchmarks.tune",
 }
 
 

@@ -120,6 +120,9 @@ def load_setting(path: str | Path) -> dict[str, Any]:
             extra = model.model_fields[name].json_schema_extra if name else None
             expect = extra.get("expect") if isinstance(extra, dict) else None
             msg = str(e["msg"]).removeprefix("Value error, ")
+            if name is None:  # a whole-model check: the field whose value it names
+                name = next((k for k, v in values.items() if isinstance(v, str)
+                             and repr(v) in msg), None)
             if expect and e["type"] != "value_error":
                 msg = f"must be {expect}, got {e.get('input')!r}"
             raise ExperimentError(path, line_of(raw, [name] if name else []), name,

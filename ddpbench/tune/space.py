@@ -324,6 +324,10 @@ def _targets(backends: Sequence[str], backend: str | None, knob: str, option: st
         return knob in contract.sweep_knobs(b, "sim")
 
     found = [b for b in names if has(b)]
+    real = [b for b in names if knob in contract.sweep_knobs(b, "real")]
+    if not found and real:
+        raise ValueError(f"{option}: knob {knob!r} of {real} only applies to real runs; "
+                         "tune simulates")
     if not found:
         valid = {b: contract.sweep_knobs(b, "sim") + (["servers"] if servers_ok and contract.
                                                        backend(b).uses_servers else [])

@@ -45,9 +45,10 @@ FLOORS: dict[int, tuple[str, tuple[str, ...]]] = {
         "simulator, and the compute emulation (the real-mode worker program)",
         ("ddpbench.backends.*", "ddpbench.nn", "ddpbench.trainer", "ddpbench.data",
          "ddpbench.torch.*", "ddpbench.simulator.*", "ddpbench.emulation")),
-    3: ("what measures: the experiments (kinds, runner, reports) and the calibration "
-        "(ping-pong, ring steps, fits through the simulator)",
-        ("ddpbench.experiments.*", "ddpbench.calibration.*")),
+    3: ("what measures: the experiments (kinds, runner, reports), the calibration "
+        "(ping-pong, ring steps, fits through the simulator) and the tune (optuna's search "
+        "over simulations, its report)",
+        ("ddpbench.experiments.*", "ddpbench.calibration.*", "ddpbench.tune.*")),
     4: ("the command line: the CLI, one module per command, and the programs behind "
         "`ddpbench bench` (they run experiment points and calibration rounds, and report "
         "bad options as the CLI's UsageError)",

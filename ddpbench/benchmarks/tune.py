@@ -1,0 +1,184 @@
+"""``ddpbench bench tune``: the wall time of ``ddpbench tune`` on the issue's cases, and its
+best against an exhaustive grid of a small space, both measured in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = ("time ddpbench tune (200 trials: ResNet-50 and VGG-19 on 16 x 8 V100 at 25 Gbit/s "
+        "TCP, VGG-19 on P3's 4 x P4000 at 10) and check its best against an exhaustive grid")
+
+# V100 servers of eight GPUs join them over NVLink (DGX-1, AWS p3.16xlarge).
+_V100 = {"hosts": 16, "gpus_per_host": 8, "device": "V100", "intra_link": "nvlink",
+         "transport": "tcp", "bandwidth_gbps": 25.0}
+# The P3 paper's testbed: 4 hosts of one P4000, ps-lite over TCP (experiments/p3_vs_ring.yaml).
+_P3 = {"workers": 4, "device": "P4000", "batch_size": 32, "transport": "tcp",
+       "bandwidth_gbps": 10.0}
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    ("resnet50 16x8 V100", "resnet50", _V100),
+    ("vgg19 16x8 V100", "vgg19", _V100),
+    ("vgg19 P3 testbed", "vgg19", _P3),
+]
+"""(case, workload, cluster and schedule fields)."""
+
+# The grid: two backends, two knobs each, five values each (log-spaced over the range).
+GRID_CASE = "vgg19 P3 testbed"
+GRID: dict[str, dict[str, tuple[float, float, str]]] = {
+    "p3": {"slice_params": (40_000, 1_000_000, "int"), "send_hwm": (1, 16, "int")},
+    "byteps": {"partition_bytes": (1_024_000, 128_000_000, "int"),
+               "credit_params": (1_000_000, 16_000_000, "int")},
+}
+GRID_FIXED = {"byteps": {"scheduler": "bytescheduler"}, "p3": {"water_mark": 0}}
+GRID_VALUES = 5
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trials", type=int, default=200,
+                        help="trials per case (default 200)")
+    parser.add_argument("--jobs", "-j", type=int, default=2,
+                        help="trials simulated at once (default 2)")
+    parser.add_argument("--target", type=float, default=180.0, metavar="SECONDS",
+                        help="wall-time target per case (default 180)")
+    parser.add_argument("--only", metavar="TEXT",
+                        help="run only the cases whose name holds TEXT ('grid': the grid only)")
+    parser.add_argument("--keep", type=Path, metavar="FOLDER",
+                        help="keep each case's tune folder under FOLDER (default: a temporary "
+                             "folder, removed)")
+
+
+def _setting(fields: dict[str, Any]) -> tuple[Any, Any]:
+    from ddpbench import contract
+
+    cluster = contract.Cluster(**{k: v for k, v in fields.items()
+                                  if k in contract.Cluster.model_fields})
+    schedule = contract.Schedule(**{k: v for k, v in fields.items()
+                                    if k in contract.Schedule.model_fields})
+    return cluster, schedule
+
+
+def _tune(workload: str, fields: dict[str, Any], folder: Path, trials: int, jobs: int, *,
+          backends: list[str] | None = None, fix: list[str] | None = None,
+          ranges: list[str] | None = None) -> tuple[Any, float]:
+    from ddpbench import contract
+    from ddpbench.tune import search
+    from ddpbench.tune.space import build_space
+
+    cluster, schedule = _setting(fields)
+    space = build_space(backends or list(contract.BACKENDS), cluster, fix=fix or [],
+                        ranges=ranges or [])
+    request = search.Request(workload, cluster, schedule, space, seed=0)
+    start = time.perf_counter()
+    done = search.run(request, folder, trials=trials, jobs=jobs, progress=False)
+    return done, time.perf_counter() - start
+
+
+def _best(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return min((r for r in rows if r["status"] == "ok"),
+               key=lambda r: (r["iteration_time_s"], r["trial"]))
+
+
+def _knobs_text(row: dict[str, Any], names: list[str]) -> str:
+    from ddpbench.tune.space import fmt_value
+
+    return ", ".join(f"{k}={fmt_value(row[k])}" for k in names if row.get(k) not in (None, ""))
+
+
+def _cases(args: argparse.Namespace, root: Path) -> None:
+    from ddpbench import contract
+    from ddpbench.tune.space import build_space
+
+    print(f"{args.trials} trials per case, {args.jobs} job(s); gain = fastest default / best")
+    header = (f"{'case':<20}{'trials':>7}{'simulated':>10}{'wall s':>8}{'target s':>9}"
+              f"{'best ms':>9}{'default ms':>11}{'gain':>7}  best (fastest default)")
+    print(header)
+    print("-" * len(header))
+    for case, workload, fields in CASES:
+        if args.only and args.only not in case:
+            continue
+        folder = root / case.replace(" ", "-")
+        done, wall = _tune(workload, fields, folder, args.trials, args.jobs)
+        rows = [r for r in done.rows if r["status"] == "ok"]
+        best = _best(rows)
+        defaults = [r for r in rows if r["is_default"]]
+        fastest = min(defaults, key=lambda r: r["iteration_time_s"])
+        space = build_space(list(contract.BACKENDS), _setting(fields)[0])
+        names = [p.knob for p in space.of(best["backend"])]
+        note = "  OVER TARGET" if wall > args.target else ""
+        print(f"{case:<20}{done.finished:>7}{done.finished - done.reused:>10}{wall:>8.1f}"
+              f"{args.target:>9.0f}{best['iteration_time_s'] * 1e3:>9.2f}"
+              f"{fastest['iteration_time_s'] * 1e3:>11.2f}"
+              f"{fastest['iteration_time_s'] / best['iteration_time_s']:>7.3f}  "
+              f"{best['backend']} {_knobs_text(best, names) or '(default)'} "
+              f"({fastest['backend']}){note}")
+
+
+def _grid_points() -> list[tuple[str, dict[str, Any]]]:
+    import itertools
+
+    out = []
+    for backend, knobs in GRID.items():
+        axes = []
+        for _knob, (low, high, _kind) in knobs.items():
+            values = [low * (high / low) ** (i / (GRID_VALUES - 1)) for i in range(GRID_VALUES)]
+            axes.append(sorted({round(v) for v in values}))
+        for combo in itertools.product(*axes):
+            out.append((backend, {**GRID_FIXED.get(backend, {}), **dict(zip(knobs, combo))}))
+    return out
+
+
+def _grid(args: argparse.Namespace, root: Path) -> None:
+    import concurrent.futures as cf
+
+    from ddpbench.tune import search
+
+    workload, fields = next((w, f) for c, w, f in CASES if c == GRID_CASE)
+    cluster, schedule = _setting(fields)
+    points = _grid_points()
+    start = time.perf_counter()
+    with cf.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(search.evaluate, *zip(*[
+            (workload, b, k, cluster.model_dump(), schedule.model_dump()) for b, k in points])))
+    grid_wall = time.perf_counter() - start
+    best_i = min(range(len(points)), key=lambda i: results[i].get("iteration_time_s", math.inf))
+    grid_best = results[best_i]["iteration_time_s"]
+    budget = len(points) // 4
+    fix = [f"{b}.{k}={v}" for b, kv in GRID_FIXED.items() for k, v in kv.items()]
+    ranges = [f"{b}.{k}={low}:{high}" for b, kv in GRID.items() for k, (low, high, _) in kv.items()]
+    done, wall = _tune(workload, fields, root / "grid-tune", budget, args.jobs,
+                       backends=list(GRID), fix=fix, ranges=ranges)
+    rows = [r for r in done.rows if r["status"] == "ok"]
+    best = _best(rows)
+    simulated = done.finished - done.reused + done.failed
+    b, k = points[best_i]
+    print(f"\ngrid on {GRID_CASE}: {' and '.join(GRID)} x "
+          f"{' x '.join(f'{len(v)} knobs' for v in GRID.values())} x {GRID_VALUES} values "
+          f"({', '.join(f'{kk}' for v in GRID.values() for kk in v)}; fixed: {fix})")
+    print(f"  grid: {len(points)} simulations in {grid_wall:.1f} s; best {grid_best * 1e3:.2f} ms: "
+          f"{b} {', '.join(f'{kk}={vv:,}' for kk, vv in k.items() if kk in GRID[b])}")
+    names = list(GRID[best["backend"]])
+    ratio = best["iteration_time_s"] / grid_best
+    print(f"  tune: {done.finished} trials ({simulated} simulated, budget {budget} = 1/4 of the "
+          f"grid) in {wall:.1f} s; best {best['iteration_time_s'] * 1e3:.2f} ms: "
+          f"{best['backend']} {_knobs_text(best, names)}")
+    verdict = "within 1%" if ratio <= 1.01 else "NOT WITHIN 1%"
+    print(f"  tune best / grid best = {ratio:.4f} ({verdict}); simulations {simulated} / "
+          f"{len(points)} = {simulated / len(points):.2f}")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ddpbench.cli import UsageError
+
+    if args.trials < 1 or args.jobs < 1:
+        raise UsageError(f"--trials and --jobs must be >= 1, got {args.trials}, {args.jobs}")
+    with tempfile.TemporaryDirectory(prefix="ddpbench-bench-tune-") as tmp:
+        root = args.keep or Path(tmp)
+        if args.only != "grid":
+            _cases(args, root)
+        if not args.only or args.only == "grid":
+            _grid(args, root)
+    return 0

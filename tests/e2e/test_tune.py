@@ -1,0 +1,108 @@
+"""``ddpbench tune`` end to end: a small tune, its resume, its determinism, its refusals."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from ddpbench import contract
+from ddpbench.cli import main
+
+# ResNet-50 on 4 hosts of one GPU: each simulation takes well under a second.
+SMALL = ["tune", "-w", "resnet50", "--workers", "4", "--bandwidth-gbps", "1",
+         "--no-progress", "--no-report"]
+
+
+def _rows(folder: Path) -> list[dict[str, str]]:
+    with open(folder / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tune") / "out"
+    assert main([*SMALL, "--trials", "12", "-o", str(folder)]) == 0
+    return folder
+
+
+def test_a_row_per_trial_with_every_backend_default(tuned: Path):
+    rows = _rows(tuned)
+    assert [int(r["trial"]) for r in rows] == list(range(12))
+    assert all(r["status"] == "ok" for r in rows)
+    defaults = {r["backend"] for r in rows if r["is_default"] == "True"}
+    assert defaults == set(contract.BACKENDS)
+    hv = next(r for r in rows if r["backend"] == "horovod" and r["is_default"] == "True")
+    assert int(hv["fusion_threshold"]) == contract.defaults("horovod")["fusion_threshold"]
+    assert (tuned / "study.db").exists() and (tuned / "tune.json").exists()
+
+
+def test_the_best_is_never_slower_than_a_default(tuned: Path):
+    rows = _rows(tuned)
+    best = min(float(r["iteration_time_s"]) for r in rows)
+    assert all(best <= float(r["iteration_time_s"]) for r in rows if r["is_default"] == "True")
+
+
+def test_a_larger_budget_adds_only_the_difference(tuned: Path, capsys: pytest.CaptureFixture):
+    capsys.readouterr()
+    assert main([*SMALL, "--trials", "15", "-o", str(tuned)]) == 0
+    assert "3 new trial(s)" in capsys.readouterr().out
+    rows = _rows(tuned)
+    assert len(rows) == 15
+    assert sum(r["is_default"] == "True" for r in rows) == len(contract.BACKENDS)
+    # a budget already met adds nothing
+    assert main([*SMALL, "--trials", "10", "-o", str(tuned)]) == 0
+    assert len(_rows(tuned)) == 15
+
+
+def test_the_same_seed_gives_the_same_trials(tmp_path: Path):
+    def trials(folder: Path) -> list[tuple[str, ...]]:
+        assert main([*SMALL, "--trials", "9", "--backends", "horovod,p3",
+                     "--search-seed", "3", "-o", str(folder)]) == 0
+        return [tuple(v for k, v in r.items() if k not in ("seconds",)) for r in _rows(folder)]
+
+    assert trials(tmp_path / "a") == trials(tmp_path / "b")
+
+
+def test_another_request_in_the_same_folder_is_refused(tuned: Path,
+                                                       capsys: pytest.CaptureFixture):
+    assert main([*SMALL, "--trials", "15", "--search-seed", "1", "-o", str(tuned)]) == 2
+    assert "holds another tune" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--trials", "0"], "--trials must be >= 1, got 0"),
+    (["--fix", "nosuch=1"], "unknown knob 'nosuch'"),
+    (["--range", "nrings=0:4"], "outside the knob's bounds"),
+    (["--range", "cycle_time=3:3"], "the range is empty"),
+    (["--backends", ","], "--backends is empty"),
+    (["--backends", "nccl"], "unknown backend 'nccl'"),
+    (["-w", "nosuch"], "unknown workload 'nosuch'"),
+    (["--time", "0"], "--time must be"),
+])
+def test_bad_input_exits_2_before_any_trial(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                            extra: list[str], message: str):
+    assert main([*SMALL, *extra, "-o", str(tmp_path / "x")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x" / "study.db").exists()
+
+
+def test_a_cluster_file_with_errors_names_its_line(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture):
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text("hosts: 4\ngpus_per_host: 2\ntransport: carrier-pigeon\n")
+    assert main([*SMALL, "--cluster", str(bad), "-o", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3: field 'transport'" in err
+    bad.write_text("hosts: 4\nbandwith_gbps: 10\n")
+    assert main([*SMALL, "--cluster", str(bad), "-o", str(tmp_path / "x")]) == 2
+    assert f"{bad}:2: field 'bandwith_gbps': unknown key" in capsys.readouterr().err
+
+
+def test_a_cluster_file_sets_the_cluster(tmp_path: Path, capsys: pytest.CaptureFixture):
+    good = tmp_path / "cluster.yaml"
+    good.write_text("hosts: 2\ngpus_per_host: 2\nbandwidth_gbps: 25\ntransport: tcp\n")
+    assert main(["tune", "--cluster", str(good), "--space"]) == 0
+    out = capsys.readouterr().out
+    assert "2 hosts x 2 GPUs, 25 Gbit/s tcp" in out and "hierarchical" in out
