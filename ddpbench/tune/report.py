@@ -139,15 +139,25 @@ def _compute_bound_line(request: Mapping[str, Any], best: Any,
                                                                  compute)]
         also = (f" ({', '.join(near)} at {'its' if len(near) == 1 else 'their'} default "
                 f"{'is' if len(near) == 1 else 'are'} too)" if near else "")
+        below = ("" if t >= compute else
+                 f"; it is {1 - t / compute:.1%} below it because the simulator measures "
+                 "the steady state over the request's few iterations "
+                 f"({_iterations(request)}), not because any configuration computes faster")
         return (f"Compute-bound: the fastest configuration's {_ms(t):.4g} ms is within "
                 f"{tol:.0%} of the {_ms(compute):.4g} ms its compute alone takes (a free "
-                f"network){also}. Nothing to gain from communication tuning.")
+                f"network){also}{below}. Nothing to gain from communication tuning.")
     fastest_default = min((float(d["iteration_time_s"]) for d in base.values()), default=math.nan)
     dflt = ("" if math.isnan(fastest_default) else
             f"; the fastest default adds {fastest_default / compute - 1:.1%}")
     return (f"Not compute-bound: communication adds {t / compute - 1:.1%} to the "
             f"{_ms(compute):.4g} ms its compute alone takes (a free network) in the fastest "
             f"configuration{dflt}.")
+
+
+def _iterations(request: Mapping[str, Any]) -> str:
+    sched = request.get("schedule") or {}
+    n, w = sched.get("iterations", 3), sched.get("warmup", 1)
+    return f"{n} iterations, {w} of them warm-up"
 
 
 # -- tables ----------------------------------------------------------------------------------
