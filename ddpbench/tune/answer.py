@@ -461,12 +461,18 @@ class NumericsVerdict:
         for r in bad:
             why = ("overflows" if r["overflow"] else "flushes small values"
                    if r["underflow_frac"] > 0 else "loses accuracy")
-            rng = (f"safe factors there: {r['safe_low']:g} to {r['safe_high']:g}"
+            rng = (f"safe factors there: {_factor(r['safe_low'])} to {_factor(r['safe_high'])}"
                    if r["safe_low"] is not None else "no factor tried is safe there")
             parts.append(f"at RMS {r['scale']:g} it {why} ({rng})")
         return (head + "NOT safe: " + "; ".join(parts) + f". Check with `ddpbench numerics query "
                 f"-N {self.world_size} --dtype {self.dtype} --dist {self.dist} --scale "
                 f"{bad[0]['scale']:g}`.")
+
+
+def _factor(f: float) -> str:
+    """Return a factor as tables name it: ``2^k`` for a power of two from 1024 up."""
+    k = math.log2(f) if f > 0 else 0.0
+    return f"2^{int(k)}" if k.is_integer() and k >= 10 else f"{f:g}"
 
 
 def numerics_verdict(request: Mapping[str, Any], factor: float = 1.0, *,

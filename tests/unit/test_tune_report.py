@@ -293,3 +293,20 @@ def test_importances_need_two_differing_trials(tmp_path: Path) -> None:
     # The best is a default: best.yaml runs it as is, with no zipped knobs.
     exp = load_experiment(folder / "best.yaml")
     assert exp.spec.zip == ()
+
+
+def test_best_yaml_names_a_profile_relative_to_itself(tmp_path: Path) -> None:
+    profile = Path(__file__).resolve().parents[2] / "experiments" / "profiles" / \
+        "my_model_resnet18.yaml"
+    folder = tmp_path / "tune"
+    local = folder / "model.yaml"
+    folder.mkdir()
+    local.write_text(profile.read_text(encoding="utf-8"), encoding="utf-8")
+    make_folder(folder, workload=str(local))
+    text = answer.experiment_yaml(*answer.load(folder), folder)
+    assert "- model.yaml" in text
+    (folder / "best.yaml").write_text(text, encoding="utf-8")
+    exp = load_experiment(folder / "best.yaml")
+    assert Path(exp.spec.workloads[0]).resolve() == local.resolve()
+    lines = answer.summary_lines(*answer.load(folder))
+    assert len(lines) == 5 and lines[0].startswith("1. horovod[")
