@@ -33,7 +33,8 @@ GRID: dict[str, dict[str, tuple[float, float, str]]] = {
     "byteps": {"partition_bytes": (1_024_000, 128_000_000, "int"),
                "credit_params": (1_000_000, 16_000_000, "int")},
 }
-GRID_FIXED = {"byteps": {"scheduler": "bytescheduler"}, "p3": {"water_mark": 0}}
+GRID_FIXED: dict[str, dict[str, Any]] = {"byteps": {"scheduler": "bytescheduler"},
+                                        "p3": {"water_mark": 0}}
 GRID_VALUES = 5
 
 
@@ -120,7 +121,7 @@ def _cases(args: argparse.Namespace, root: Path) -> None:
 def _grid_points() -> list[tuple[str, dict[str, Any]]]:
     import itertools
 
-    out = []
+    out: list[tuple[str, dict[str, Any]]] = []
     for backend, knobs in GRID.items():
         axes = []
         for _knob, (low, high, _kind) in knobs.items():

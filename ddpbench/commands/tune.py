@@ -161,9 +161,10 @@ def _check_cost(args: argparse.Namespace, workload: str, request: Any, trials: i
     fields = {**request.cluster.model_dump(), **request.schedule.model_dump()}
     worst = None
     for b in request.space.backends:
+        knobs = {**contract.defaults(b), **request.space.fixed.get(b, {})}
+        point = {**fields, "servers": knobs.pop("servers", fields["servers"])}
         try:
-            est = estimate.estimate(workload, b, **fields, **contract.defaults(b),
-                                    **request.space.fixed.get(b, {}))
+            est = estimate.estimate(workload, b, **point, **knobs)
             estimate.check(est, args.max_events)
         except ValueError as err:
             raise UsageError(f"{b}: {err}") from None
