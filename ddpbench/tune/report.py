@@ -177,7 +177,7 @@ def _request_section(doc: Document, request: Mapping[str, Any]) -> None:
                  "transport": cluster.transport, "intra_link": cluster.intra_link,
                  **answer._non_default(cluster)}
         items.append("cluster: " + ", ".join(f"{k}={format_value(v)}" for k, v in
-                                             shown.items()))
+                                             shown.items() if v is not None))
     sched = request.get("schedule") or {}
     if sched:
         items.append("schedule: " + (", ".join(
