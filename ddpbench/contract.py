@@ -23,7 +23,9 @@ honours: ``(low, high, "log")`` or ``(low, high, "linear")`` for a number,
 ``"categorical"`` for a Literal or a bool (its choices from the type); ``tune_source`` names
 where the range comes from (an original's own autotuner where it has one, else the rule);
 ``tune_when`` makes it a conditional parameter, searched only when other knobs of the
-backend hold the given values. A knob without ``tune`` is never searched.
+backend hold the given values; ``tune_original`` lists the values the original system offers
+where others in the range are ddpbench's own (``tune --originals-only`` keeps to them). A
+knob without ``tune`` is never searched.
 
 Example:
     >>> from ddpbench import contract
@@ -91,7 +93,8 @@ def _env_number(name: str, default: float, cast: Callable[[Any], Any] = float) -
 def knob(default: Any = None, *, doc: str, side: Side = "both", source: str = "",
          env: str | None = None, cluster: bool = False, sweep: bool = True, unit: str = "",
          tune: tuple[float, float, str] | str | None = None, tune_source: str = "",
-         tune_when: Mapping[str, Any] | None = None, **bounds: Any) -> Any:
+         tune_when: Mapping[str, Any] | None = None,
+         tune_original: tuple[Any, ...] | None = None, **bounds: Any) -> Any:
     """Declare one knob: its default, bounds (``ge``, ``gt``, ``le``), doc and provenance.
 
     Args:
@@ -107,11 +110,12 @@ def knob(default: Any = None, *, doc: str, side: Side = "both", source: str = ""
             ``"categorical"``; None = not searched.
         tune_source: where the search range comes from.
         tune_when: other knobs' values under which it is searched (a conditional parameter).
+        tune_original: the values the original offers, where the rest are ddpbench's own.
         **bounds: pydantic bounds (``ge``, ``gt``, ``le``, ``lt``, ``allow_inf_nan``).
     """
     extra: Any = {"side": side, "source": source, "env": env, "cluster": cluster,
                   "sweep": sweep, "unit": unit, "tune": _tune_spec(tune, side, tune_source,
-                                                                  tune_when)}
+                                                                  tune_when, tune_original)}
     if env is not None:
         cast = type(default)
         return Field(default_factory=lambda: _env_number(env, default, cast), description=doc,
@@ -119,8 +123,8 @@ def knob(default: Any = None, *, doc: str, side: Side = "both", source: str = ""
     return Field(default, description=doc, json_schema_extra=extra, **bounds)
 
 
-def _tune_spec(tune: Any, side: Side, source: str, when: Mapping[str, Any] | None
-               ) -> dict[str, Any] | None:
+def _tune_spec(tune: Any, side: Side, source: str, when: Mapping[str, Any] | None,
+               original: tuple[Any, ...] | None = None) -> dict[str, Any] | None:
     """Return a knob's search range as stored in its metadata (None: not searched)."""
     if tune is None:
         return None
@@ -134,7 +138,10 @@ def _tune_spec(tune: Any, side: Side, source: str, when: Mapping[str, Any] | Non
             raise ValueError(f"tune range must be (low < high, 'log' or 'linear'), with "
                              f"low > 0 on a log scale; got {tune!r}")
         spec = {"scale": scale, "low": low, "high": high}
-    return {**spec, "source": source, "when": dict(when or {})}
+    out = {**spec, "source": source, "when": dict(when or {})}
+    if original is not None:
+        out["original"] = list(original)
+    return out
 
 
 class Knobs(BaseModel):
@@ -304,7 +311,7 @@ class P3Knobs(PSKnobs):
         tune_source="ddpbench's rule: P3's 1 up to 16 slices per socket",
         doc="slices a socket to one server holds before the sending thread blocks")
     water_mark: int = knob(
-        0, ge=0, unit="slices", tune=(0, 16, "linear"),
+        0, ge=0, unit="slices", tune=(0, 16, "linear"), tune_original=(0,),
         tune_source="ddpbench's rule: 0 (P3's sockets) or a window of up to 16 slices",
         doc="0 = P3's sockets; > 0 = ddpbench's own window of slices in flight per server "
             "(acknowledged on arrival, replies by priority), not P3's")
@@ -327,6 +334,7 @@ class BytepsKnobs(PSKnobs):
     scheduler: Literal["byteps", "bytescheduler", "window"] = knob(
         "byteps", source="byteps/common/scheduled_queue.cc; bytescheduler/common/bytecore.py",
         tune="categorical", tune_source="the three schedulers",
+        tune_original=("byteps", "bytescheduler"),
         doc="'byteps': FIFO to the network (BytePS's credit orders only the local reduce "
             "stage); 'bytescheduler': ByteScheduler's credit; 'window': ddpbench's own byte "
             "window released on arrival, not an original's")
@@ -339,7 +347,8 @@ class BytepsKnobs(PSKnobs):
     credit_bytes: int = knob(
         4_096_000, ge=1, unit="bytes", tune=(4_000_000, 64_000_000, "log"),
         tune_when={"scheduler": "window"},
-        tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, credit for 'ps', [1, 16] M parameters) as fp32 bytes",
+        tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, credit for 'ps', "
+                    "[1, 16] M parameters) as fp32 bytes",
         doc="scheduler 'window': bytes in flight, released on arrival (ddpbench's own)")
     merged_push_pull: bool = knob(
         False, doc="false = BytePS's round trip (push, its acknowledgement, then the pull); "
@@ -434,8 +443,9 @@ def tunable(name: str) -> dict[str, dict[str, Any]]:
 
     Each entry: ``kind`` (``int``, ``float``, ``bool`` or ``categorical``), ``scale``
     (``log``, ``linear`` or ``categorical``), ``low``/``high`` or ``choices``, ``default``,
-    ``source`` (where the range comes from), ``when`` (other knobs' values it needs) and
-    ``unit``, in the order the knobs are declared.
+    ``source`` (where the range comes from), ``when`` (other knobs' values it needs),
+    ``original`` (where present: the values the original offers) and ``unit``, in the order
+    the knobs are declared.
     """
     out = {}
     model = backend(name).knobs

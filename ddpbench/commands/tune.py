@@ -46,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--range", action="append", default=[], metavar="KNOB=LO:HI",
                         help="narrow a knob's range, or a choice's values with KNOB=A,B "
                              "(BACKEND.KNOB=... for one backend; repeatable)")
+    parser.add_argument("--originals-only", action="store_true",
+                        help="keep to what the original systems offer: no BytePS scheduler "
+                             "'window' or P3 water_mark, which are ddpbench's own")
     parser.add_argument("--space", action="store_true",
                         help="print the search space per backend (knob, kind, range, scale, "
                              "default, source of the range) and exit")
@@ -195,7 +198,8 @@ def main(args: argparse.Namespace) -> int:
                 else [b.strip() for b in args.backends.split(",") if b.strip()])
     try:
         cluster, schedule = _setting(args)
-        space = build_space(backends, cluster, fix=args.fix, ranges=args.range)
+        space = build_space(backends, cluster, fix=args.fix, ranges=args.range,
+                            originals_only=args.originals_only)
     except ValueError as err:
         raise UsageError(str(err)) from None
     if args.space:
@@ -243,7 +247,7 @@ def _print_answer(done: Any, space: Any, folder: Path, cluster: Any) -> None:
     if not rows:
         return
     default = {r["backend"]: r["iteration_time_s"] for r in rows if r["is_default"]}
-    seen, top = set(), []
+    seen, top, own = set(), [], False
     for r in sorted(rows, key=lambda r: (r["iteration_time_s"], r["trial"])):
         knobs = tuple((p.knob, r[p.knob]) for p in space.of(r["backend"]) if p.knob in r)
         if (r["backend"], knobs) in seen:
@@ -258,8 +262,14 @@ def _print_answer(done: Any, space: Any, folder: Path, cluster: Any) -> None:
         gain = f"{base / r['iteration_time_s'] - 1:+.1%}" if base else "-"
         text = ", ".join(f"{k}={fmt_value(v)}" for k, v in knobs) or "(no knobs)"
         text += " (default)" if r["is_default"] else ""
+        if space.own(r["backend"], dict(knobs)):
+            text += " *"
+            own = True
         print(f"{i:>2} {r['backend']:<11}{r['iteration_time_s'] * 1e3:>13.2f}"
               f"{r['throughput']:>12,.1f}{gain:>12}  {text}")
+    if own:
+        print("* uses a mechanism of ddpbench's own, not the original's (see the knob's doc; "
+              "--originals-only leaves them out)")
     if default:
         fastest = min(default, key=lambda b: default[b])
         best = top[0][0]

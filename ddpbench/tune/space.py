@@ -50,6 +50,12 @@ class Param:
     when: Mapping[str, Any] = field(default_factory=dict)
     """Other knobs' values (of the same backend) under which this one is searched."""
     unit: str = ""
+    original: tuple[Any, ...] = ()
+    """The values the original system offers, where the others are ddpbench's own."""
+
+    def is_own(self, value: Any) -> bool:
+        """Return whether ``value`` is ddpbench's own mechanism rather than the original's."""
+        return bool(self.original) and value not in self.original
 
     @property
     def name(self) -> str:
@@ -88,6 +94,8 @@ class Param:
             out["low"], out["high"] = self.low, self.high
         if self.when:
             out["when"] = dict(self.when)
+        if self.original:
+            out["original"] = list(self.original)
         return out
 
 
@@ -157,6 +165,11 @@ class Space:
         backend = str(params["backend"])
         tuned = {p.knob: params[p.name] for p in self.of(backend) if p.name in params}
         return backend, {**self.fixed.get(backend, {}), **tuned}
+
+    def own(self, backend: str, knobs: Mapping[str, Any]) -> list[str]:
+        """Return ``knob=value`` of the knobs whose values are ddpbench's own, not the original's."""
+        return [f"{p.knob}={fmt_value(knobs[p.knob])}" for p in self.of(backend)
+                if p.knob in knobs and p.is_own(knobs[p.knob])]
 
     def to_dict(self) -> dict[str, Any]:
         """Return the space as tune.json records it: ``<backend>.<knob>`` -> its range."""
@@ -246,7 +259,8 @@ def _servers_param(backend: str, cluster: contract.Cluster) -> Param | None:
 
 
 def build_space(backends: Sequence[str], cluster: contract.Cluster, *,
-                fix: Iterable[str] = (), ranges: Iterable[str] = ()) -> Space:
+                fix: Iterable[str] = (), ranges: Iterable[str] = (),
+                originals_only: bool = False) -> Space:
     """Return the space of ``backends`` on ``cluster``, narrowed by ``--fix`` and ``--range``.
 
     Args:
@@ -256,6 +270,8 @@ def build_space(backends: Sequence[str], cluster: contract.Cluster, *,
             ``BACKEND.KNOB=VALUE`` items.
         ranges: ``KNOB=LOW:HIGH`` (a number's range) or ``KNOB=A,B`` (a choice's subset)
             items, with the same optional ``BACKEND.`` prefix.
+        originals_only: keep to the values the original systems offer (no scheduler
+            ``window``, no P3 ``water_mark``: ddpbench's own mechanisms).
 
     Raises:
         ValueError: no backend or an unknown one, an unknown knob (the valid ones listed),
@@ -278,15 +294,39 @@ def build_space(backends: Sequence[str], cluster: contract.Cluster, *,
             if why:
                 dropped.append((b, knob, why))
                 continue
-            params.append(Param(b, knob, spec["kind"], spec["scale"], spec["default"],
-                                spec["source"], spec.get("low"), spec.get("high"),
-                                tuple(spec.get("choices", ())), dict(spec["when"]),
-                                spec["unit"]))
+            param = Param(b, knob, spec["kind"], spec["scale"], spec["default"],
+                          spec["source"], spec.get("low"), spec.get("high"),
+                          tuple(spec.get("choices", ())), dict(spec["when"]), spec["unit"],
+                          tuple(spec.get("original", ())))
+            if originals_only and param.original:
+                if param.kind not in ("bool", "categorical"):
+                    dropped.append((b, knob, "its other values are ddpbench's own "
+                                             "(--originals-only)"))
+                    continue
+                param = replace(param, choices=tuple(c for c in param.choices
+                                                     if c in param.original))
+            params.append(param)
         servers = _servers_param(b, cluster)
         if servers is not None and "servers" not in fixed[b]:
             params.append(servers)
     space = Space(tuple(backends), tuple(params), fixed, tuple(dropped), cluster.servers)
-    return _narrow(space, ranges)
+    return _without_dead_conditions(_narrow(space, ranges))
+
+
+def _without_dead_conditions(space: Space) -> Space:
+    """Drop conditional parameters whose condition no longer can hold (its value was
+    narrowed away, e.g. credit_bytes once the scheduler cannot be ``window``)."""
+    params, dropped = [], list(space.dropped)
+    for p in space.params:
+        dead = [f"{k}={fmt_value(v)}" for k, v in p.when.items()
+                if any(q.backend == p.backend and q.knob == k and v not in q.choices
+                       for q in space.params)
+                or space.fixed.get(p.backend, {}).get(k, v) != v]
+        if dead:
+            dropped.append((p.backend, p.knob, f"only searched when {', '.join(dead)}"))
+        else:
+            params.append(p)
+    return replace(space, params=tuple(params), dropped=tuple(dropped))
 
 
 def _fixed(backends: Sequence[str], fix: Iterable[str]) -> dict[str, dict[str, Any]]:

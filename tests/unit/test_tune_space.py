@@ -161,3 +161,26 @@ def test_the_space_records_log_scales_for_tune_json():
     assert d["horovod.fusion_threshold"]["log"] is True
     assert d["horovod.fusion_threshold"]["low"] == 1 << 20
     assert math.isclose(d["horovod.cycle_time"]["high"], 100.0)
+
+
+def test_originals_only_leaves_out_ddpbenchs_own_mechanisms():
+    s = build_space(["p3", "byteps"], ONE_GPU, originals_only=True)
+    assert "p3.water_mark" not in [p.name for p in s.params]
+    assert next(p for p in s.params if p.knob == "scheduler").choices == ("byteps",
+                                                                            "bytescheduler")
+    # credit_bytes is only searched under the 'window' scheduler, which is gone
+    assert ("byteps", "credit_bytes") in [(b, k) for b, k, _ in s.dropped]
+    full = build_space(["p3", "byteps"], ONE_GPU)
+    assert full.own("byteps", {"scheduler": "window"}) == ["scheduler=window"]
+    assert full.own("p3", {"water_mark": 0, "slice_params": 1}) == []
+    assert full.own("p3", {"water_mark": 4}) == ["water_mark=4"]
+    for name in contract.BACKENDS:  # every default is the original's
+        for knob, spec in contract.tunable(name).items():
+            assert spec["default"] in spec.get("original", [spec["default"]]), (name, knob)
+
+
+def test_a_fixed_or_narrowed_condition_drops_its_conditional_knobs():
+    s = build_space(["byteps"], ONE_GPU, fix=["scheduler=byteps"])
+    assert [p.knob for p in s.params] == ["partition_bytes"]
+    s = build_space(["byteps"], ONE_GPU, ranges=["scheduler=window"])
+    assert [p.knob for p in s.params] == ["partition_bytes", "scheduler", "credit_bytes"]
