@@ -64,7 +64,7 @@ def _setting(fields: dict[str, Any]) -> tuple[Any, Any]:
 
 def _tune(workload: str, fields: dict[str, Any], folder: Path, trials: int, jobs: int, *,
           backends: list[str] | None = None, fix: list[str] | None = None,
-          ranges: list[str] | None = None) -> tuple[Any, float]:
+          ranges: list[str] | None = None) -> tuple[Any, float, float]:
     from ddpbench import contract
     from ddpbench.tune import search
     from ddpbench.tune.space import build_space
@@ -73,9 +73,18 @@ def _tune(workload: str, fields: dict[str, Any], folder: Path, trials: int, jobs
     space = build_space(backends or list(contract.BACKENDS), cluster, fix=fix or [],
                         ranges=ranges or [])
     request = search.Request(workload, cluster, schedule, space, seed=0)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu()
     done = search.run(request, folder, trials=trials, jobs=jobs, progress=False)
-    return done, time.perf_counter() - start
+    return done, time.perf_counter() - start, _cpu() - cpu
+
+
+def _cpu() -> float:
+    """Return the CPU seconds of this process and its finished children (the trials' pool)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _best(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,8 +102,10 @@ def _cases(args: argparse.Namespace, root: Path) -> None:
     from ddpbench import contract
     from ddpbench.tune.space import build_space
 
-    print(f"{args.trials} trials per case, {args.jobs} job(s); gain = fastest default / best")
-    header = (f"{'case':<20}{'trials':>7}{'simulated':>10}{'wall s':>8}{'target s':>9}"
+    print(f"{args.trials} trials per case, {args.jobs} job(s); gain = fastest default / best; "
+          "cpu s: this process and its trials' processes (wall also waits for a core)")
+    header = (f"{'case':<20}{'trials':>7}{'simulated':>10}{'wall s':>8}{'cpu s':>8}"
+              f"{'target s':>9}"
               f"{'best ms':>9}{'default ms':>11}{'gain':>7}  best (fastest default)")
     print(header)
     print("-" * len(header))
@@ -102,7 +113,7 @@ def _cases(args: argparse.Namespace, root: Path) -> None:
         if args.only and args.only not in case:
             continue
         folder = root / case.replace(" ", "-")
-        done, wall = _tune(workload, fields, folder, args.trials, args.jobs)
+        done, wall, cpu = _tune(workload, fields, folder, args.trials, args.jobs)
         rows = [r for r in done.rows if r["status"] == "ok"]
         best = _best(rows)
         defaults = [r for r in rows if r["is_default"]]
@@ -111,7 +122,7 @@ def _cases(args: argparse.Namespace, root: Path) -> None:
         names = [p.knob for p in space.of(best["backend"])]
         note = "  OVER TARGET" if wall > args.target else ""
         print(f"{case:<20}{done.finished:>7}{done.finished - done.reused:>10}{wall:>8.1f}"
-              f"{args.target:>9.0f}{best['iteration_time_s'] * 1e3:>9.2f}"
+              f"{cpu:>8.1f}{args.target:>9.0f}{best['iteration_time_s'] * 1e3:>9.2f}"
               f"{fastest['iteration_time_s'] * 1e3:>11.2f}"
               f"{fastest['iteration_time_s'] / best['iteration_time_s']:>7.3f}  "
               f"{best['backend']} {_knobs_text(best, names) or '(default)'} "
@@ -150,15 +161,15 @@ def _grid(args: argparse.Namespace, root: Path) -> None:
     budget = len(points) // 4
     fix = [f"{b}.{k}={v}" for b, kv in GRID_FIXED.items() for k, v in kv.items()]
     ranges = [f"{b}.{k}={low}:{high}" for b, kv in GRID.items() for k, (low, high, _) in kv.items()]
-    done, wall = _tune(workload, fields, root / "grid-tune", budget, args.jobs,
+    done, wall, _ = _tune(workload, fields, root / "grid-tune", budget, args.jobs,
                        backends=list(GRID), fix=fix, ranges=ranges)
     rows = [r for r in done.rows if r["status"] == "ok"]
     best = _best(rows)
     simulated = done.finished - done.reused + done.failed
     b, k = points[best_i]
-    print(f"\ngrid on {GRID_CASE}: {' and '.join(GRID)} x "
-          f"{' x '.join(f'{len(v)} knobs' for v in GRID.values())} x {GRID_VALUES} values "
-          f"({', '.join(f'{kk}' for v in GRID.values() for kk in v)}; fixed: {fix})")
+    knobs = "; ".join(f"{b}: {', '.join(kv)}" for b, kv in GRID.items())
+    print(f"\ngrid on {GRID_CASE}: {len(GRID)} backends x 2 knobs x {GRID_VALUES} values, "
+          f"log-spaced over each knob's range ({knobs}; fixed: {', '.join(fix)})")
     print(f"  grid: {len(points)} simulations in {grid_wall:.1f} s; best {grid_best * 1e3:.2f} ms: "
           f"{b} {', '.join(f'{kk}={vv:,}' for kk, vv in k.items() if kk in GRID[b])}")
     names = list(GRID[best["backend"]])
