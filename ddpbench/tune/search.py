@@ -21,6 +21,7 @@ request, and a folder that holds another request is refused.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import csv
 import io
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpbench import contract
+from ddpbench.experiments.runner import _make_executor
 from ddpbench.tune.space import Space
 
 __all__ = ["STUDY_NAME", "Request", "TuneRun", "evaluate", "load_setting", "read_rows", "run"]
@@ -316,11 +318,7 @@ def _search(request: Request, folder: Path, trials: int | None, seconds: float |
     bar = tqdm(total=todo, desc="tune", unit="trial", disable=not progress or todo == 0,
                file=sys.stderr, dynamic_ncols=True)
     start = time.perf_counter()
-    pool = None
-    if jobs > 1:
-        from ddpbench.experiments.runner import _make_executor
-
-        pool = _make_executor(executor, jobs)
+    pool = _make_executor(executor, jobs) if jobs > 1 else None
     try:
         while todo is None or state.finished < todo:
             if seconds is not None and time.perf_counter() - start >= seconds:
@@ -333,6 +331,9 @@ def _search(request: Request, folder: Path, trials: int | None, seconds: float |
             asked = [study.ask() for _ in range(n)]
             configs = [space.suggest(t) for t in asked]
             results = _evaluate_batch(request.workload, configs, cache, cluster, schedule, pool)
+            if pool is not None and any(r.get("broken") for r in results):
+                pool.shutdown(cancel_futures=True)
+                pool = _make_executor(executor, jobs)
             for t, (backend, knobs), res in zip(asked, configs, results):
                 for key in ("throughput", "events", "seconds", "reused", "error"):
                     if key in res:
@@ -377,7 +378,17 @@ def _evaluate_batch(workload: str, configs: list[tuple[str, dict[str, Any]]],
         elif key not in futures:
             args = (workload, backend, knobs, cluster, schedule)
             futures[key] = pool.submit(evaluate, *args) if pool is not None else evaluate(*args)
-    done = {k: (f.result() if pool is not None else f) for k, f in futures.items()}
+    done = {}
+    for k, f in futures.items():
+        if pool is None:
+            done[k] = f
+            continue
+        try:
+            done[k] = f.result()
+        except cf.process.BrokenProcessPool as err:
+            # A worker died (killed, out of memory): the trial fails, the tune goes on.
+            done[k] = {"ok": False, "broken": True, "seconds": 0.0,
+                       "error": f"{type(err).__name__}: the trial's worker process died"}
     for i, (backend, knobs) in enumerate(configs):
         if out[i] is None:
             out[i] = dict(done[_config_key(backend, knobs)])
