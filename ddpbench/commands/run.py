@@ -14,6 +14,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", metavar="PATTERN",
                         help="run only points whose name matches (a glob such as 'p3[*' or "
                         "a substring such as 'workload=vgg19')")
+    parser.add_argument("--mode", metavar="MODE",
+                        help="run only points of this mode, e.g. 'simulate' (a report's "
+                        "simulated twins without its real runs)")
     parser.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
                         help="parallel processes for simulated points (default: one per core)")
     parser.add_argument("--force", action="store_true",
@@ -46,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     outdir = args.outdir or Path("reports") / exp.name
     try:
         summary = runner.run_experiment(
-            exp, outdir, jobs=args.jobs, executor=args.executor, only=args.only,
+            exp, outdir, jobs=args.jobs, executor=args.executor, only=args.only, mode=args.mode,
             force=args.force, fresh=args.fresh, dry_run=args.dry_run, progress=not args.no_progress,
             render_report=not args.no_report,
         )

@@ -162,6 +162,27 @@ class ResultsStore:
         finally:
             os.close(fd)
 
+    def put_in_order(self, order: list[tuple[str, str, str]]) -> None:
+        """Rewrite the file in ``order`` (the sweep's expansion order), if it is not already.
+
+        Rows land in the order their points finish, which parallel jobs make vary from run
+        to run; once the run is over the file is put in the sweep's order, with columns in
+        the order they first appear along it, so a run's results.csv does not depend on
+        which point finished first. Rows of keys not in ``order`` keep their place at the end.
+        """
+        rank = {k: i for i, k in enumerate(order)}
+        rows = sorted(self.rows, key=lambda r: rank.get(row_key(r), len(rank)))
+        header: dict[str, None] = {c: None for c in RUNNER_COLUMNS if c in self.header}
+        for row in rows:
+            header.update((c, None) for c in row if c in self.header)
+        header.update((c, None) for c in self.header)
+        if rows == self.rows and list(header) == self.header:
+            return
+        self.header, self.rows, self._index = list(header), [], {}
+        for row in rows:
+            self._add(row)
+        self._rewrite()
+
     def _rewrite(self) -> None:
         buf = io.StringIO()
         writer = csv.DictWriter(buf, self.header, lineterminator="\n", restval="")
@@ -236,7 +257,8 @@ class RunSummary:
 def expand_points(exp: Experiment, only: str | None = None) -> list[Point]:
     """Expand ``exp`` into named points, keeping those whose name matches ``only``.
 
-    ``only`` is a glob (``p3[*``) when it has ``*?[`` characters, else a substring.
+    ``only`` is a glob (``p3[*workers=4*``) when it has ``*`` or ``?``, else a substring;
+    brackets match themselves, as in the point names.
 
     Raises:
         ValueError: two points share a name (the kind's point_name is not injective).
@@ -250,8 +272,10 @@ def expand_points(exp: Experiment, only: str | None = None) -> list[Point]:
                              f"{public(seen[p.key])} and {public(p.params)}")
         seen[p.key] = p.params
     if only:
-        if any(c in only for c in "*?["):
-            points = [p for p in points if fnmatch.fnmatchcase(p.name, only)]
+        if any(c in only for c in "*?"):
+            # Point names hold brackets (``p3[workers=4]``): they match themselves.
+            pattern = only.replace("[", "\0").replace("]", "[]]").replace("\0", "[[]")
+            points = [p for p in points if fnmatch.fnmatchcase(p.name, pattern)]
         else:
             points = [p for p in points if only in p.name]
     return points
@@ -407,6 +431,7 @@ def run_experiment(
     jobs: int | None = None,
     executor: str = "local",
     only: str | None = None,
+    mode: str | None = None,
     force: bool = False,
     fresh: bool = False,
     dry_run: bool = False,
@@ -422,6 +447,8 @@ def run_experiment(
         jobs: parallel processes for non-real points (default: all cores).
         executor: ``"local"`` (processes on this machine) or ``"mpi"`` (mpi4py.futures).
         only: run only points whose name matches (glob or substring).
+        mode: run only points of this mode (``simulate``, ``real``...): a report's
+            simulated twins again without its real runs.
         force: run finished points again (their rows are replaced).
         fresh: move an existing ``outdir`` aside (``<outdir>.<UTC time>``) and start over.
         dry_run: list what would run; run nothing, write nothing.
@@ -440,7 +467,7 @@ def run_experiment(
         raise ValueError(f"unknown executor {executor!r}; valid: ['local', 'mpi']")
     outdir = Path(outdir)
     manifest.check_outdir(outdir)
-    points, keys = _select(exp, only)
+    points, keys = _select(exp, only, mode)
     summary = RunSummary(outdir=outdir, total=len(points))
     store = ResultsStore(outdir / "results.csv")
     if dry_run:
@@ -455,6 +482,7 @@ def run_experiment(
         return summary
     try:
         _run_points(exp, outdir, store, todo, summary, jobs, executor, progress, on_row)
+        store.put_in_order([p.key for p in expand_points(exp)])
     finally:
         lock.close()
     if render_report and not _report_up_to_date(outdir, summary):
@@ -462,8 +490,9 @@ def run_experiment(
     return summary
 
 
-def _select(exp: Experiment, only: str | None) -> tuple[list[Point], dict[str, str]]:
-    """Return the points to consider (those matching ``only``) and every point's key."""
+def _select(exp: Experiment, only: str | None,
+            mode: str | None = None) -> tuple[list[Point], dict[str, str]]:
+    """Return the points to consider (matching ``only`` and ``mode``) and every point's key."""
     every = expand_points(exp)
     keys = point_keys(exp, every)
     points = expand_points(exp, only) if only else every
@@ -471,6 +500,12 @@ def _select(exp: Experiment, only: str | None) -> tuple[list[Point], dict[str, s
         names = ", ".join(p.name for p in every[:3])
         raise ValueError(f"--only {only!r} matches none of the {len(every)} points of "
                          f"{exp.name} (names look like: {names})")
+    if mode is not None:
+        modes = sorted({p.mode for p in every})
+        points = [p for p in points if p.mode == mode]
+        if not points:
+            raise ValueError(f"--mode {mode!r} matches none of the points to run of "
+                             f"{exp.name}; its modes: {modes}")
     return points, keys
 
 

@@ -160,6 +160,52 @@ def test_store_drops_a_torn_last_line_and_unions_columns(tmp_path):
     assert not list(tmp_path.glob(".tmp*"))
 
 
+def test_store_puts_rows_and_columns_in_the_sweeps_order(tmp_path):
+    # Points finish in any order under parallel jobs; the file ends in the sweep's order,
+    # with columns as they first appear along it, whatever order the rows came in.
+    def finish(order):
+        path = tmp_path / f"{''.join(map(str, order))}.csv"
+        store = runner.ResultsStore(path)
+        for i in order:
+            extra = {"only_b": 1.0} if i == 1 else {}
+            store.append({"experiment": "e", "kind": "k", "mode": "simulate",
+                          "point": f"a[x={i}]", "repetition": 0, "status": "ok",
+                          "error": "", "x": i, **extra, "t": i / 2})
+        store.put_in_order([("simulate", f"a[x={i}]", "0") for i in range(3)])
+        return path.read_text()
+
+    text = finish([2, 0, 1])
+    assert text == finish([1, 2, 0]) == finish([0, 1, 2])
+    header, *rows = text.splitlines()
+    assert header == "experiment,kind,mode,point,repetition,status,error,x,t,only_b"
+    assert [r.split(",")[3] for r in rows] == ["a[x=0]", "a[x=1]", "a[x=2]"]
+    # In order already: nothing is rewritten.
+    path = tmp_path / "012.csv"
+    before = path.stat().st_mtime_ns
+    runner.ResultsStore(path).put_in_order([("simulate", f"a[x={i}]", "0") for i in range(3)])
+    assert path.stat().st_mtime_ns == before
+
+
+def test_only_glob_matches_brackets_literally(tmp_path):
+    exp_file = tmp_path / "s.yaml"
+    exp_file.write_text("name: s\nkind: sleepy\nn: 12\n")
+    exec(compile(SLEEPY, "sleepy", "exec"), {})
+    try:
+        exp = schema.load_experiment(exp_file)
+        names = [p.name for p in runner.expand_points(exp, "sleepy[*=1]")]
+        assert names == ["sleepy[i=1]"]
+        assert len(runner.expand_points(exp, "sleepy[*")) == 12
+        assert [p.name for p in runner.expand_points(exp, "i=1")] == [
+            "sleepy[i=1]", "sleepy[i=10]", "sleepy[i=11]"]
+        assert runner.run_experiment(exp, tmp_path / "out", mode="emulate", only="i=1",
+                                     dry_run=True, progress=False).planned == [
+            ("emulate", "sleepy[i=1]"), ("emulate", "sleepy[i=10]"), ("emulate", "sleepy[i=11]")]
+        with pytest.raises(ValueError, match="--mode 'real' matches none .* modes: .'emulate'."):
+            runner.run_experiment(exp, tmp_path / "out", mode="real", dry_run=True)
+    finally:
+        kinds.EXPERIMENT_KINDS.pop("sleepy", None)
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     n: int
