@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpbench import contract
-from ddpbench.experiments.naming import make_name
+from ddpbench.experiments.naming import format_value, make_name
 
 __all__ = [
     "COMPUTE_BOUND_TOLERANCE",
@@ -53,6 +53,7 @@ __all__ = [
     "knob_columns",
     "load",
     "numerics_verdict",
+    "own_mechanisms",
     "predivide_factor",
     "ranked",
     "summary_lines",
@@ -193,6 +194,25 @@ def config(request: Mapping[str, Any], row: Any) -> dict[str, Any]:
     return out
 
 
+def own_mechanisms(request: Mapping[str, Any], row: Any) -> list[str]:
+    """Return ``knob=value`` of a trial's knobs set to a mechanism of ddpbench's own.
+
+    A space entry's ``original`` lists the values the original system offers (BytePS's
+    schedulers ``byteps`` and ``bytescheduler``, not ``window``); any other value is
+    ddpbench's own, a prediction for a system that does not exist as such.
+    """
+    backend = str(row["backend"])
+    out = []
+    for b, knob, entry in _space(request):
+        original = entry.get("original")
+        if b != backend or not original or knob not in row.index:
+            continue
+        value = _coerce(backend, knob, row[knob])
+        if value is not None and value not in original:
+            out.append(f"{knob}={format_value(value)}")
+    return out
+
+
 def config_label(request: Mapping[str, Any], row: Any, *, short: bool = False) -> str:
     """Return ``backend[k=v,...]`` for a trial (``backend`` alone when nothing was searched).
 
@@ -224,16 +244,19 @@ def ranked(request: Mapping[str, Any], df: Any) -> Any:
     """Return the finished trials fastest first, one row per distinct configuration.
 
     A search may try one configuration more than once (a simulation is deterministic, so the
-    repeats agree); the first trial of each is kept. Adds ``configuration`` (its label).
+    repeats agree); the first trial of each is kept. Adds ``configuration`` (its label,
+    marked `` *`` when it uses a mechanism of ddpbench's own) and ``own`` (those knobs).
     """
     ok = _ok(df).copy()
     if not len(ok):
-        ok["configuration"] = []
+        ok["configuration"], ok["own"] = [], []
         return ok
     ok["configuration"] = [config_label(request, r) for _, r in ok.iterrows()]
     ok = ok.drop_duplicates(subset="configuration", keep="first")
+    ok["own"] = [", ".join(own_mechanisms(request, r)) for _, r in ok.iterrows()]
     ok["configuration"] = [config_label(request, r, short=True)
-                           + (" (default)" if r["is_default"] else "") for _, r in ok.iterrows()]
+                           + (" (default)" if r["is_default"] else "")
+                           + (" *" if r["own"] else "") for _, r in ok.iterrows()]
     return ok.sort_values(["iteration_time_s", "trial" if "trial" in ok.columns
                            else "configuration"], kind="stable").reset_index(drop=True)
 

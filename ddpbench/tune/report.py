@@ -107,6 +107,16 @@ def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: An
     if base:
         gains = ", ".join(f"{answer.gain(best, d):.3f}x {b}'s" for b, d in base.items())
         lines.append(f"Its throughput over each backend's default configuration: {gains}.")
+    if best["own"]:
+        originals = rank[rank["own"] == ""]
+        alt = ("" if not len(originals) else
+               f" The fastest configuration within the originals' own mechanisms is "
+               f"`{originals.iloc[0]['configuration']}`, "
+               f"{_ms(originals.iloc[0]['iteration_time_s']):.4g} ms "
+               f"({answer.gain(originals.iloc[0], best):.3f}x the fastest's throughput).")
+        lines.append(f"It uses a mechanism of ddpbench's own ({best['own']}), not one the "
+                     f"original {backend} has: a prediction for a variant to build, not a "
+                     f"setting to switch on." + alt)
     band = answer.error_band(backend, request["cluster"], results=validation,
                              published=published)
     lines.append("How sure: " + _lower_first(band.describe()))
@@ -231,9 +241,11 @@ def _top_section(doc: Document, rank: Any, base: Mapping[str, Any], top: int) ->
         if "trial" in r.index:
             row["trial"] = int(r["trial"])
         rows.append(row)
+    own = " `*`: uses a mechanism of ddpbench's own, not the original's." \
+        if rank.head(top)["own"].astype(bool).any() else ""
     doc.table(pd.DataFrame(rows), caption="Predicted iteration time and throughput "
               "(samples/s, whole job); `x B default`: throughput over backend B's default "
-              "configuration (> 1: faster).")
+              "configuration (> 1: faster)." + own)
 
 
 def _backends_section(doc: Document, request: Mapping[str, Any], df: Any, rank: Any,

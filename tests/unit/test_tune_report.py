@@ -310,3 +310,25 @@ def test_best_yaml_names_a_profile_relative_to_itself(tmp_path: Path) -> None:
     assert Path(exp.spec.workloads[0]).resolve() == local.resolve()
     lines = answer.summary_lines(*answer.load(folder))
     assert len(lines) == 5 and lines[0].startswith("1. horovod[")
+
+
+def test_own_mechanisms_are_marked() -> None:
+    import pandas as pd
+
+    request = {"space": {"byteps.scheduler": {
+        "backend": "byteps", "knob": "scheduler", "kind": "categorical",
+        "choices": ["byteps", "bytescheduler", "window"],
+        "original": ["byteps", "bytescheduler"]}}}
+    rows = pd.DataFrame([
+        {"trial": 0, "backend": "byteps", "is_default": True, "scheduler": "byteps",
+         "iteration_time_s": 0.5, "throughput": 2.0, "status": "ok"},
+        {"trial": 1, "backend": "byteps", "is_default": False, "scheduler": "window",
+         "iteration_time_s": 0.4, "throughput": 2.5, "status": "ok"},
+        {"trial": 2, "backend": "horovod", "is_default": True, "scheduler": None,
+         "iteration_time_s": 0.6, "throughput": 1.7, "status": "ok"}])
+    assert answer.own_mechanisms(request, rows.iloc[1]) == ["scheduler=window"]
+    assert answer.own_mechanisms(request, rows.iloc[0]) == []
+    assert answer.own_mechanisms(request, rows.iloc[2]) == []
+    rank = answer.ranked(request, rows)
+    assert list(rank["configuration"]) == ["byteps[scheduler=window] *",
+                                           "byteps[scheduler=byteps] (default)", "horovod (default)"]
