@@ -43,8 +43,8 @@ from ddpbench.tune.space import Space
 __all__ = ["STUDY_NAME", "Request", "TuneRun", "evaluate", "load_setting", "read_rows", "run"]
 
 STUDY_NAME = "ddpbench-tune"
-_RESULT_COLUMNS = ("iteration_time_s", "throughput", "events", "seconds", "reused", "status",
-                   "error")
+_RESULT_COLUMNS = ("iteration_time_s", "throughput", "events", "seconds", "cpu_s", "reused",
+                   "status", "error")
 
 
 @dataclass(frozen=True)
@@ -139,12 +139,13 @@ def evaluate(workload: str, backend: str, knobs: Mapping[str, Any],
     ``knobs`` may hold ``servers`` (a parameter-server placement): it goes to the cluster.
 
     Returns:
-        ``{"ok": True, iteration_time_s, throughput, events, seconds}``, or
-        ``{"ok": False, "error": text, "seconds"}`` when the simulation raised.
+        ``{"ok": True, iteration_time_s, throughput, events, seconds, cpu_s}``, or
+        ``{"ok": False, "error": text, "seconds", "cpu_s"}`` when the simulation raised
+        (``seconds`` of wall time, ``cpu_s`` of this process's CPU).
     """
     from ddpbench import simulator
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         knobs = dict(knobs)
         fields = dict(cluster)
@@ -154,11 +155,11 @@ def evaluate(workload: str, backend: str, knobs: Mapping[str, Any],
                                  schedule=contract.Schedule(**schedule), trace=False, **knobs)
         return {"ok": True, "iteration_time_s": res.iteration_time_s,
                 "throughput": res.throughput, "events": res.events,
-                "seconds": time.perf_counter() - start}
+                "seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}
     except Exception as err:  # noqa: BLE001 - a failed trial is a row, not a crash
         msg = " ".join(str(err).split())
         return {"ok": False, "error": f"{type(err).__name__}: {msg}",
-                "seconds": time.perf_counter() - start}
+                "seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}
 
 
 def _config_key(backend: str, knobs: Mapping[str, Any]) -> str:
@@ -238,6 +239,7 @@ def read_rows(study: Any, space: Space) -> list[dict[str, Any]]:
                     "throughput": t.user_attrs.get("throughput"),
                     "events": t.user_attrs.get("events"),
                     "seconds": t.user_attrs.get("seconds"),
+                    "cpu_s": t.user_attrs.get("cpu_s"),
                     "reused": bool(t.user_attrs.get("reused", False)),
                     "status": "ok" if ok else "failed", "error": t.user_attrs.get("error", "")})
         rows.append(row)
@@ -335,7 +337,7 @@ def _search(request: Request, folder: Path, trials: int | None, seconds: float |
                 pool.shutdown(cancel_futures=True)
                 pool = _make_executor(executor, jobs)
             for t, (backend, knobs), res in zip(asked, configs, results):
-                for key in ("throughput", "events", "seconds", "reused", "error"):
+                for key in ("throughput", "events", "seconds", "cpu_s", "reused", "error"):
                     if key in res:
                         t.set_user_attr(key, res[key])
                 if res["ok"]:
@@ -374,7 +376,7 @@ def _evaluate_batch(workload: str, configs: list[tuple[str, dict[str, Any]]],
         if hit is not None:
             out[i] = {"ok": True, "iteration_time_s": hit.value, "reused": True,
                       "throughput": hit.user_attrs.get("throughput"),
-                      "events": hit.user_attrs.get("events"), "seconds": 0.0}
+                      "events": hit.user_attrs.get("events"), "seconds": 0.0, "cpu_s": 0.0}
         elif key not in futures:
             args = (workload, backend, knobs, cluster, schedule)
             futures[key] = pool.submit(evaluate, *args) if pool is not None else evaluate(*args)
