@@ -184,3 +184,15 @@ def test_a_fixed_or_narrowed_condition_drops_its_conditional_knobs():
     assert [p.knob for p in s.params] == ["partition_bytes"]
     s = build_space(["byteps"], ONE_GPU, ranges=["scheduler=window"])
     assert [p.knob for p in s.params] == ["partition_bytes", "scheduler", "credit_bytes"]
+
+
+def test_the_bench_grid_is_two_backends_of_two_knobs_of_five_values_in_range():
+    from ddpbench.benchmarks.tune import GRID, _grid_points
+
+    points = _grid_points()
+    assert len(points) == 2 * 5 * 5 and {b for b, _ in points} == set(GRID)
+    for backend, knobs in points:
+        spec = contract.tunable(backend)
+        for knob in GRID[backend]:
+            assert spec[knob]["low"] <= knobs[knob] <= spec[knob]["high"]
+        contract.validate_knobs(backend, knobs, side="sim")
