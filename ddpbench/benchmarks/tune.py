@@ -115,6 +115,9 @@ def _cases(args: argparse.Namespace, root: Path) -> None:
         space = build_space(list(contract.BACKENDS), _setting(fields)[0])
         names = [p.knob for p in space.of(best["backend"])]
         note = "  OVER TARGET" if wall > args.target else ""
+        chosen = {k: best[k] for k in names if best.get(k) not in (None, "")}
+        if space.own(best["backend"], chosen):
+            note = " (* ddpbench's own mechanism)" + note
         print(f"{case:<20}{done.finished:>7}{done.finished - done.reused:>10}{wall:>8.1f}"
               f"{cpu:>8.1f}{args.target:>9.0f}{best['iteration_time_s'] * 1e3:>9.2f}"
               f"{fastest['iteration_time_s'] * 1e3:>11.2f}"
