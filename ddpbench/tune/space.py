@@ -167,7 +167,7 @@ class Space:
         return backend, {**self.fixed.get(backend, {}), **tuned}
 
     def own(self, backend: str, knobs: Mapping[str, Any]) -> list[str]:
-        """Return ``knob=value`` of the knobs whose values are ddpbench's own, not the original's."""
+        """Return ``knob=value`` of the knobs set to ddpbench's own mechanisms."""
         return [f"{p.knob}={fmt_value(knobs[p.knob])}" for p in self.of(backend)
                 if p.knob in knobs and p.is_own(knobs[p.knob])]
 
