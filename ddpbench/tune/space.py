@@ -100,6 +100,7 @@ class Param:
 
 
 def fmt_value(value: Any) -> str:
+    """Return a knob's value for tables: ``true``, ``40,000``, ``1.5``, ``window``."""
     if isinstance(value, bool) or value is None:
         return str(value).lower()
     if isinstance(value, float) and value.is_integer():
@@ -118,9 +119,8 @@ class Space:
     fixed: Mapping[str, Mapping[str, Any]]
     """backend -> knob -> value, from ``--fix`` (applies to every trial of that backend)."""
     dropped: tuple[tuple[str, str, str], ...] = ()
-    """(backend, knob, why) of the tunable knobs that the cluster makes irrelevant."""
-    servers: int | str = "colocated"
-    """The cluster's own server placement (the default of a ``servers`` parameter)."""
+    """(backend, knob, why) of the tunable knobs left out: irrelevant on the cluster, or
+    ddpbench's own with ``originals_only``, or conditional on a value no longer searched."""
 
     def of(self, backend: str) -> list[Param]:
         """Return the parameters of ``backend``, in the contract's order."""
@@ -309,7 +309,7 @@ def build_space(backends: Sequence[str], cluster: contract.Cluster, *,
         servers = _servers_param(b, cluster)
         if servers is not None and "servers" not in fixed[b]:
             params.append(servers)
-    space = Space(tuple(backends), tuple(params), fixed, tuple(dropped), cluster.servers)
+    space = Space(tuple(backends), tuple(params), fixed, tuple(dropped))
     return _without_dead_conditions(_narrow(space, ranges))
 
 
