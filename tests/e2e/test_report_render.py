@@ -195,3 +195,14 @@ def test_a_variant_names_only_its_own_backends_knobs():
                      "hierarchical": hier, "iteration_time_s": 0.01, "throughput": 100.0})
     variants = sorted(per_point(pd.DataFrame(rows))["variant"])
     assert variants == ["byteps", "horovod (hierarchical=false)", "horovod (hierarchical=true)"]
+
+
+def test_tables_list_only_combinations_that_have_a_point():
+    # hosts and workers as axes together: 2 workers on 1 host and 4 on 2, never 2 on 2.
+    from ddpbench.experiments.throughput.text import _pivot
+
+    df = pd.DataFrame({"workload": ["w"] * 4, "workers": [2, 4, 2, 4], "hosts": [1, 2, 1, 2],
+                       "variant": ["a", "a", "b", "b"], "throughput": [1.0, 2.0, 3.0, 4.0]})
+    table = _pivot(df, ["workload", "workers", "hosts"], "throughput")
+    assert list(table.index) == [("w", 2, 1), ("w", 4, 2)]
+    assert table.loc[("w", 4, 2), "b"] == 4.0

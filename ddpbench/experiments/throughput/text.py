@@ -48,10 +48,7 @@ def speedup_section(doc: Document, agg: Any, sim: Any, baseline: str | None,
     x = speedup_x(sp)
     cols = rows_by(sp, ["workload", *([x] if x in sp.columns else [])])
     # Rows in numeric order of their axes (bandwidth 6 before 8, 10 before 15).
-    # dropna=False: a point whose axis is left at None (its default) keeps its row.
-    table = axis_labels(sp.pivot_table(index=cols, columns="variant",
-                                       values="speedup", sort=False,
-                                       dropna=False).sort_index())
+    table = axis_labels(_pivot(sp, cols, "speedup"))
     doc.table(table, index=True, caption=f"Throughput / {baseline}'s throughput at "
               f"the same point (> 1: faster than {baseline}).")
 
@@ -60,8 +57,20 @@ def throughput_table(doc: Document, agg: Any) -> None:
     """Table every point's throughput, one column per variant."""
     doc.heading("Throughput (samples/s, whole job)")
     cols = rows_by(agg, ["mode", "workload"] if agg["mode"].nunique() > 1 else ["workload"])
-    doc.table(axis_labels(agg.pivot_table(index=cols, columns="variant", values="throughput",
-                                          sort=False, dropna=False).sort_index()), index=True)
+    doc.table(axis_labels(_pivot(agg, cols, "throughput")), index=True)
+
+
+def _pivot(df: Any, cols: list[str], values: str) -> Any:
+    """Return ``values`` with a row per combination of ``cols`` that has a point, a column
+    per variant, rows in numeric order of their axes (bandwidth 6 before 8, 10 before 15).
+
+    ``dropna=False`` keeps the row of a point whose axis is left at None (its default), but
+    also makes every combination of the axes a row; those without a point are dropped
+    (hosts and workers as axes together would otherwise list 2 workers on 2 hosts of 2 GPUs).
+    """
+    table = df.pivot_table(index=cols, columns="variant", values=values, sort=False,
+                           dropna=False)
+    return table.dropna(how="all").sort_index()
 
 
 def all_points(doc: Document, df: Any) -> None:
