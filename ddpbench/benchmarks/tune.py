@@ -53,8 +53,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _setting(fields: dict[str, Any]) -> tuple[Any, Any]:
+    """Return the case's (Cluster, Schedule), with tune's steady-state iterations."""
     from ddpbench import contract
+    from ddpbench.commands.tune import ITERATIONS, WARMUP
 
+    fields = {"iterations": ITERATIONS, "warmup": WARMUP, **fields}
     cluster = contract.Cluster(**{k: v for k, v in fields.items()
                                   if k in contract.Cluster.model_fields})
     schedule = contract.Schedule(**{k: v for k, v in fields.items()

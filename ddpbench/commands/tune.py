@@ -1,4 +1,14 @@
-"""``ddpbench tune``: search the fastest backend and knobs for a workload on a cluster."""
+"""``ddpbench tune``: search the fastest backend and knobs for a workload on a cluster.
+
+A trial measures the steady state: tune simulates :data:`ITERATIONS` iterations and leaves
+the first :data:`WARMUP` out (``simulate`` takes 3 and 1). The simulator's iteration time is
+``(end[N-1] - end[W-1]) / (N - W)``; every end is the compute stream's end plus a
+communication tail, so the mean is the steady compute-and-wait time plus
+``(tail[N-1] - tail[W-1]) / (N - W)``. Two warm-up iterations let the pipeline fill (a
+parameter server's second iteration still differs from the third), and four measured ones
+divide what an aperiodic schedule's tails vary by four: with one interval or two, TPE finds
+the configuration whose window ends early and predicts it faster than its compute alone.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +23,11 @@ from ddpbench.commands.simulate import add_cluster_flags, add_max_events_flag
 HELP = ("search the fastest backend and knobs for a workload on a cluster (optuna TPE over "
         "simulations; resumable)")
 
+ITERATIONS = 6
+"""Iterations a trial simulates by default, warm-up included (see the module's docstring)."""
+WARMUP = 2
+"""Leading iterations a trial leaves out by default."""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", "-w", default="resnet50",
@@ -20,6 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(torchvision:NAME or package.module:factory) profiled here on "
                              "the CPU at --batch-size (default resnet50)")
     add_cluster_flags(parser)
+    _steady_state_defaults(parser)
     parser.add_argument("--cluster", metavar="FILE.yaml",
                         help="the cluster as a YAML mapping of Cluster and Schedule fields "
                              "(flags given beside it override its values)")
@@ -57,6 +73,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_max_events_flag(parser)
 
 
+def _steady_state_defaults(parser: argparse.ArgumentParser) -> None:
+    """Make each trial measure the steady state: more iterations than ``simulate``'s."""
+    parser.set_defaults(iterations=ITERATIONS, warmup=WARMUP)
+    for action in parser._actions:
+        if action.dest == "iterations":
+            action.help = (f"iterations per trial, warm-up included (default {ITERATIONS}: "
+                           "a steady state, not simulate's 3)")
+        elif action.dest == "warmup":
+            action.help = (f"warm-up iterations left out of each trial (default {WARMUP}; "
+                           f"{ITERATIONS - WARMUP} measured, so an aperiodic schedule's "
+                           "variation is averaged out)")
+
+
 def _setting(args: argparse.Namespace) -> tuple[Any, Any]:
     """Return the (Cluster, Schedule) of the flags, on top of ``--cluster``'s file."""
     from ddpbench import contract
@@ -72,7 +101,7 @@ def _setting(args: argparse.Namespace) -> tuple[Any, Any]:
         if "workers" in flags or "hosts" in flags:
             base.pop("workers", None)
             base.pop("hosts", None)
-        kwargs = {**base, **flags}
+        kwargs = {"iterations": ITERATIONS, "warmup": WARMUP, **base, **flags}
         if kwargs.get("workers") is None and kwargs.get("hosts") is None:
             kwargs["workers"] = 4
     try:
@@ -90,6 +119,7 @@ def _flag_defaults() -> dict[str, Any]:
 
     parser = argparse.ArgumentParser()
     add_cluster_flags(parser)
+    _steady_state_defaults(parser)
     kwargs, _ = cluster_kwargs(parser.parse_args([]))
     return kwargs
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,18 @@ def test_the_best_is_never_slower_than_a_default(tuned: Path):
     rows = _rows(tuned)
     best = min(float(r["iteration_time_s"]) for r in rows)
     assert all(best <= float(r["iteration_time_s"]) for r in rows if r["is_default"] == "True")
+
+
+def test_every_trial_measures_a_steady_state_no_faster_than_its_compute(tuned: Path):
+    from ddpbench.commands.tune import ITERATIONS, WARMUP
+    from ddpbench.tune import answer
+
+    request, _ = answer.load(tuned)
+    assert (request["schedule"]["iterations"], request["schedule"]["warmup"]) == (
+        ITERATIONS, WARMUP)
+    compute = answer.compute_only_time(request)
+    rows = [r for r in _rows(tuned) if r["status"] == "ok"]
+    assert rows and all(float(r["iteration_time_s"]) >= compute * (1 - 1e-9) for r in rows)
 
 
 def test_a_larger_budget_adds_only_the_difference(tuned: Path, capsys: pytest.CaptureFixture):
@@ -107,3 +120,22 @@ def test_a_cluster_file_sets_the_cluster(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["tune", "--cluster", str(good), "--space"]) == 0
     out = capsys.readouterr().out
     assert "2 hosts x 2 GPUs, 25 Gbit/s tcp" in out and "hierarchical" in out
+
+
+def test_a_cluster_file_keeps_its_iterations_and_takes_tune_defaults_otherwise(
+        tmp_path: Path):
+    from ddpbench.commands.tune import ITERATIONS, WARMUP
+
+    def schedule(text: str, *flags: str) -> tuple[int, int]:
+        path = tmp_path / "cluster.yaml"
+        path.write_text(text)
+        folder = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        assert main([*SMALL, "--cluster", str(path), *flags, "--backends", "horovod",
+                     "--fix", "fusion_threshold=67108864", "--fix", "cycle_time=5",
+                     "--trials", "1", "-o", str(folder)]) == 0
+        saved = json.loads((folder / "tune.json").read_text())["schedule"]
+        return saved["iterations"], saved["warmup"]
+
+    assert schedule("workers: 2\n") == (ITERATIONS, WARMUP)
+    assert schedule("workers: 2\niterations: 4\nwarmup: 1\n") == (4, 1)
+    assert schedule("workers: 2\niterations: 4\nwarmup: 1\n", "--iterations", "5") == (5, 1)
