@@ -325,8 +325,8 @@ def _training(plt: Any, df: Any, outdir: Path, doc: Any, m: Any) -> list[Path]:
         "model, so the map's verdict is a conservative guide here, not a prediction; "
         "the map columns are the emulator's verdict for correlated gradients at "
         "this N at the first and at the last step's gradient RMS: training shrinks the "
-        "gradients, so a factor must be safe at both ends. (The issue-6 trainer needs real "
-        "ranks; 1024 workers need the emulator.)")
+        "gradients, so a factor must be safe at both ends. (ddpbench's real trainer needs "
+        "a process per worker; 1024 workers need the emulator.)")
     doc.table(pd.DataFrame(table))
     doc.image(Path(path.name), "training loss per predivide factor")
     return [path]
