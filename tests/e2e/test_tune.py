@@ -57,6 +57,26 @@ def test_every_trial_measures_a_steady_state_no_faster_than_its_compute(tuned: P
     assert rows and all(float(r["iteration_time_s"]) >= compute * (1 - 1e-9) for r in rows)
 
 
+def test_an_aperiodic_schedule_is_not_predicted_faster_than_its_compute():
+    """BytePS's window scheduler on 16 x 8 V100: simulate's 3 iterations (1 warm-up) end
+    early in its window, below the compute alone; tune's defaults measure the steady state."""
+    from ddpbench.commands.tune import ITERATIONS, WARMUP
+    from ddpbench.tune import answer, search
+
+    cluster = contract.Cluster(hosts=16, gpus_per_host=8, device="V100", intra_link="nvlink",
+                               transport="tcp", bandwidth_gbps=25.0).model_dump()
+    compute = answer.compute_only_time({"workload": "resnet50", "cluster": cluster})
+    knobs = {"scheduler": "window", "partition_bytes": 8482245, "credit_bytes": 15815299}
+
+    def predicted(iterations: int, warmup: int) -> float:
+        res = search.evaluate("resnet50", "byteps", knobs, cluster,
+                              {"iterations": iterations, "warmup": warmup})
+        return float(res["iteration_time_s"])
+
+    assert predicted(3, 1) < compute
+    assert predicted(ITERATIONS, WARMUP) >= compute
+
+
 def test_a_larger_budget_adds_only_the_difference(tuned: Path, capsys: pytest.CaptureFixture):
     capsys.readouterr()
     assert main([*SMALL, "--trials", "15", "-o", str(tuned)]) == 0
