@@ -70,6 +70,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "default, source of the range) and exit")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="do not render the report")
+    parser.add_argument("--confirm", type=int, default=None, metavar="K",
+                        help="then run the top K configurations and every backend's default "
+                             "as real processes here beside their simulated twins, and "
+                             "compare the rankings (Kendall's tau-b) in FOLDER/confirm/; "
+                             "needs --machine; -o FOLDER --confirm K alone confirms the tune "
+                             "already there")
+    parser.add_argument("--confirm-repetitions", type=int, default=3, metavar="N",
+                        help="real runs of each confirmed configuration (default 3; their "
+                             "median counts)")
     add_max_events_flag(parser)
 
 
@@ -224,6 +233,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     if args.search_seed < 0:
         raise UsageError(f"--search-seed must be >= 0, got {args.search_seed}")
+    if args.confirm is not None and _confirm_only(args):
+        return _confirm(args, args.outdir)
     backends = (list(contract.BACKENDS) if args.backends is None
                 else [b.strip() for b in args.backends.split(",") if b.strip()])
     try:
@@ -240,6 +251,8 @@ def main(args: argparse.Namespace) -> int:
     workload = _workload(args, folder, schedule)
     request = search.Request(workload, cluster, schedule, space, seed=args.search_seed)
     trials = args.trials if args.trials is not None or args.time is not None else 100
+    if args.confirm is not None:
+        _confirm_check(args, workload, cluster, schedule, space.backends)
     _check_cost(args, workload, request, trials)
     if space.empty:
         print(f"the space is empty (every knob fixed or none to tune): only the "
@@ -253,7 +266,62 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_report:
         _render(folder)
     ok = [r for r in done.rows if r["status"] == "ok"]
+    if ok and args.confirm is not None:
+        return _confirm(args, folder)
     return 0 if ok else 1
+
+
+_CONFIRM_ONLY = {"outdir", "confirm", "confirm_repetitions", "machine", "no_progress",
+                 "no_report", "jobs", "executor", "max_events"}
+"""The flags that may come with ``-o FOLDER --confirm K`` to confirm the tune in FOLDER."""
+
+
+def _confirm_only(args: argparse.Namespace) -> bool:
+    """Return whether to confirm the tune already in ``-o FOLDER`` without searching: it
+    holds one, and no flag asks for trials (--trials, --time) or sets another request."""
+    if args.outdir is None or not (Path(args.outdir) / "tune.json").exists():
+        return False
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    base = vars(parser.parse_args([]))
+    return not {k for k, v in vars(args).items() if k in base and v != base[k]} - _CONFIRM_ONLY
+
+
+def _confirm_check(args: argparse.Namespace, workload: str, cluster: Any, schedule: Any,
+                   backends: Any) -> None:
+    """Refuse, before any trial, a --confirm that real processes cannot run here."""
+    from ddpbench.cli import UsageError
+    from ddpbench.tune import confirm
+
+    if args.confirm < 1 or args.confirm_repetitions < 1:
+        raise UsageError(f"--confirm and --confirm-repetitions must be >= 1, got "
+                         f"{args.confirm} and {args.confirm_repetitions}")
+    try:
+        confirm.check_setting(workload, cluster.model_dump(), schedule.model_dump(), backends)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _confirm(args: argparse.Namespace, folder: Path) -> int:
+    """Run the top configurations and the defaults of the tune in ``folder`` for real."""
+    from ddpbench.cli import UsageError
+    from ddpbench.tune import confirm
+
+    try:
+        plan = confirm.plan(folder, args.confirm, machine=args.machine,
+                            repetitions=args.confirm_repetitions)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    print(plan.describe(), file=sys.stderr, flush=True)
+    try:
+        summary = confirm.run(plan, progress=not args.no_progress)
+    except (ValueError, RuntimeError) as err:
+        raise UsageError(str(err)) from None
+    for line in confirm.summary_lines(summary):
+        print(line)
+    if not args.no_report:
+        _render(folder)
+    return 0 if summary["compared"] else 1
 
 
 def _describe_cluster(c: Any) -> str:

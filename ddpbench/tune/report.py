@@ -68,6 +68,9 @@ def render(folder: Path, *, top: int = 5, validation: str | Path = answer.VALIDA
     _request_section(doc, request)
     _top_section(doc, rank, base, top)
     _backends_section(doc, request, df, rank, base)
+    from ddpbench.tune import confirm
+
+    confirm.add_section(doc, folder)  # FOLDER/confirm/summary.json, when --confirm ran
     yaml_path = folder / "best.yaml"
     yaml_path.write_text(answer.experiment_yaml(request, df, folder), encoding="utf-8")
     written.append(yaml_path)
