@@ -230,7 +230,7 @@ def plan(folder: str | Path, k: int, *, machine: str | None = None,
     if not len(rank):
         raise ValueError(f"{folder}: no trial finished; nothing to confirm")
     every = [_config(request, row, i) for i, (_, row) in enumerate(rank.iterrows(), 1)]
-    at = {}
+    at: dict[tuple[str, str], Config] = {}
     for c in every:
         at.setdefault(_key(c), c)
     configs: dict[tuple[str, str], Config] = {}
