@@ -2,12 +2,13 @@
 
 A trial measures the steady state: tune simulates :data:`ITERATIONS` iterations and leaves
 the first :data:`WARMUP` out (``simulate`` takes 3 and 1). The simulator's iteration time is
-``(end[N-1] - end[W-1]) / (N - W)``; every end is the compute stream's end plus a
-communication tail, so the mean is the steady compute-and-wait time plus
-``(tail[N-1] - tail[W-1]) / (N - W)``. Two warm-up iterations let the pipeline fill (a
-parameter server's second iteration still differs from the third), and four measured ones
-divide what an aperiodic schedule's tails vary by four: with one interval or two, TPE finds
-the configuration whose window ends early and predicts it faster than its compute alone.
+``(end[N-1] - end[W-1]) / (N - W)``, and each end is where the compute stream stood plus a
+communication tail, so the mean is the steady period plus ``(tail[N-1] - tail[W-1]) / (N -
+W)``. Two warm-up iterations let the pipeline fill (a parameter server's second iteration
+still differs from its third). Eight measured ones bound the error of a schedule that never
+repeats (BytePS's ``window``, whose tails vary by tens of ms) to a few ms: with fewer, TPE
+picks the configuration whose last window happens to end early, predicted faster than its
+compute alone. Each trial costs ``N`` iterations.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ddpbench.commands.simulate import add_cluster_flags, add_max_events_flag
 HELP = ("search the fastest backend and knobs for a workload on a cluster (optuna TPE over "
         "simulations; resumable)")
 
-ITERATIONS = 6
+ITERATIONS = 10
 """Iterations a trial simulates by default, warm-up included (see the module's docstring)."""
 WARMUP = 2
 """Leading iterations a trial leaves out by default."""
@@ -88,11 +89,11 @@ def _steady_state_defaults(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if action.dest == "iterations":
             action.help = (f"iterations per trial, warm-up included (default {ITERATIONS}: "
-                           "a steady state, not simulate's 3)")
+                           "a steady state; simulate's is 3)")
         elif action.dest == "warmup":
             action.help = (f"warm-up iterations left out of each trial (default {WARMUP}; "
-                           f"{ITERATIONS - WARMUP} measured, so an aperiodic schedule's "
-                           "variation is averaged out)")
+                           f"{ITERATIONS - WARMUP} measured, so a schedule that never "
+                           "repeats is averaged)")
 
 
 def _setting(args: argparse.Namespace) -> tuple[Any, Any]:
