@@ -97,9 +97,11 @@ def _knobs_text(row: dict[str, Any], names: list[str]) -> str:
 
 def _cases(args: argparse.Namespace, root: Path) -> None:
     from ddpbench import contract
+    from ddpbench.commands.tune import ITERATIONS, WARMUP
     from ddpbench.tune.space import build_space
 
-    print(f"{args.trials} trials per case, {args.jobs} job(s); gain = fastest default / best; "
+    print(f"{args.trials} trials per case, {args.jobs} job(s), {ITERATIONS} iterations a "
+          f"trial ({WARMUP} warm-up); gain = fastest default / best; "
           "cpu s: this process's and the trials' (wall also waits for a core)")
     header = (f"{'case':<20}{'trials':>7}{'simulated':>10}{'wall s':>8}{'cpu s':>8}"
               f"{'target s':>9}"
