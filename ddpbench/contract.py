@@ -404,6 +404,19 @@ BACKENDS: dict[str, BackendContract] = {
 PS_BACKENDS = frozenset(name for name, c in BACKENDS.items() if c.uses_servers)
 
 
+def parse_value(text: str) -> Any:
+    """Return a knob value typed on a command line (``-k name=value``, ``--fix``) as a bool,
+    int, float or str, in that order: the contract's validation then checks it."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
 def backend(name: str) -> BackendContract:
     """Return the contract of backend ``name``.
 

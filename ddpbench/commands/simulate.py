@@ -68,21 +68,10 @@ def _cluster_flags(parser: argparse.ArgumentParser) -> None:
             if name in _FLAGGED:
                 continue
             extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_value,
+            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=contract.parse_value,
                                 default=None, metavar=name.split("_")[-1].upper(),
                                 help=f"{(f.description or name).split(chr(10))[0]}: "
                                      f"{extra.get('expect', '')} (default {f.default})")
-
-
-def _value(text: str) -> object:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
 
 
 def cluster_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -120,6 +109,7 @@ def cluster_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 
 
 def main(args: argparse.Namespace) -> int:
+    from ddpbench import contract
     from ddpbench.cli import UsageError
 
     knobs = {}
@@ -127,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise UsageError(f"--knob expects NAME=VALUE, got {item!r}")
-        knobs[name] = _value(value)
+        knobs[name] = contract.parse_value(value)
     from ddpbench import simulator
 
     kwargs, cluster = cluster_kwargs(args)

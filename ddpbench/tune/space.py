@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddpbench import contract
+from ddpbench.contract import parse_value
 
 __all__ = ["Param", "Space", "build_space", "fmt_value", "parse_assignments", "parse_value"]
 
@@ -196,18 +197,6 @@ class Space:
             if not params:
                 lines.append("  (nothing to search: its default configuration only)")
         return "\n".join(lines)
-
-
-def parse_value(text: str) -> Any:
-    """Return ``text`` as a bool, int, float or str (as ``simulate --knob`` reads values)."""
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
 
 
 def parse_assignments(items: Iterable[str], option: str) -> list[tuple[str | None, str, str]]:
