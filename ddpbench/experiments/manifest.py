@@ -210,8 +210,8 @@ def _archive(outdir: Path, rows: Iterable[Mapping[str, Any]], doc: Mapping[str, 
     writer = csv.DictWriter(buf, header, lineterminator="\n", restval="")
     writer.writeheader()
     writer.writerows(rows)
-    _atomic_write(target / "results.csv", buf.getvalue())
-    _atomic_write(target / MANIFEST, json.dumps(doc, indent=2) + "\n")
+    atomic_write(target / "results.csv", buf.getvalue())
+    atomic_write(target / MANIFEST, json.dumps(doc, indent=2) + "\n")
     for r in rows:  # the files a row's point wrote (a timeline) go with it
         for rel in filter(None, str(r.get("files") or "").split(";")):
             src = (outdir / rel).resolve()
@@ -230,10 +230,12 @@ def write_manifest(exp: Any, outdir: Path, keys: Mapping[str, str]) -> None:
     text = json.dumps(doc, indent=2) + "\n"
     target = outdir / MANIFEST
     if not target.exists() or target.read_text(encoding="utf-8") != text:
-        _atomic_write(target, text)
+        atomic_write(target, text)
 
 
-def _atomic_write(target: Path, text: str) -> None:
+def atomic_write(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` whole or not at all: a temporary file beside it, fsynced,
+    then renamed over it (a kill leaves the old file or the new one, never half of one)."""
     import tempfile
 
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -324,7 +324,9 @@ def _error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {msg}{origin}"
 
 
-def _make_executor(kind: str, jobs: int) -> cf.Executor:
+def make_executor(kind: str, jobs: int) -> cf.Executor:
+    """Return a pool of ``jobs`` workers: local processes (``"local"``) or mpi4py.futures
+    workers (``"mpi"``), the executors simulated points and tune's trials run in."""
     if kind == "mpi":
         try:
             from mpi4py.futures import MPIPoolExecutor
@@ -634,7 +636,7 @@ def _run_pool(
 ) -> None:
     pending = list(batches)
     while pending:
-        with _make_executor(executor, jobs) as pool:
+        with make_executor(executor, jobs) as pool:
             futures = {pool.submit(_execute_batch, kind, [p.params for p in batch]): batch
                        for batch in pending}
             broken: list[Point] | None = None

@@ -26,9 +26,7 @@ import contextlib
 import csv
 import io
 import json
-import os
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -37,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpbench import contract
-from ddpbench.experiments.runner import _make_executor
+from ddpbench.experiments import manifest
+from ddpbench.experiments.runner import make_executor
 from ddpbench.tune.space import Space
 
 __all__ = ["STUDY_NAME", "Request", "TuneRun", "evaluate", "load_setting", "read_rows", "run"]
@@ -194,20 +193,7 @@ def _check_request(folder: Path, request: dict[str, Any]) -> None:
             raise ValueError(f"{folder} holds another tune (its tune.json differs in "
                              f"{differ}); give another -o FOLDER, or remove that one")
         return
-    _write_atomic(path, json.dumps(normal, indent=2) + "\n")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    manifest.atomic_write(path, json.dumps(normal, indent=2) + "\n")
 
 
 def _study(folder: Path, seed: int) -> Any:
@@ -254,7 +240,7 @@ def _write_rows(folder: Path, rows: list[dict[str, Any]], space: Space) -> None:
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    _write_atomic(folder / "results.csv", buf.getvalue())
+    manifest.atomic_write(folder / "results.csv", buf.getvalue())
 
 
 def run(request: Request, folder: Path, *, trials: int | None = 100,
@@ -320,7 +306,7 @@ def _search(request: Request, folder: Path, trials: int | None, seconds: float |
     bar = tqdm(total=todo, desc="tune", unit="trial", disable=not progress or todo == 0,
                file=sys.stderr, dynamic_ncols=True)
     start = time.perf_counter()
-    pool = _make_executor(executor, jobs) if jobs > 1 else None
+    pool = make_executor(executor, jobs) if jobs > 1 else None
     try:
         while todo is None or state.finished < todo:
             if seconds is not None and time.perf_counter() - start >= seconds:
@@ -335,7 +321,7 @@ def _search(request: Request, folder: Path, trials: int | None, seconds: float |
             results = _evaluate_batch(request.workload, configs, cache, cluster, schedule, pool)
             if pool is not None and any(r.get("broken") for r in results):
                 pool.shutdown(cancel_futures=True)
-                pool = _make_executor(executor, jobs)
+                pool = make_executor(executor, jobs)
             for t, (backend, knobs), res in zip(asked, configs, results):
                 for key in ("throughput", "events", "seconds", "cpu_s", "reused", "error"):
                     if key in res:
