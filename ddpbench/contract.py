@@ -559,6 +559,10 @@ class Cluster(BaseModel):
         nccl_proto: the NCCL protocols a named GPU's rings may use, in ``NCCL_PROTO``'s
             syntax (``"^LL128"``, ``"LL,Simple"``; :func:`ddpbench.hardware.nccl_protocols`);
             ``None`` = NCCL's default; simulated only, on a real transport.
+        nccl_algo: the allreduce algorithms NCCL's tuner may pick for a named GPU, in
+            ``NCCL_ALGO``'s syntax (``"Ring"``, ``"^Tree"``;
+            :func:`ddpbench.hardware.nccl_algorithms`); ``None`` = NCCL's default (ring and,
+            from NCCL 2.4, tree); simulated only, on a real transport.
         nccl_version: the NCCL release a named GPU's rings run (``"2.3.7"``): which
             protocols it has and how many rings it opens through the NIC
             (:func:`ddpbench.hardware.nccl_channels`); ``None`` = the newest modelled
@@ -634,6 +638,8 @@ class Cluster(BaseModel):
         f"one of {sorted(hardware.DEVICES)} (or none: the profile's own)"))
     nccl_proto: str | None = Field(None, json_schema_extra=_expect(
         "NCCL_PROTO's syntax, e.g. '^LL128' or 'LL,Simple' (or none: NCCL's default)"))
+    nccl_algo: str | None = Field(None, json_schema_extra=_expect(
+        "NCCL_ALGO's syntax, e.g. 'Ring' or '^Tree' (or none: NCCL's default)"))
     nccl_version: str | None = Field(None, json_schema_extra=_expect(
         "an NCCL 2.x release such as '2.3.7' (or none: the newest modelled)"))
     nccl_channels: int | None = Field(None, ge=1, le=64, strict=True, json_schema_extra=_expect(
@@ -701,7 +707,7 @@ class Cluster(BaseModel):
         if self.device is not None:
             hardware.device(self.device)
         hardware.nccl_protocols(self.nccl_proto)
-        hardware.nccl_release(self.nccl_version)
+        hardware.nccl_algorithms(self.nccl_algo, hardware.nccl_release(self.nccl_version))
         if self.stragglers > self.workers:
             raise ValueError(f"stragglers ({self.stragglers}) must be <= workers "
                              f"({self.workers})")
@@ -754,7 +760,7 @@ def _cluster_message(err: ValidationError) -> str:
 
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
-    "device": None, "nccl_proto": None, "nccl_version": None, "nccl_channels": None,
+    "device": None, "nccl_proto": None, "nccl_algo": None, "nccl_version": None, "nccl_channels": None,
     "nccl_socket_flows": None, "ecmp_paths": 1, "overlap_slowdown": None,
     "server_sum_gbps": 80.0,
     "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,

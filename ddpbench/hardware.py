@@ -12,8 +12,9 @@ calibrate``) all speak of the same things:
   payload reaches, the sender CPU time each message costs, and how much of the
   per-direction rate is left when both directions are busy;
 - an :class:`IntraLink` joins the GPUs of one host (PCIe or NVLink);
-- :func:`nccl_ring` is NCCL's own cost model of its ring (latency per protocol and link,
-  the protocol it picks), for the rings of GPUs on a real transport.
+- :func:`nccl_ring` and :func:`nccl_allreduce` are NCCL's own cost model of its ring and
+  trees (latency per protocol and link, the algorithm and protocol its tuner picks), for
+  the collectives of GPUs on a real transport.
 
 Rescaling rule of compute times (:func:`compute_factor`), used by the simulator when a point
 names a ``device`` or a ``batch_size`` other than its profile's:
@@ -38,18 +39,21 @@ tests check it against published single-device throughputs within the stated tol
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 __all__ = [
     "DEVICES",
     "INTRA_LINKS",
     "MXNET_SERVER_BYTES",
     "MXNET_SERVER_UPDATE_GBPS",
+    "NCCL_ALGORITHMS",
     "NCCL_LL128_SINCE",
     "NCCL_NEWEST",
     "NCCL_PROTOCOLS",
     "NCCL_SOURCE",
+    "NCCL_TREE_SINCE",
     "OVERLAP_SLOWDOWN",
     "OVERLAP_SOURCE",
     "PROFILED_RESNET50_S",
@@ -57,15 +61,19 @@ __all__ = [
     "TRANSPORTS",
     "Device",
     "IntraLink",
+    "NcclChoice",
     "NcclProtocol",
     "Transport",
     "compute_factor",
     "device",
     "intra_link",
+    "nccl_algorithms",
+    "nccl_allreduce",
     "nccl_channels",
     "nccl_protocols",
     "nccl_release",
     "nccl_ring",
+    "nccl_tree_latency",
     "overlap_slowdown_of",
     "slowest_share",
     "transport",
@@ -443,17 +451,36 @@ class NcclProtocol:
         base_us: the fixed latency of one collective (``baseLat``, ring).
         step_us: the latency of one ring step by the link it crosses: ``nvlink`` or
             ``pcie`` inside a host, ``net`` between hosts (``hwLat``, ring).
+        tree_base_us: the tree's fixed latency (``baseLat``, tree).
+        tree_step_us: the latency of one tree hop by the link it crosses (``hwLat``, tree).
+        tree_share: the tree's bandwidth under this protocol as a fraction of Simple's
+            (1/3.8 for LL, 120/128 for LL128 across hosts; 7/9 on one host).
+        tree_correction: ``treeCorrectionFactor``: the tree's bandwidth at 64 B x 2**k,
+            k = 0..22 (medium sizes reach less of it than the model's plateau).
     """
 
     name: str
     base_us: float
     step_us: dict[str, float]
+    tree_base_us: float = 0.0
+    tree_step_us: dict[str, float] | None = None
+    tree_share: float = 1.0
+    tree_correction: tuple[float, ...] = ()
 
 
 NCCL_PROTOCOLS: tuple[NcclProtocol, ...] = (
-    NcclProtocol("LL", 6.6, {"nvlink": 0.6, "pcie": 1.0, "net": 2.7}),
-    NcclProtocol("LL128", 14.0, {"nvlink": 1.9, "pcie": 2.5, "net": 4.0}),
-    NcclProtocol("Simple", 8.4, {"nvlink": 3.4, "pcie": 5.7, "net": 14.0}),
+    NcclProtocol("LL", 6.6, {"nvlink": 0.6, "pcie": 1.0, "net": 2.7},
+                 6.8, {"nvlink": 0.6, "pcie": 1.0, "net": 5.0}, 1 / 3.8,
+                 (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8,
+                  .9, 1.0, 1.0, 1.0, 1.0)),
+    NcclProtocol("LL128", 14.0, {"nvlink": 1.9, "pcie": 2.5, "net": 4.0},
+                 14.0, {"nvlink": 1.25, "pcie": 1.9, "net": 8.5}, 120 / 128,
+                 (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9,
+                  .9, .9, .9, 1.0, 1.0)),
+    NcclProtocol("Simple", 8.4, {"nvlink": 3.4, "pcie": 5.7, "net": 14.0},
+                 0.0, {"nvlink": 28.0, "pcie": 28.0, "net": 28.0}, 1.0,
+                 (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7,
+                  .7, .8, .9, .9)),
 )
 """NCCL's ring protocols in the order its tuner tries them (the first of equal times wins)."""
 
@@ -501,6 +528,26 @@ def nccl_channels(release: tuple[int, int, int], intra_link: str, gpus_per_host:
     return 2
 
 
+def _parse_nccl_list(value: str, names: list[str], field: str, variable: str) -> dict[str, int]:
+    """Return each name's state (1 on, 0 off) under a list setting read as NCCL's
+    ``parseList`` reads it: names separated by commas turn on those named and no other,
+    ``^`` and names turn off those named and on every other; case-insensitive. Unlike NCCL,
+    an unknown name or a setting that leaves none on is an error naming ``field``."""
+    text = value.strip()
+    exclude = text.startswith("^")
+    items = [t.strip() for t in text.removeprefix("^").split(",") if t.strip()]
+    known = {n.lower(): n for n in names}
+    unknown = [t for t in items if t.lower() not in known]
+    if unknown or not items:
+        raise ValueError(f"{field}: expected {variable}'s syntax, names of {names} "
+                         f"separated by commas, or ^ and the ones to leave out; got {value!r}")
+    listed = {known[t.lower()] for t in items}
+    states = {n: int((n in listed) != exclude) for n in names}
+    if not any(states.values()):
+        raise ValueError(f"{field}: {value!r} leaves none of {names} on")
+    return states
+
+
 def nccl_protocols(value: str | None) -> dict[str, int]:
     """Return each protocol's state under an ``NCCL_PROTO`` setting: 1 on, 0 off, 2 NCCL's
     own choice (LL128 by default: on only where NCCL enables it, see :func:`nccl_ring`).
@@ -514,19 +561,174 @@ def nccl_protocols(value: str | None) -> dict[str, int]:
     names = [p.name for p in NCCL_PROTOCOLS]
     if value is None:
         return {n: 2 if n == "LL128" else 1 for n in names}
-    text = value.strip()
-    exclude = text.startswith("^")
-    items = [t.strip() for t in text.removeprefix("^").split(",") if t.strip()]
-    known = {n.lower(): n for n in names}
-    unknown = [t for t in items if t.lower() not in known]
-    if unknown or not items:
-        raise ValueError(f"nccl_proto: expected NCCL_PROTO's syntax, protocols of {names} "
-                         f"separated by commas, or ^ and the ones to leave out; got {value!r}")
-    listed = {known[t.lower()] for t in items}
-    states = {n: int((n in listed) != exclude) for n in names}
-    if not any(states.values()):
-        raise ValueError(f"nccl_proto: {value!r} leaves no protocol on")
+    return _parse_nccl_list(value, names, "nccl_proto", "NCCL_PROTO")
+
+
+NCCL_ALGORITHMS = ("Tree", "Ring")
+"""NCCL's allreduce algorithms the simulator models, in its tuner's order (the first of
+equal times wins). CollNet and NVLS need hardware the presets do not have yet."""
+
+NCCL_TREE_SINCE = (2, 4, 0)
+"""NCCL's double binary trees first shipped in NCCL 2.4.2-1 (NVIDIA/nccl src/init.cu,
+``ncclTreeThreshold``); earlier releases run rings only."""
+
+
+def nccl_algorithms(value: str | None,
+                    release: tuple[int, int, int] = NCCL_NEWEST) -> dict[str, int]:
+    """Return each allreduce algorithm's state under an ``NCCL_ALGO`` setting (1 on, 0 off).
+
+    As NCCL reads the variable (``parseList``, ``NCCL_SOURCE``): ``None`` is NCCL's default
+    (every algorithm on; the tree from :data:`NCCL_TREE_SINCE` on), ``"Ring"`` turns on the
+    ring alone, ``"^Tree"`` turns the tree off. Names are case-insensitive, of
+    :data:`NCCL_ALGORITHMS`. NCCL 2.4 had no ``NCCL_ALGO``; there ``"Ring"`` stands for
+    ``NCCL_TREE_THRESHOLD=0`` and ``"Tree"`` for a threshold above every size.
+
+    Raises:
+        ValueError: an unknown or unmodelled name (CollNet, NVLS), a setting that leaves no
+            algorithm on, or the tree alone on a release before 2.4, naming ``nccl_algo``.
+    """
+    names = list(NCCL_ALGORITHMS)
+    if value is None:
+        states = dict.fromkeys(names, 1)
+    else:
+        modelled = {n.lower() for n in names}
+        later = [t.strip() for t in value.removeprefix("^").split(",")
+                 if t.strip() and t.strip().lower() not in modelled
+                 and t.strip().lower() in ("collnet", "collnetdirect", "collnetchain", "nvls",
+                                           "nvlstree", "pat")]
+        if later:
+            raise ValueError(f"nccl_algo: {later} not modelled (only {names}): the cluster "
+                             f"presets have no NVSwitch or in-network reduction yet")
+        states = _parse_nccl_list(value, names, "nccl_algo", "NCCL_ALGO")
+    if release < NCCL_TREE_SINCE:
+        if value is not None and not states["Ring"]:
+            raise ValueError(f"nccl_algo: {value!r} leaves only the tree, which NCCL "
+                             f"{'.'.join(map(str, release))} does not have (from 2.4.0)")
+        states["Tree"] = 0
     return states
+
+
+def _log2i(n: int) -> int:
+    """Return floor(log2 n) for n >= 1 and 0 for n < 1, as NCCL's ``log2i``."""
+    return max(int(n), 1).bit_length() - 1
+
+
+def _nccl24_tree_threshold(ranks: int, nodes: int, intra_link: str, channels: int) -> float:
+    """Return the largest allreduce (bytes) NCCL 2.4 runs on its trees.
+
+    NCCL 2.4's rule (src/init.cc ``ncclTreeThreshold`` at v2.4.8-1): a ring of ``5000 x
+    channels`` B/us on NVLink hosts (5000 otherwise) against trees at 3/4 of it (twice that
+    on two NVLink hosts; 2/3 without NVLink), ring latency 6 us x (ranks - 1), tree latency
+    15 us x log2(nodes) + 4 us x (ranks/nodes - 1); the trees win below the size where the
+    two lines cross, at every size when they are the faster, never on one host.
+    """
+    nvlink = intra_link == "nvlink"
+    ringbw = 5000.0 * channels if nvlink else 5000.0
+    treebw = ringbw * 3 / 4 if nvlink else ringbw * 2 / 3
+    if nvlink and nodes == 2:
+        treebw *= 2
+    ringlat = 6.0 * (ranks - 1)
+    treelat = 15.0 * _log2i(nodes) + 4.0 * (ranks // nodes - 1)
+    if nodes < 2 or ringlat <= treelat:
+        return 0.0
+    if treebw > ringbw:
+        return math.inf
+    return ringbw * treebw / (ringbw - treebw) * (ringlat - treelat)
+
+
+class NcclChoice(NamedTuple):
+    """The algorithm and protocol NCCL's tuner picks for one allreduce.
+
+    Attributes:
+        algorithm: ``"Ring"`` or ``"Tree"``.
+        protocol: ``"LL"``, ``"LL128"`` or ``"Simple"``.
+        latency_s: the algorithm's fixed latency under that protocol, seconds.
+        share: the fraction of the algorithm's own bytes rate it reaches (its bytes' time
+            is divided by it).
+    """
+
+    algorithm: str
+    protocol: str
+    latency_s: float
+    share: float
+
+
+def _protocol_on(proto: NcclProtocol, state: int, intra_link: str, compute_capability: float,
+              release: tuple[int, int, int]) -> bool:
+    """Return whether a protocol is on: NCCL's default turns LL128 on only over NVLink on
+    compute capability 7.0, 8.0 and 9.0 GPUs, and only from :data:`NCCL_LL128_SINCE`."""
+    if state == 0 or (state == 2 and not (intra_link == "nvlink"
+                                          and compute_capability in (7.0, 8.0, 9.0))):
+        return False
+    return not (proto.name == "LL128" and release < NCCL_LL128_SINCE)
+
+
+def nccl_tree_latency(proto: NcclProtocol, ranks: int, nodes: int, intra_link: str) -> float:
+    """Return the tree's latency under ``proto``, microseconds (``NCCL_SOURCE``):
+    ``base + 2 ((ranks/nodes - 1) intra_hop + log2(nodes) net_hop)``: a chain through each
+    host's GPUs and a binary tree of depth log2(nodes) between hosts, up and down."""
+    assert proto.tree_step_us is not None
+    return proto.tree_base_us + 2 * ((ranks // nodes - 1) * proto.tree_step_us[intra_link]
+                                     + _log2i(nodes) * proto.tree_step_us["net"])
+
+
+def nccl_allreduce(nbytes: float, ranks: int, nodes: int, intra_link: str,
+                   compute_capability: float, ring_transfer_s: float,
+                   protocols: dict[str, int] | None = None,
+                   release: tuple[int, int, int] = NCCL_NEWEST,
+                   algorithms: dict[str, int] | None = None,
+                   channels: int = 1) -> NcclChoice:
+    """Return the algorithm and protocol NCCL's tuner picks for an allreduce of ``nbytes``.
+
+    From 2.5 on, as ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` price them
+    (``NCCL_SOURCE``): the ring as :func:`nccl_ring` prices it, and the tree at latency
+    :func:`nccl_tree_latency` plus its bytes at 0.92 of the bus bandwidth times the
+    protocol's :attr:`NcclProtocol.tree_share` and the size's correction factor, its
+    algorithm bandwidth half the bus bandwidth where the ring's is ranks/(2 (ranks-1)) of
+    it. Both run over the same graph bandwidth, so the tree's bytes take
+    ``ring_transfer_s`` (the simulator's ring of Simple bytes) times ``ranks / (2 (ranks-1))
+    / (0.5 x 0.92 x share x correction)``; the least time wins. NCCL 2.4 chose by size
+    (:func:`_nccl24_tree_threshold`), its trees' protocol as above; before 2.4 only rings.
+    ``algorithms`` is :func:`nccl_algorithms`' (``None``: NCCL's default for ``release``).
+    Not modelled: the per-channel caps on each algorithm's bandwidth and the 0.85 of
+    NCCL's plain (unbalanced) tree pattern. The returned share of a tree applies to its
+    physical bytes (the strategy's), 0.92 x share x correction.
+    """
+    algos = nccl_algorithms(None, release) if algorithms is None else algorithms
+    states = nccl_protocols(None) if protocols is None else protocols
+    ring: NcclChoice | None = None
+    if algos["Ring"]:
+        ring = NcclChoice("Ring", *nccl_ring("allreduce", nbytes, ranks, nodes, intra_link,
+                                             compute_capability, ring_transfer_s, states,
+                                             release))
+    if not algos["Tree"] or ranks < 2:
+        assert ring is not None
+        return ring
+    if release < (2, 5, 0) and ring is not None:
+        threshold = _nccl24_tree_threshold(ranks, nodes, intra_link, channels)
+        if nbytes > threshold:
+            assert ring is not None
+            return ring
+        ring = None  # below the threshold NCCL 2.4 runs its trees
+    model_bytes = ring_transfer_s * ranks / (2 * (ranks - 1)) / 0.46
+    best, best_time = ring, (math.inf if ring is None
+                             else ring.latency_s + ring_transfer_s / ring.share)
+    k = _log2i(int(nbytes) >> 6)
+    tree: NcclChoice | None = None
+    tree_time = math.inf
+    for proto in NCCL_PROTOCOLS:
+        if not _protocol_on(proto, states[proto.name], intra_link, compute_capability, release):
+            continue
+        share = 7 / 9 if proto.name == "LL128" and nodes == 1 else proto.tree_share
+        corr = proto.tree_correction[k] if k < len(proto.tree_correction) else 1.0
+        lat = nccl_tree_latency(proto, ranks, nodes, intra_link) * 1e-6
+        time = lat + model_bytes / (share * corr)
+        if time < tree_time:
+            tree, tree_time = NcclChoice("Tree", proto.name, lat, 0.92 * share * corr), time
+    if tree is not None and tree_time <= best_time:  # the tree comes first in NCCL's order
+        return tree
+    assert best is not None
+    return best
 
 
 # A ring step between hosts launches a network operation: 1 us on an x86 host (Intel; 2 on
@@ -554,10 +756,10 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
     of it. The tuner picks the protocol of least time among those ``protocols`` leaves on
     (:func:`nccl_protocols`; ``None``: NCCL's default), LL128 only from
     :data:`NCCL_LL128_SINCE` on (``release``). ``transfer_s`` is the bytes' time
-    at Simple's rate (the simulator's ring of the same size). Not modelled: NCCL's tree
-    and other algorithms (the simulated collective is a ring), the per-channel caps on
-    LL's and LL128's rates, and the number of channels (the plateau's 64 bytes per rank are
-    counted for one channel).
+    at Simple's rate (the simulator's ring of the same size). The tree, and the tuner's
+    choice between the two, are :func:`nccl_allreduce`'s. Not modelled: the per-channel
+    caps on LL's and LL128's rates, and the number of channels (the plateau's 64 bytes per
+    rank are counted for one channel).
     """
     if coll == "allreduce":
         steps = 2 * (ranks - 1)
@@ -572,11 +774,7 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
     best: tuple[str, float, float] | None = None
     best_time = float("inf")
     for proto in NCCL_PROTOCOLS:
-        state = states[proto.name]
-        if state == 0 or (state == 2 and not (intra_link == "nvlink"
-                                              and compute_capability in (7.0, 8.0, 9.0))):
-            continue
-        if proto.name == "LL128" and release < NCCL_LL128_SINCE:
+        if not _protocol_on(proto, states[proto.name], intra_link, compute_capability, release):
             continue
         intra = proto.step_us[intra_link]
         if nodes > 1:

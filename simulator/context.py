@@ -50,6 +50,8 @@ class SimContext(Protocol):
     nccl: float | None  # the GPUs' compute capability where rings run NCCL's model
     nccl_proto: dict[str, int]  # the protocols NCCL may use (hardware.nccl_protocols)
     nccl_release: tuple[int, int, int]  # the NCCL release (hardware.nccl_release)
+    nccl_algo: dict[str, int]  # the allreduce algorithms NCCL may use (hardware.nccl_algorithms)
+    nccl_channels: int  # NCCL's channels through a host's NIC
     negotiation: float
     summation: float
     update: float

@@ -219,6 +219,7 @@ class _Sim:
                                    and tr.name != "ideal" else None)
         self.nccl_proto = hardware.nccl_protocols(c.nccl_proto)
         self.nccl_release = hardware.nccl_release(c.nccl_version)
+        self.nccl_algo = hardware.nccl_algorithms(c.nccl_algo, self.nccl_release)
 
     def _init_servers(self, c: contract.Cluster, tr: hardware.Transport,
                       summation: float) -> None:
@@ -274,10 +275,11 @@ class _Sim:
         # through the NIC, each split over its socket flows (NCCL runs at the slowest
         # socket times their number: NVIDIA/nccl-tests issue #83).
         flows = 1
+        self.nccl_channels = (c.nccl_channels
+                              or hardware.nccl_channels(self.nccl_release, link.name,
+                                                        c.gpus_per_host))
         if self.nccl is not None:
-            flows = ((c.nccl_channels
-                      or hardware.nccl_channels(self.nccl_release, link.name, c.gpus_per_host))
-                     * (c.nccl_socket_flows or 1))
+            flows = self.nccl_channels * (c.nccl_socket_flows or 1)
         self.flow_bandwidth = math.inf if cap is None else flows * cap * 1e9 / 8
         # A ring over racks of consecutive hosts crosses each rack's links to the core once
         # per direction: those links limit a ring step only below one NIC, or where the

@@ -128,10 +128,11 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     the sender like bytes do), then the latency passes.
 
     The GPUs of a point that names its device reduce with NCCL: on a real transport
-    (``sim.nccl``, not the ideal one) the fixed costs are NCCL's own model of its ring
-    (:func:`ddpbench.hardware.nccl_ring`: the protocol its tuner picks, whose latency is
-    spread evenly over the steps and whose share of the bandwidth stretches each step's
-    bytes) instead of latency plus per-message cost per step.
+    (``sim.nccl``, not the ideal one) NCCL's tuner picks the algorithm and protocol
+    (:func:`ddpbench.hardware.nccl_allreduce`). On its ring the fixed costs are NCCL's own
+    model (the protocol's latency spread evenly over the steps, its share of the bandwidth
+    stretching each step's bytes) instead of latency plus per-message cost per step; its
+    tree is :func:`nccl_tree_allreduce`.
     """
     p = sim.workers
     if p == 1:
@@ -143,10 +144,14 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     share = 1.0
     if sim.nccl is not None:  # NCCL's latency and protocol replace the per-step costs
         steps = 2 * (p - 1)
-        _, total, share = hardware.nccl_ring("allreduce", n * itemsize, p, sim.num_hosts,
-                                             sim.intra_link, sim.nccl, steps * tx,
-                                             sim.nccl_proto, sim.nccl_release)
-        lat, tx = total / steps, tx / share
+        choice = hardware.nccl_allreduce(n * itemsize, p, sim.num_hosts, sim.intra_link,
+                                         sim.nccl, steps * tx, sim.nccl_proto,
+                                         sim.nccl_release, sim.nccl_algo, sim.nccl_channels)
+        if choice.algorithm == "Tree":
+            yield from nccl_tree_allreduce(sim, n * itemsize, layer, choice, uplink)
+            return
+        share = choice.share
+        lat, tx = choice.latency_s / steps, tx / share
     held = tx
     if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
         # Rings share the NIC at its speed; each ring's own connection may be slower.
@@ -179,6 +184,51 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
         sim.add_sent_all(bytes_per_rank(n, p, itemsize))
     elif sim.num_hosts > 1:
         sim.add_sent_hosts(2 * (p - 1) / p * n * itemsize)
+
+
+def nccl_tree_allreduce(sim: SimContext, nbytes: int, layer: int, choice: hardware.NcclChoice,
+                        uplink: Link | None = None) -> Generator[simpy.Event, Any, None]:
+    """Generator: one allreduce of ``nbytes`` on NCCL's double binary trees (all ranks alike).
+
+    As NCCL builds them (src/graph/trees.cc; its tree allreduce, src/device/all_reduce.h):
+    a chain through each host's GPUs, and two binary trees over the hosts, each carrying
+    half the data, reduced up and broadcast down in one pipeline. Each GPU link of a chain
+    carries the whole message once each way; between hosts, on two hosts each NIC sends
+    and receives the message once (each host is the other's child in one tree), on more
+    the busiest host (inner in one tree: a parent and two children; a leaf in the other)
+    sends and receives it twice. Each channel carries one of the trees: on two hosts a
+    host's channels cross its NIC over as many connections as a ring's; on more, an inner
+    host's channel has its parent and two children, so the tree's bytes spread over twice
+    as many connections.
+    The slowest of those sets the pipeline's pace, at the tuner's share of it
+    (``choice.share``), after the tree's latency (``choice.latency_s``). Bytes counted per
+    NIC: the average, 2 (h-1)/h of the message (each tree edge carries half of it both ways).
+    """
+    env = sim.env
+    h, g = sim.num_hosts, sim.gpus
+    t_nic = 0.0
+    if h > 1:
+        nic_bytes, conns = (nbytes, 1) if h == 2 else (2 * nbytes, 2)
+        t_nic = nic_bytes / min(sim.ring_bandwidth, conns * sim.flow_bandwidth) / choice.share
+    t_chain = nbytes / sim.intra_bandwidth / choice.share if g > 1 else 0.0
+    sim.comm_begin()
+    start = env.now
+    if uplink is not None and g == 1 and h > 1:  # the NIC's share first, then the rest
+        ev = uplink.acquire(0, sim.net_seq())
+        if ev is not None:
+            yield ev
+        start = env.now
+        yield env.timeout(t_nic)
+        uplink.release()
+        yield env.timeout(choice.latency_s + max(0.0, t_chain - t_nic))
+    else:
+        yield env.timeout(choice.latency_s + max(t_nic, t_chain))
+    if sim.trace_steps:
+        sim.timeline.append(sim.span(0, "allreduce", layer, start, env.now, nbytes,
+                                     1 % h if h > 1 else ""))
+    sim.comm_end()
+    if h > 1:
+        sim.add_sent_hosts(2 * (h - 1) / h * nbytes)
 
 
 def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,

@@ -152,3 +152,115 @@ def test_a_tcp_ring_moves_at_its_connections_slowest_times_their_number(channels
     rate = (hardware.slowest_share(flows, tr.flow_spread)
             * min(100e9 / 8 * tr.efficiency, flows * tr.socket_gbps * 1e9 / 8))
     assert t2 - t1 == pytest.approx(2 * (2 - 1) * (n / 2) / rate, rel=1e-9)
+
+
+# -- NCCL's trees (hardware.nccl_allreduce, strategies.nccl_tree_allreduce)
+
+
+def test_tree_latency_is_a_chain_per_host_and_a_binary_tree_between_hosts():
+    simple = next(p for p in hardware.NCCL_PROTOCOLS if p.name == "Simple")
+    ll = next(p for p in hardware.NCCL_PROTOCOLS if p.name == "LL")
+    # 16 hosts x 8 GPUs over NVLink: 7 chain hops and log2(16) = 4 tree levels, up and down
+    assert hardware.nccl_tree_latency(simple, 128, 16, "nvlink") == pytest.approx(
+        0.0 + 2 * (7 * 28.0 + 4 * 28.0))
+    assert hardware.nccl_tree_latency(ll, 128, 16, "nvlink") == pytest.approx(
+        6.8 + 2 * (7 * 0.6 + 4 * 5.0))
+    # 6 hosts: NCCL's log2i rounds down (2 levels)
+    assert hardware.nccl_tree_latency(ll, 6, 6, "pcie") == pytest.approx(6.8 + 2 * 2 * 5.0)
+
+
+def test_tuner_takes_the_tree_where_its_latency_wins_and_the_ring_for_large_messages():
+    # 32 hosts x 4 P100s over PCIe (512 rings steps of Simple at ~1.9 x 10 ms of latency):
+    # a 1 KiB allreduce and a 4 MiB one go on the tree, 1 GiB on the ring.
+    ranks, nodes = 128, 32
+
+    def pick(nbytes):
+        transfer = 2 * (ranks - 1) / ranks * nbytes / 12e9
+        return hardware.nccl_allreduce(nbytes, ranks, nodes, "pcie", 6.0, transfer, channels=2)
+
+    small, medium, large = pick(1024), pick(4 << 20), pick(1 << 30)
+    assert (small.algorithm, small.protocol) == ("Tree", "LL")
+    assert (medium.algorithm, medium.protocol) == ("Tree", "Simple")
+    simple = next(p for p in hardware.NCCL_PROTOCOLS if p.name == "Simple")
+    # 4 MiB = 64 B x 2**16: Simple's correction there is 0.7, times the tree's 0.92
+    assert medium.share == pytest.approx(0.92 * 0.7)
+    assert medium.latency_s == pytest.approx(
+        hardware.nccl_tree_latency(simple, ranks, nodes, "pcie") * 1e-6)
+    assert large.algorithm == "Ring"
+    # on one host the ring's latency is small: no tree at 4 MiB over NVLink
+    assert hardware.nccl_allreduce(4 << 20, 8, 1, "nvlink", 7.0, 4e-5).algorithm == "Ring"
+
+
+def test_nccl_2_4_runs_its_trees_below_the_threshold_its_init_computes():
+    # v2.4.8-1 src/init.cc ncclTreeThreshold, worked by hand:
+    # 4 x 8 NVLink, 2 channels: ring 10000 B/us, tree 7500, latencies 6 x 31 and 15 x 2 +
+    # 4 x 7 -> 10000 x 7500 / 2500 x 128 = 3,840,000 bytes
+    assert hardware._nccl24_tree_threshold(32, 4, "nvlink", 2) == pytest.approx(3.84e6)
+    # 4 x 4 PCIe: 5000 against 3333.3, latencies 90 and 42 -> 480,000
+    assert hardware._nccl24_tree_threshold(16, 4, "pcie", 1) == pytest.approx(4.8e5)
+    # two NVLink hosts: trees twice as fast, every size; one host: never
+    assert hardware._nccl24_tree_threshold(16, 2, "nvlink", 2) == float("inf")
+    assert hardware._nccl24_tree_threshold(8, 1, "nvlink", 2) == 0.0
+    release = (2, 4, 8)
+    below = hardware.nccl_allreduce(3_000_000, 32, 4, "nvlink", 7.0, 1e-3, release=release,
+                                    channels=2)
+    above = hardware.nccl_allreduce(4_000_000, 32, 4, "nvlink", 7.0, 1e-3, release=release,
+                                    channels=2)
+    assert (below.algorithm, above.algorithm) == ("Tree", "Ring")
+    assert below.protocol != "LL128"  # not before 2.5.6
+    # before 2.4: rings only, whatever the size
+    assert hardware.nccl_allreduce(1024, 32, 4, "nvlink", 7.0, 1e-6,
+                                   release=(2, 3, 7)).algorithm == "Ring"
+
+
+def test_nccl_algo_reads_as_nccl_reads_its_variable():
+    assert hardware.nccl_algorithms(None) == {"Tree": 1, "Ring": 1}
+    assert hardware.nccl_algorithms("ring") == {"Tree": 0, "Ring": 1}
+    assert hardware.nccl_algorithms("^Tree") == {"Tree": 0, "Ring": 1}
+    assert hardware.nccl_algorithms(None, (2, 3, 7)) == {"Tree": 0, "Ring": 1}
+    for bad in ("Rings", "", "^Tree,Ring"):
+        with pytest.raises(ValueError, match="nccl_algo"):
+            hardware.nccl_algorithms(bad)
+    with pytest.raises(ValueError, match="not modelled"):
+        hardware.nccl_algorithms("NVLS,Ring")
+    with pytest.raises(ValueError, match="2.4.0"):
+        hardware.nccl_algorithms("Tree", (2, 3, 7))
+    with pytest.raises(ValueError, match="nccl_algo"):
+        simulate_collective("allreduce", 1 << 20, hosts=2, bandwidth_gbps=10, device="V100",
+                            transport="tcp", nccl_algo="Tree", nccl_version="2.3.7")
+
+
+@pytest.mark.parametrize("hosts", [2, 3, 4])
+def test_simulated_tree_moves_its_bytes_at_the_busiest_nic_or_chain(hosts):
+    # hosts x 8 V100s over NVLink and 100 Gbit/s RDMA, the tree forced (NCCL_ALGO=Tree):
+    # latency + max(NIC bytes / NIC rate, message / NVLink rate) / share, with the NIC
+    # carrying the message once on two hosts and twice on more.
+    n = 256 << 20
+    kw = dict(hosts=hosts, gpus_per_host=8, bandwidth_gbps=100, device="V100",
+              transport="rdma", intra_link="nvlink")
+    t = simulate_collective("allreduce", n, nccl_algo="Tree", **kw)
+    ranks = hosts * 8
+    choice = hardware.nccl_allreduce(n, ranks, hosts, "nvlink", 7.0, 1.0,
+                                     algorithms=hardware.nccl_algorithms("Tree"))
+    nic = 100e9 / 8 * hardware.transport("rdma").efficiency
+    nic_bytes = n if hosts == 2 else 2 * n
+    want = choice.latency_s + max(nic_bytes / nic, n / 130e9) / choice.share
+    assert t == pytest.approx(want, rel=1e-12)
+    # forcing the ring gives the ring of before; the default takes the faster of the two
+    ring = simulate_collective("allreduce", n, nccl_algo="Ring", **kw)
+    default = simulate_collective("allreduce", n, **kw)
+    assert default in (t, ring)
+
+
+def test_tree_counts_the_average_nic_bytes_of_its_two_trees():
+    from ddpbench.simulator import simulate
+
+    kw = dict(hosts=4, gpus_per_host=2, bandwidth_gbps=100, device="V100", transport="rdma",
+              intra_link="nvlink", iterations=1, warmup=0)
+    tree = simulate("resnet50", "mpi", nccl_algo="Tree", **kw)
+    ring = simulate("resnet50", "mpi", nccl_algo="Ring", **kw)
+    grads = 25_557_032 * 4
+    # each of the two trees' 3 edges carries half the message both ways: 2 (h-1)/h of it
+    assert tree.bytes_sent["host0"] == pytest.approx(2 * 3 / 4 * grads, rel=1e-9)
+    # a ring of 8 GPUs over 4 hosts: 2 (p-1)/p of it
+    assert ring.bytes_sent["host0"] == pytest.approx(2 * 7 / 8 * grads, rel=1e-9)

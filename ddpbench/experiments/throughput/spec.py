@@ -135,6 +135,7 @@ class ThroughputSpec(Frozen):
     transport: tuple[str, ...] = ("ideal",)
     device: tuple[str | None, ...] = (None,)
     nccl_proto: tuple[str | None, ...] = (None,)
+    nccl_algo: tuple[str | None, ...] = (None,)
     nccl_version: tuple[str | None, ...] = (None,)
     nccl_channels: tuple[int | None, ...] = (None,)
     nccl_socket_flows: tuple[int | None, ...] = (None,)

@@ -50,6 +50,7 @@ class Setting(_Frozen):
     transport: str = "tcp"
     intra_link: str = "pcie"
     nccl_proto: str | None = None
+    nccl_algo: str | None = None
     nccl_version: str | None = None
     nccl_channels: int | None = Field(None, ge=1)
     nccl_socket_flows: int | None = Field(None, ge=1)
@@ -122,7 +123,7 @@ class Point(_Frozen):
             hardware.transport(self.baseline_transport)
         hardware.intra_link(s.intra_link)
         hardware.nccl_protocols(s.nccl_proto)
-        hardware.nccl_release(s.nccl_version)
+        hardware.nccl_algorithms(s.nccl_algo, hardware.nccl_release(s.nccl_version))
         if self.metric in _SWEPT and s.bandwidth_gbps is not None:
             raise ValueError(f"point {self.id!r}: metric {self.metric!r} sweeps the bandwidth; "
                              "leave bandwidth_gbps out of its setting")

@@ -32,6 +32,8 @@ def _setting_text(point: data.Point) -> str:
         parts.append(s.intra_link)
     if s.nccl_proto is not None:
         parts.append(f"NCCL_PROTO={s.nccl_proto}")
+    if s.nccl_algo is not None:
+        parts.append(f"NCCL_ALGO={s.nccl_algo}")
     if s.nccl_version is not None:
         parts.append(f"NCCL {s.nccl_version}")
     if s.nccl_channels is not None:

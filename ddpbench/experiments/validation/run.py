@@ -124,7 +124,8 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
         "transport": transport or s.transport, "intra_link": s.intra_link, "iterations": iterations, "warmup": warmup, **knobs}
     if s.device is not None:
         params["device"] = s.device
-    for field in ("nccl_proto", "nccl_version", "nccl_channels", "nccl_socket_flows"):
+    for field in ("nccl_proto", "nccl_algo", "nccl_version", "nccl_channels",
+                  "nccl_socket_flows"):
         if getattr(s, field) is not None:
             params[field] = getattr(s, field)
     if s.batch_size is not None:
@@ -148,7 +149,8 @@ def _bus_bandwidth(point: data.Point, override: dict[str, Any]) -> float:
     p = hosts * s.gpus_per_host
     cluster: dict[str, Any] = {"hosts": hosts, "gpus_per_host": s.gpus_per_host,
                                "transport": s.transport, "intra_link": s.intra_link,
-                               "nccl_proto": s.nccl_proto, "nccl_version": s.nccl_version,
+                               "nccl_proto": s.nccl_proto, "nccl_algo": s.nccl_algo,
+                               "nccl_version": s.nccl_version,
                                "nccl_channels": s.nccl_channels,
                                "nccl_socket_flows": s.nccl_socket_flows, "device": s.device,
                                **override}
