@@ -288,6 +288,17 @@ class KvstoreKnobs(PSKnobs):
             "gRPC (whole variables round-robin over the servers, each worker's gradient "
             "applied as it comes, variables read once all are in, every connection at "
             "most grpc_gbps)")
+    local_reduce: Literal["cpu", "device"] = knob(
+        "cpu", side="sim", tune="categorical",
+        source="src/kvstore/kvstore.cc (KVStore::Create: 'device' in the type name); "
+               "src/kvstore/comm.h (CommCPU, CommDevice)",
+        tune_source="MXNet's two kvstore types of a multi-GPU worker (dist_sync, "
+                    "dist_device_sync)",
+        doc="how a host's GPUs reduce before the push and get the pulled value back: 'cpu' = "
+            "MXNet's dist_sync (CommCPU: every GPU's gradient copied to host memory over its "
+            "PCIe switch's uplink, summed by the CPU, the pulled value copied back to each "
+            "GPU); 'device' = dist_device_sync (CommDevice: reduced among the GPUs over the "
+            "intra-host link)")
     grpc_gbps: float = knob(
         1.3, gt=0, allow_inf_nan=False, side="sim", unit="Gbit/s",
         source="tensorflow/tensorflow issues #4498 and #6116",
@@ -305,6 +316,17 @@ class P3Knobs(PSKnobs):
         tune_source="ddpbench's rule (P3 has no tuner): P3's own slice size up to 25 times "
                     "it; below it a simulation's events grow as the slices shrink",
         doc="elements per slice; smaller arrays go whole to server (key*9973) % S")
+    local_reduce: Literal["cpu", "device"] = knob(
+        "cpu", side="sim", tune="categorical",
+        source="src/kvstore/kvstore.cc (KVStore::Create: 'device' in the type name); "
+               "src/kvstore/comm.h (CommCPU, CommDevice)",
+        tune_source="MXNet's two kvstore types of a multi-GPU worker (dist_sync, "
+                    "dist_device_sync)",
+        doc="how a host's GPUs reduce before the push and get the pulled value back: 'cpu' = "
+            "MXNet's dist_sync (CommCPU: every GPU's gradient copied to host memory over its "
+            "PCIe switch's uplink, summed by the CPU, the pulled value copied back to each "
+            "GPU); 'device' = dist_device_sync (CommDevice: reduced among the GPUs over the "
+            "intra-host link)")
     send_hwm: int = knob(
         1, ge=1, unit="messages", source="P3's ps-lite, src/zmq_van.h (ZMQ_SNDHWM)",
         tune=(1, 16, "log"),

@@ -46,6 +46,7 @@ from typing import NamedTuple, TypeVar
 __all__ = [
     "DEVICES",
     "INTRA_LINKS",
+    "MXNET_REDUCTION_THREADS",
     "MXNET_SERVER_BYTES",
     "MXNET_SERVER_UPDATE_GBPS",
     "NCCL_ALGORITHMS",
@@ -67,6 +68,7 @@ __all__ = [
     "compute_factor",
     "device",
     "intra_link",
+    "mxnet_cpu_sum_bytes",
     "nccl_algorithms",
     "nccl_allreduce",
     "nccl_channels",
@@ -380,6 +382,22 @@ request after another, and waits for each push's engine operation before taking 
 (the same file: ``WaitToRead`` after each merge), so a server's pushes and pulls of every key
 form one queue. P3's servers run the same code (its MXNet fork)."""
 
+MXNET_REDUCTION_THREADS = 4
+"""Threads with which MXNet's CommCPU sums an array of at least ``MXNET_KVSTORE_BIGARRAY_BOUND``
+(10^6) elements (src/kvstore/comm.h: ``MXNET_KVSTORE_REDUCTION_NTHREADS``, default 4; a smaller
+array is summed by one thread)."""
+
+
+def mxnet_cpu_sum_bytes(gpus: int) -> int:
+    """Return the bytes of memory traffic per byte of an array that MXNet's CommCPU moves to sum
+    ``gpus`` copies of it in host memory (src/kvstore/comm.h, ``ReduceSumCPU``): every copy but
+    the first is read once, and the first is read and written once per pass of up to four
+    others (``in_0 += in_1 + in_2 + in_3 + in_4``)."""
+    if gpus <= 1:
+        return 0
+    return (gpus - 1) + 2 * -(-(gpus - 1) // 4)
+
+
 MXNET_SERVER_UPDATE_GBPS = 21.5
 """Gbit/s of parameters an MXNet server's optimizer updates: apache/mxnet issue #14485 (a
 BytePS author, 2019, MXNet 1.4, dist_sync, AlexNet): updating one 2 MB key on the server took
@@ -401,6 +419,9 @@ class IntraLink:
         switch_gpus: GPUs under one PCIe switch, or None (no switches in the way): a ring
             over more GPUs than that crosses from one switch to the other through the CPU.
         cross_gbps: what such a ring's step achieves then, Gbit/s per direction.
+        host_gbps: a PCIe switch's uplink to the CPU, Gbit/s per direction: what copies
+            between the GPUs under it and the host's memory share.
+        host_share: GPUs whose copies to and from the host's memory share one such uplink.
     """
 
     name: str
@@ -409,6 +430,8 @@ class IntraLink:
     source: str
     switch_gpus: int | None = None
     cross_gbps: float | None = None
+    host_gbps: float = 96.0
+    host_share: int = 1
 
     def ring_gbps(self, gpus: int) -> float:
         """Return the bus bandwidth a ring over ``gpus`` GPUs of one host reaches, Gbit/s:
@@ -428,11 +451,17 @@ INTRA_LINKS: dict[str, IntraLink] = {x.name: x for x in (
               "under one PCIe switch, and each machine contains two PCIe switches'), and a "
               "ring that crosses from one switch to the other through the CPU reached 8.23 "
               "GB/s of allreduce bus bandwidth against 11.28 under one switch (NVIDIA/nccl "
-              "issue #44, a pair of switches on one CPU)",
-              switch_gpus=4, cross_gbps=65.8),
+              "issue #44, a pair of switches on one CPU); copies to and from the host's "
+              "memory: the 4 GPUs of a switch share its x16 uplink to the CPU, at the same "
+              "~12 GB/s",
+              switch_gpus=4, cross_gbps=65.8, host_gbps=96.0, host_share=4),
     IntraLink("nvlink", 1040.0, 3.0,
               "NVLink 2 on a DGX-1V / p3.16xlarge: ~130 GB/s NCCL all-reduce bus bandwidth "
-              "over 8 V100s (nccl-tests)"),
+              "over 8 V100s (nccl-tests); copies to and from the host's memory go over PCIe "
+              "3.0 x16, two GPUs (and an InfiniBand NIC) under each of four PCIe switches "
+              "(NVIDIA DGX-1 System Architecture white paper, WP-08437-001, sections 2 and "
+              "3.3), ~12 GB/s per switch as NCCL counts a Gen3 x16 path",
+              host_gbps=96.0, host_share=2),
 )}
 """Intra-host link name -> :class:`IntraLink`: the ``intra_link`` axis of a point."""
 

@@ -45,6 +45,7 @@ class SimContext(Protocol):
     latency: float
     per_message: float
     intra_bandwidth: float
+    local_bandwidth: float  # each GPU's own path over the intra-host link
     intra_latency: float
     intra_link: str
     nccl: float | None  # the GPUs' compute capability where rings run NCCL's model

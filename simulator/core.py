@@ -196,7 +196,8 @@ class _Sim:
         self.net = None if symmetric else self._network(c, tr, cap)
         self._init_rings(c, tr, link, cap)
         self.negotiation = self._negotiation(c, tr)
-        self._bcast: list[float] | None = None
+        self._bcast: list[list[tuple[int, float, bool]]] | None = None
+        self._reduce_stages: list[list[tuple[int, float, bool]]] = []
 
     def _init_links(self, c: contract.Cluster, tr: hardware.Transport,
                     link: hardware.IntraLink) -> None:
@@ -390,17 +391,10 @@ class _Sim:
         self._iter_left = [nsim * nlayers] * iterations
         self._iter_end = [math.nan] * iterations
         if not self.symmetric and self.gpus > 1:
-            # The host's GPUs reduce a layer before its push and receive it after its pull
-            # (one ring step pass each way at each GPU's own path to the host: BytePS reduces
-            # under each PCIe switch and sums across switches on the CPU, its PCIE_REDUCE
-            # stage, byteps/common/core_loops.cc; no ring crosses the switches).
-            g = self.gpus
-            layer_bytes = [0.0] * nlayers
-            for t in wl.tensors:
-                layer_bytes[t.layer] += t.numel * self.itemsize
-            self._bcast = [self.intra_latency + (g - 1) / g * b / self.local_bandwidth
-                           if b else 0.0 for b in layer_bytes]
-            self._local_free = [0.0] * nsim
+            # The host's GPUs reduce a layer before its push and receive it after its pull,
+            # in the stages the strategy's worker runs them (Strategy.host_stages).
+            self._reduce_stages, self._bcast = strategy.host_stages()
+            self._local_free = [[0.0] * 4 for _ in range(nsim)]
         self._busy = [_Busy() for _ in range(nsim)]
         strategy.start()
         factors = self._factors(iterations)
@@ -498,23 +492,30 @@ class _Sim:
         self.remaining[w][i] = self._units[i]
         if self._units[i] == 0:
             self._layer_done(w, i)
-        elif self._bcast is not None and self._bcast[i] > 0:
-            self._local(w, i, self._reduced)  # reduce the host's GPUs before the push
+        elif self._bcast is not None and self._reduce_stages[i]:
+            self._local(w, i, self._reduced, self._reduce_stages[i])  # before the push
         else:
             self.strategy.grad_ready(w, i)
 
-    def _local(self, w: int, layer: int, then: Any) -> None:
-        """Run ``then`` once host ``w``'s link has passed ``layer`` among its GPUs.
+    def _local(self, w: int, layer: int, then: Any,
+               stages: list[tuple[int, float, bool]]) -> None:
+        """Run ``then`` once host ``w`` has passed ``layer`` through ``stages``.
 
-        The host's reductions and broadcasts share its intra-host link, one layer after
-        another in the order they were asked for.
+        Each stage ``(queue, seconds, gpus_busy)`` holds one of the host's queues (its
+        intra-host link, the copies up to and down from the host's memory, its CPU) for
+        its seconds, after the stage before it; each queue serves the layers one after
+        another in the order they were asked for, so a stage's turn is known when the
+        layer is asked for. A stage with ``gpus_busy`` slows the GPUs' compute beside it.
         """
-        assert self._bcast is not None
-        begin = max(self.env.now, self._local_free[w])
-        done = begin + self._bcast[layer]
-        self._local_free[w] = done
-        self._busy[w].add(begin, done)
-        call_later(self.env, done - self.env.now, then, (w, layer))
+        free = self._local_free[w]
+        t = self.env.now
+        for queue, seconds, gpus_busy in stages:
+            begin = t if t >= free[queue] else free[queue]
+            t = begin + seconds
+            free[queue] = t
+            if gpus_busy:
+                self._busy[w].add(begin, t)
+        call_later(self.env, t - self.env.now, then, (w, layer))
 
     def _reduced(self, value: tuple[int, int]) -> None:
         w, i = value
@@ -533,8 +534,8 @@ class _Sim:
         rem = self.remaining[w]
         rem[layer] -= 1
         if rem[layer] == 0:
-            if self._bcast is not None and self._bcast[layer] > 0:
-                self._local(w, layer, self._broadcast_done)  # to the host's GPUs
+            if self._bcast is not None and self._bcast[layer]:
+                self._local(w, layer, self._broadcast_done, self._bcast[layer])  # to its GPUs
             else:
                 self._layer_done(w, layer)
 

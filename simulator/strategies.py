@@ -93,6 +93,75 @@ class Strategy(abc.ABC):
     def grad_ready(self, w: int, layer: int) -> None:
         """Worker ``w`` has produced layer ``layer``'s gradients: start sending them."""
 
+    def host_stages(self) -> tuple[list[Stages], list[Stages]]:
+        """Return, per layer, the stages a host of several GPUs runs to reduce the layer
+        before its push and to hand the pulled layer back to its GPUs (empty: none), each
+        ``(queue, seconds, gpus_busy)`` (see the simulator's ``_local``); by default
+        :func:`link_host_stages`."""
+        return link_host_stages(self.sim)
+
+
+Stages = list[tuple[int, float, bool]]
+"""A layer's stages on a host: ``(queue, seconds, gpus_busy)`` each (Strategy.host_stages)."""
+
+
+def _layer_bytes(sim: SimContext) -> list[float]:
+    """Return each layer's gradient bytes."""
+    out = [0.0] * len(sim.workload.layers)
+    for t in sim.workload.tensors:
+        out[t.layer] += t.numel * sim.itemsize
+    return out
+
+
+def link_host_stages(sim: SimContext) -> tuple[list[Stages], list[Stages]]:
+    """Return one pass each way over the intra-host link at each GPU's own path per layer,
+    ``latency + (g-1)/g x bytes / link``, both on the link's one queue: BytePS reduces
+    under each PCIe switch and sums across switches on the CPU, its PCIE_REDUCE stage
+    (byteps/common/core_loops.cc); no ring crosses the switches."""
+    g = sim.gpus
+    stages: list[Stages] = []
+    for b in _layer_bytes(sim):
+        d = sim.intra_latency + (g - 1) / g * b / sim.local_bandwidth
+        stages.append([(0, d, True)] if b else [])
+    return stages, stages
+
+
+def mxnet_host_stages(sim: SimContext, local_reduce: str) -> tuple[list[Stages], list[Stages]]:
+    """Return the stages of an MXNet worker with several GPUs (kvstore ``dist_sync``, P3).
+
+    ``local_reduce="cpu"`` (MXNet's ``dist_sync``, src/kvstore/comm.h ``CommCPU``): every
+    GPU copies its gradient to pinned host memory, the GPUs under one PCIe switch sharing its
+    uplink (``host_share`` of them at ``host_gbps``, the switches at once); then the CPU sums
+    the copies, :func:`ddpbench.hardware.mxnet_cpu_sum_bytes` of memory traffic per byte at
+    one MXNet CPU thread's rate (the server thread's, :data:`MXNET_SERVER_UPDATE_GBPS` x 5),
+    times :data:`~ddpbench.hardware.MXNET_REDUCTION_THREADS` for an array of at least 10^6
+    elements; the pulled value is copied back to every GPU the same way down. Up, CPU and
+    down are queues of their own. ``"device"`` (``dist_device_sync``, ``CommDevice``): the
+    GPUs reduce among themselves over the intra-host link (:func:`link_host_stages`).
+    """
+    if local_reduce == "device":
+        return link_host_stages(sim)
+    link = hardware.intra_link(sim.intra_link)
+    g = sim.gpus
+    share = min(g, link.host_share)
+    uplink = link.host_gbps * 1e9 / 8
+    thread = (hardware.MXNET_SERVER_UPDATE_GBPS * 1e9 / 8
+              * hardware.MXNET_SERVER_BYTES["update"])
+    traffic = hardware.mxnet_cpu_sum_bytes(g)
+    nlayers = len(sim.workload.layers)
+    layer_bytes = _layer_bytes(sim)
+    sums = [0.0] * nlayers
+    for t in sim.workload.tensors:
+        threads = hardware.MXNET_REDUCTION_THREADS if t.numel >= 1_000_000 else 1
+        sums[t.layer] += t.numel * sim.itemsize * traffic / (thread * threads)
+    up: list[Stages] = []
+    down: list[Stages] = []
+    for i, b in enumerate(layer_bytes):
+        copy = share * b / uplink
+        up.append([(1, copy, True), (2, sums[i], False)] if b else [])
+        down.append([(3, copy, True)] if b else [])
+    return up, down
+
 
 # ---------------------------------------------------------------- allreduce strategies
 
@@ -813,6 +882,13 @@ class KvstoreStrategy(_PSBase):
     knobs: contract.KvstoreKnobs
     server_update = True
 
+    def host_stages(self) -> tuple[list[Stages], list[Stages]]:
+        """MXNet's worker (:func:`mxnet_host_stages`, ``local_reduce``); TensorFlow's
+        parameter servers keep the link's rule."""
+        if self.knobs.system == "tensorflow":
+            return link_host_stages(self.sim)
+        return mxnet_host_stages(self.sim, self.knobs.local_reduce)
+
     def start(self) -> None:
         self.round_trip = "merged" if self.knobs.merged_push_pull else "ack_round"
         self._plain_push = True
@@ -883,6 +959,10 @@ class P3Strategy(_PSBase):
     name = "p3"
     knobs: contract.P3Knobs
     server_update = True
+
+    def host_stages(self) -> tuple[list[Stages], list[Stages]]:
+        """P3's fork of MXNet's worker (:func:`mxnet_host_stages`, ``local_reduce``)."""
+        return mxnet_host_stages(self.sim, self.knobs.local_reduce)
 
     def make_parts(self) -> list[_Part]:
         s, size = self.sim.num_servers, self.knobs.slice_params

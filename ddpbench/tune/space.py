@@ -225,6 +225,10 @@ def _drop_reason(backend: str, knob: str, cluster: contract.Cluster,
             cluster.gpus_per_host == 1 or cluster.num_hosts == 1):
         return (f"needs several hosts of several GPUs (the cluster has {cluster.num_hosts} "
                 f"x {cluster.gpus_per_host})")
+    if knob == "local_reduce" and cluster.gpus_per_host == 1:
+        return "one GPU per host has nothing to reduce on the host"
+    if knob == "local_reduce" and fixed.get("system") == "tensorflow":
+        return "TensorFlow's parameter servers have no MXNet worker"
     if backend == "byteps" and cluster.num_hosts == 1 and not fixed.get("force_distributed"):
         return ("one worker machine is not a distributed job: BytePS reduces on the host and "
                 "never pushes (byteps/common/global.cc)")

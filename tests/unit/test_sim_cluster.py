@@ -705,3 +705,50 @@ def test_ncclss_connections_between_racks_collide_on_ecmp_paths():
     t1 = simulate_collective("allreduce", n, **kw)
     t2 = simulate_collective("allreduce", 2 * n, **kw)
     assert t2 - t1 == pytest.approx(2 * (h - 1) * (n / h) / rate, rel=1e-9)
+
+
+# -- MXNet's worker with several GPUs (kvstore and p3: local_reduce) ----------------------------
+
+
+def test_mxnets_cpu_sum_reads_every_copy_and_the_first_once_per_pass_of_four():
+    # comm.h ReduceSumCPU: in_0 += in_1 + in_2 + in_3 + in_4, then the next four
+    assert [hardware.mxnet_cpu_sum_bytes(g) for g in (1, 2, 4, 5, 8, 9)] == [0, 3, 5, 6, 11, 12]
+
+
+@pytest.mark.parametrize("backend", ["kvstore", "p3"])
+@pytest.mark.parametrize("g,link", [(2, "pcie"), (4, "pcie"), (8, "pcie"), (8, "nvlink")])
+@pytest.mark.parametrize("numel", [500_000, 2_000_000])
+def test_one_mxnet_host_copies_to_host_memory_sums_on_the_cpu_and_copies_back(backend, g, link,
+                                                                              numel):
+    # One host of g GPUs, one key, its server beside it (rdma: no loopback): the GPUs copy the
+    # gradient up to pinned memory (the GPUs of a PCIe switch sharing its 12 GB/s uplink), the
+    # CPU sums the copies (4 threads from 10^6 elements on), the server thread copies, updates
+    # and copies out (9 bytes of traffic per byte), and the value goes back down to every GPU.
+    kw: dict = dict(hosts=1, gpus_per_host=g, intra_link=link, bandwidth_gbps=10,
+                    transport="rdma", iterations=2)
+    if backend == "p3":
+        kw["slice_params"] = numel
+    r = simulate(_one_part(numel), backend, **kw)
+    nbytes = 4 * numel
+    il = hardware.intra_link(link)
+    copy = min(g, il.host_share) * nbytes / (il.host_gbps * 1e9 / 8)
+    threads = 4 if numel >= 1_000_000 else 1
+    thread_rate = 1 / _mxnet_thread_seconds_per_byte()
+    cpu_sum = hardware.mxnet_cpu_sum_bytes(g) * nbytes / (thread_rate * threads)
+    server = 9 * nbytes * _mxnet_thread_seconds_per_byte()
+    assert r.iteration_time_s == pytest.approx(copy + cpu_sum + server + copy, rel=1e-12)
+    # dist_device_sync reduces over the intra-host link instead (the link's rule)
+    dev = simulate(_one_part(numel), backend, local_reduce="device", **kw)
+    local = il.latency_us * 1e-6 + (g - 1) / g * nbytes / (il.bandwidth_gbps * 1e9 / 8)
+    assert dev.iteration_time_s == pytest.approx(local + server + local, rel=1e-12)
+
+
+def test_local_reduce_leaves_one_gpu_per_host_and_tensorflow_alone():
+    kw = dict(hosts=2, bandwidth_gbps=10, transport="tcp", iterations=2)
+    for backend in ("kvstore", "p3"):
+        assert (simulate("resnet50", backend, local_reduce="device", **kw).iteration_time_s
+                == simulate("resnet50", backend, **kw).iteration_time_s)
+    tf = dict(hosts=2, gpus_per_host=4, bandwidth_gbps=10, transport="tcp", iterations=2,
+              system="tensorflow")
+    assert (simulate("resnet50", "kvstore", local_reduce="device", **tf).iteration_time_s
+            == simulate("resnet50", "kvstore", **tf).iteration_time_s)
