@@ -244,7 +244,12 @@ class CollectiveKnobs(Knobs):
                "(begin_step)",
         doc="steps 1..begin_step all average; later ones every local_sgd_period steps")
     check_consistency: bool = knob(
-        True, side="real", doc="check shapes, dtypes and ops across ranks per call")
+        False, side="real",
+        source="python/paddle/fluid/transpiler/collective.py (c_allreduce_sum ops inserted "
+               "as built, no cross-rank check)",
+        doc="false = Paddle's: operations run as the program was built, unchecked; true = "
+            "ddpbench's own check (a 16-byte Iallreduce of each call's metadata first, so "
+            "a disagreement raises on every rank instead of hanging)")
 
 
 class PSKnobs(Knobs):
@@ -266,6 +271,13 @@ class PSKnobs(Knobs):
                              unit="us", doc="one-way delay added to each paced message")
     trace: bool | str = knob(False, side="real", cluster=True,
                              doc="record sent messages; a str is a Chrome-trace directory")
+    sum_order: Literal["arrival", "rank"] = knob(
+        "arrival", side="real",
+        source="src/kvstore/kvstore_dist_server.h (DataHandleDefault: the first push copied, "
+               "later ones added as they arrive); byteps/server/server.cc (COPY_FIRST, SUM_RECV)",
+        doc="'arrival' = the servers add the workers' pushes in the order they arrive, as "
+            "MXNet, P3 and BytePS do; 'rank' = in worker-rank order, ddpbench's variant for "
+            "reproducible floating-point sums")
 
 
 class KvstoreKnobs(PSKnobs):

@@ -29,7 +29,12 @@ from pydantic import BaseModel
 
 from ddpbench import contract, hardware
 from ddpbench.rules import placement
-from ddpbench.rules.fusion import fuse_responses, next_cycle_start
+from ddpbench.rules.fusion import (
+    fuse_responses,
+    fusion_threshold_bytes,
+    next_cycle_start,
+    padded_bytes,
+)
 from ddpbench.rules.placement import Part
 from ddpbench.rules.ring import bytes_per_rank, chunk_sizes, send_chunk
 from ddpbench.simulator.context import SimContext, Span, new_span
@@ -423,7 +428,9 @@ class HorovodStrategy(_AllreduceBase):
 
     A cycle starts at most every ``cycle_time`` ms (right away when the previous cycle's
     allreduces took longer); the tensors ready at its start are fused, in readiness order,
-    into buffers of at most ``fusion_threshold`` bytes (a larger tensor goes alone), and the
+    into buffers of at most ``fusion_threshold`` bytes, rounded up to a multiple of
+    local_size x 8 x 64 bytes as Horovod's controller does (a larger tensor goes alone; on
+    a named GPU over a real transport each tensor takes a multiple of 16 bytes), and the
     buffers are ring-allreduced one after the other (``hierarchical``: with
     :func:`hierarchical_allreduce`). Before its allreduces a cycle spends the coordination
     of the ready tensors (``coordinator``, the rule of Horovod's era: :meth:`_coordination`)
@@ -451,8 +458,13 @@ class HorovodStrategy(_AllreduceBase):
         plans with (:func:`ddpbench.rules.fusion.fuse_responses`); simulated tensors share one
         dtype, so all are compatible and the first that does not fit starts a buffer."""
         itemsize = self.sim.itemsize
-        return fuse_responses(tensors, self.knobs.fusion_threshold,
-                              lambda t: t.numel * itemsize, lambda t: "allreduce")
+        threshold = fusion_threshold_bytes(self.knobs.fusion_threshold, self.sim.gpus)
+        if self.sim.nccl is not None:  # GPU tensors start at 16-byte offsets in the buffer
+            return fuse_responses(tensors, threshold,
+                                  lambda t: padded_bytes(t.numel * itemsize),
+                                  lambda t: "allreduce")
+        return fuse_responses(tensors, threshold, lambda t: t.numel * itemsize,
+                              lambda t: "allreduce")
 
     def _run(self):
         sim, env = self.sim, self.sim.env
@@ -483,7 +495,7 @@ class HorovodStrategy(_AllreduceBase):
                 self.plan_log.append((cycle_start, [t.name for t in buf]))
                 if response > 0:  # rank 0 sends this response to every rank first
                     yield env.timeout(response)
-                n = sum(t.numel for t in buf)
+                n = self._buffer_elements(buf)
                 if hierarchical:
                     yield from hierarchical_allreduce(sim, n, sim.itemsize, buf[0].layer)
                 else:
@@ -494,6 +506,14 @@ class HorovodStrategy(_AllreduceBase):
                 next_start = env.now + cycle
             else:
                 next_start = next_cycle_start(cycle_start, env.now, cycle)
+
+    def _buffer_elements(self, buf: list) -> int:
+        """Return the elements a fused buffer puts on the wire: its tensors', each padded
+        to 16 bytes on a GPU (horovod/common/ops/gpu_operations.cc)."""
+        if self.sim.nccl is None:
+            return sum(t.numel for t in buf)
+        itemsize = self.sim.itemsize
+        return -(-sum(padded_bytes(t.numel * itemsize) for t in buf) // itemsize)
 
     def _coordination(self) -> tuple[float, float]:
         """Return the coordinator's time per cycle and per fused response (seconds).
@@ -550,11 +570,12 @@ class CollectiveStrategy(_AllreduceBase):
 
 class _Part:
     __slots__ = ("layer", "numel", "server", "priority", "arrived", "index", "pulls", "summed",
-                 "host", "nbytes")
+                 "host", "nbytes", "tensor")
 
     def __init__(self, index: int, layer: int, numel: int, server: int, priority: float,
-                 host: int, nbytes: int) -> None:
+                 host: int, nbytes: int, tensor: int = 0) -> None:
         self.index, self.layer, self.numel = index, layer, numel
+        self.tensor = tensor  # the index of the tensor (the key) it is a part of
         self.server, self.priority = server, priority
         self.host, self.nbytes = host, nbytes  # the server's host; numel * itemsize
         self.arrived: list[int] = []
@@ -621,17 +642,20 @@ class _PSBase(Strategy):
     def placed_parts(self, place: Callable[[int, int], list[Part]], *,
                      prioritised: bool) -> list[_Part]:
         """Every tensor's parts from ``place(key, numel)`` (the real backend's placement
-        rule, :mod:`ddpbench.rules.placement`; the key is the tensor's index, its
-        order of first use); ``prioritised`` gives each part its layer's priority, -layer,
-        else 0 (FIFO)."""
+        rule, :mod:`ddpbench.rules.placement`; the key is the one the original's front end
+        declares for the tensor, :func:`~ddpbench.rules.placement.declared_keys`, the
+        real backend's key counter); ``prioritised`` gives each part its layer's priority,
+        -layer, else 0 (FIFO)."""
         sim = self.sim
+        tensors = sim.workload.tensors
+        keys = placement.declared_keys(self.name, [t.name for t in tensors])
         parts: list[_Part] = []
-        for key, t in enumerate(sim.workload.tensors):
+        for i, (key, t) in enumerate(zip(keys, tensors)):
             for p in place(key, t.numel):
                 if p.count:
                     parts.append(_Part(len(parts), t.layer, p.count, p.server,
                                        -t.layer if prioritised else 0,
-                                       sim.server_host(p.server), p.count * sim.itemsize))
+                                       sim.server_host(p.server), p.count * sim.itemsize, i))
         return parts
 
     def units(self, layer: int) -> int:
@@ -752,7 +776,7 @@ class _PSBase(Strategy):
         for w in order:
             if local and w == host:
                 if self._mx:  # the worker beside the server still pulls a copy
-                    self._on_thread(part, w, self._local_pulled, (w, part.layer))
+                    self._local_answer(part, w)
                 else:
                     self._local_unit(w, part.layer)
             elif self.round_trip == "merged":
@@ -782,6 +806,11 @@ class _PSBase(Strategy):
             sim.timeline.append(new_span(Span, (hosts[part.host], "copy", part.layer, start,
                                                 done, part.nbytes, hosts[w])))
         call_later(env, done - now, then, value)
+
+    def _local_answer(self, part: _Part, w: int) -> None:
+        """The push of ``part`` by worker ``w``, beside its MXNet server, is answered: the
+        worker pulls a copy (:meth:`_on_thread`)."""
+        self._on_thread(part, w, self._local_pulled, (w, part.layer))
 
     def _local_pulled(self, value: tuple[int, int]) -> None:
         w, layer = value
@@ -868,6 +897,9 @@ class KvstoreStrategy(_PSBase):
     the worker's pull request follows that answer; the server answers it with the sum
     (``merged_push_pull=True``: one merged message, ddpbench's own).
 
+    A worker pulls a key once every part of its push is answered (MXNet's engine orders
+    the pull after the whole push).
+
     ``system="tensorflow"``: TensorFlow's parameter servers instead. Every variable lies
     whole on one server, round-robin in creation order; each worker's gradient is applied to
     it as it arrives (gRPC copies it out of the byte stream, 2 bytes of memory traffic per
@@ -893,6 +925,20 @@ class KvstoreStrategy(_PSBase):
         self.round_trip = "merged" if self.knobs.merged_push_pull else "ack_round"
         self._plain_push = True
         self._tf = self.knobs.system == "tensorflow"
+        # MXNet's round trip: a key's pull is an engine operation after its whole push
+        # (src/kvstore/kvstore_dist.h, "pull always happens after the previous push").
+        self._whole_key = self.round_trip == "ack_round" and not self._tf
+        ntensors = len(self.sim.workload.tensors)
+        self._key_parts: list[list[_Part]] = [[] for _ in range(ntensors)]
+        for layer_parts in self.parts:
+            for p in layer_parts:
+                self._key_parts[p.tensor].append(p)
+        # Answers each worker waits for per key: every part's, but a part beside a server
+        # that only sums comes back without one (the ideal network).
+        self._expect = [[sum(1 for p in parts
+                             if not (self._local and p.host == w and not self._mx))
+                         for parts in self._key_parts] for w in range(self.sim.workers)]
+        self._answered = [[0] * ntensors for _ in range(self.sim.workers)]
         if self._tf:
             rate = self.sim.server_thread  # the server CPU's memory traffic, 0 = free
             self._tf_cost = (_TF_BYTES / rate) if rate else 0.0
@@ -905,6 +951,42 @@ class KvstoreStrategy(_PSBase):
             else:
                 self.net.cap_receivers(self.knobs.grpc_gbps * 1e9 / 8)
         self.use_fifo_ports()  # pushes and replies alike carry priority 0
+
+    def _key_answered(self, part: _Part, w: int) -> bool:
+        """Count ``part``'s answered push for worker ``w``; return whether every part of its
+        key is now answered (MXNet pulls a key once its whole push has completed)."""
+        n = self._answered[w][part.tensor] + 1
+        if n < self._expect[w][part.tensor]:
+            self._answered[w][part.tensor] = n
+            return False
+        self._answered[w][part.tensor] = 0
+        return True
+
+    def _push_answered(self, value: tuple[_Part, int]) -> None:
+        part, w = value
+        if not self._whole_key or self._expect[w][part.tensor] == 1:
+            super()._push_answered(value)
+            return
+        self.pushed(w, part)
+        if self._key_answered(part, w):
+            self._pull_key(part, w)
+
+    def _local_answer(self, part: _Part, w: int) -> None:
+        if not self._whole_key or self._expect[w][part.tensor] == 1:
+            super()._local_answer(part, w)
+        elif self._key_answered(part, w):
+            self._pull_key(part, w)
+
+    def _pull_key(self, part: _Part, w: int) -> None:
+        """Send worker ``w``'s pull requests for every part of ``part``'s key (the one
+        beside its own host: a copy from the server thread)."""
+        latency = self.sim.latency
+        for p in self._key_parts[part.tensor]:
+            if not (self._local and p.host == w):
+                self._later(latency, self._pull_request, (p, w))
+            elif self._mx:
+                self._on_thread(p, w, self._local_pulled, (w, p.layer))
+            # (else: a part beside a server that only sums is back already)
 
     def make_parts(self) -> list[_Part]:
         s, bound = self.sim.num_servers, self.knobs.bigarray_bound

@@ -14,7 +14,7 @@ import abc
 import atexit
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,7 @@ class _Op:
     remaining: int
     output: Any
     errors: list[str] = field(default_factory=list)
+    divide: int = 0  # BytePS's average: the worker divides the pulled sum by this
 
 
 class PSStore(EngineStore):
@@ -108,6 +109,7 @@ class PSStore(EngineStore):
     options: PSKnobs
     capabilities = frozenset({"broadcast", "push_pull"})
     ack_flag = FLAG_ACK_ROUND  # when the server answers a separate push (MXNet's rule)
+    average_on_worker = False  # AVERAGE: the server scales the sum (False) or the worker
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -149,12 +151,13 @@ class PSStore(EngineStore):
         t.sinks[REPLY] = self._reply_sink
         t.expecting = lambda: bool(self._inflight)
         self._keys: dict[Any, int] = {}
+        self._declared: dict[Any, int] = {}  # name -> declared key (BytePS), init order
         self._plans: dict[int, _Plan] = {}
         self._inflight: dict[tuple[int, int], _Op] = {}
         self._gates: dict[Any, Gate] = {}
         self._engine.register(t)
         config = {"bandwidth_gbps": o.bandwidth_gbps, "latency_us": o.latency_us,
-                  "trace": o.trace, "backend": self.type}
+                  "trace": o.trace, "backend": self.type, "sum_order": o.sum_order}
 
         def configure() -> None:
             for j in range(self.num_servers):
@@ -168,8 +171,9 @@ class PSStore(EngineStore):
     def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
         """Cut a new array into parts and place them (:mod:`ddpbench.rules.placement`).
 
-        ``key`` is the name when it is an int, else the order of first use; ``declared`` is
-        always the order of first use (0, 1, ...), BytePS's declared key.
+        ``key`` is the name when it is an int, else its declared key; ``declared`` is always
+        the declared key (0, 1, ... in the order of :meth:`declare`, then of first use),
+        BytePS's declared key and MXNet's integer key of a string name.
         """
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
@@ -202,16 +206,39 @@ class PSStore(EngineStore):
         return self.num_workers + j if self.dedicated else j
 
     # -- placement ------------------------------------------------------------------------
+    def declare(self, names: Sequence[Any]) -> None:
+        """Declare ``names`` in this order, before their first use: each new name gets the
+        next declared key (0, 1, ...); a name already declared or used keeps its own.
+
+        This is BytePS's ``declare`` (``IsTensorDeclared`` numbers tensors as they are
+        declared, byteps/common/global.cc) and the order of MXNet's ``kv.init`` for string
+        keys (src/kvstore/kvstore_local.h, ``str_key_dict_``). Placement follows the
+        declared key, so every worker must declare the same names in the same order;
+        :func:`ddpbench.rules.placement.declaration_order` gives the originals' front
+        ends' orders. Names never declared are declared at their first use. Local.
+        """
+        for name in names:
+            if name not in self._declared:
+                self._declared[name] = len(self._declared)
+
+    def placement(self, name: Any) -> list[Part]:
+        """Return where the parts of ``name`` (used or broadcast before) live."""
+        key = self._keys.get(name)
+        if key is None:
+            raise KeyError(f"{name!r} has not been used on worker {self.rank}")
+        return list(self._plans[key].parts)
+
     def _plan(self, name: Any, tensor: Any) -> _Plan:
         key = self._keys.get(name)
-        declared = len(self._keys)
         if key is None:
+            declared = self._declared.setdefault(name, len(self._declared))
             key = name if isinstance(name, int) else declared
             self._keys[name] = key
         dtype = np.dtype(tensor.dtype)
         plan = self._plans.get(key)
         if plan is None:
             check_dtype(name, dtype)
+            declared = self._declared[name]
             parts = [p for p in self.split(key, declared, int(tensor.size), dtype.itemsize)
                      if p.count]
             plan = self._plans[key] = _Plan(key, int(tensor.size), dtype.name, parts)
@@ -225,9 +252,9 @@ class PSStore(EngineStore):
 
     # -- data movement ----------------------------------------------------------------------
     def _start(self, plan: _Plan, flat: np.ndarray, output: Any,
-               send: Callable[[_Op], None]) -> Handle:
+               send: Callable[[_Op], None], divide: int = 0) -> Handle:
         handle = self._track(Handle(plan.key))
-        op = _Op(handle, flat, plan, len(plan.parts), output)
+        op = _Op(handle, flat, plan, len(plan.parts), output, divide=divide)
         if not plan.parts:
             handle.set_result(output)
             return handle
@@ -272,8 +299,13 @@ class PSStore(EngineStore):
             raise ValueError(f"priority {priority} for {name!r} must fit in 32 bits "
                              f"(trainers pass -layer_index)")
         plan = self._plan(name, tensor)
+        divide = 0
         if op is ReduceOp.AVERAGE:
-            postscale, op = postscale / self.num_workers, ReduceOp.SUM
+            if self.average_on_worker:  # BytePS: sum on the servers, divide after the pull
+                divide = self.num_workers
+            else:
+                postscale = postscale / self.num_workers
+            op = ReduceOp.SUM
         flat = output.reshape(-1)
         source = flat
         if output is not tensor:
@@ -309,7 +341,7 @@ class PSStore(EngineStore):
                 if i % KICK_EVERY == KICK_EVERY - 1:
                     self._transport.kick()  # the wire starts while the rest are queued
 
-        return self._start(plan, flat, output, send)
+        return self._start(plan, flat, output, send, divide)
 
     def merged(self) -> bool:
         """Return True when a push is answered with the sum (one merged message)."""
@@ -349,8 +381,14 @@ class PSStore(EngineStore):
         if op.remaining == 0:
             if op.errors:
                 op.handle.set_error(ValueError(op.errors[0]))
-            else:
-                op.handle.set_result(op.output)
+                return
+            if op.divide > 1:
+                # BytePS-PyTorch's average: output.div_(size), floor_divide_ for integers
+                if op.flat.dtype.kind in "iu":
+                    np.floor_divide(op.flat, op.divide, out=op.flat)
+                else:
+                    np.divide(op.flat, op.flat.dtype.type(op.divide), out=op.flat)
+            op.handle.set_result(op.output)
 
     def _on_ack(self, msg: Msg) -> None:
         # The reply may come first (the port orders data by priority; acks keep no order).

@@ -7,7 +7,7 @@ simulated point places every byte where the real backend does.
 
 - MXNet's KVStore (src/kvstore/kvstore_dist.h, ``EncodeDefaultKey``): an array below
   ``bigarray_bound`` elements goes whole to server ``(key * 9973) % S``, a larger one is
-  split evenly over all servers.
+  split over all servers in shares bounded by ``round(n / S * i)``.
 - P3 (its MXNet fork's kvstore_dist.h): the same hash below ``slice_params`` elements,
   else slices of ``slice_params`` elements round-robin from server 0.
 - BytePS (byteps/common/global.cc, operations.cc): partitions of ``partition_bytes``, each
@@ -17,10 +17,12 @@ simulated point places every byte where the real backend does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["P3_HASH", "Part", "byteps_parts", "djb2", "even_split", "hashed_server",
-           "kvstore_parts", "p3_parts", "tensorflow_parts"]
+__all__ = ["P3_HASH", "Part", "byteps_parts", "declaration_order", "declared_keys", "djb2",
+           "even_split", "hashed_server",
+           "kvstore_parts", "mxnet_split", "p3_parts", "tensorflow_parts"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,22 @@ def even_split(numel: int, servers: int) -> list[Part]:
     return parts
 
 
+def _c_round(x: float) -> int:
+    """C's ``round`` of a non-negative double: halves away from zero (Python's ``round``
+    goes to even)."""
+    whole = int(x)
+    return whole + (1 if x - whole >= 0.5 else 0)
+
+
+def mxnet_split(numel: int, servers: int) -> list[Part]:
+    """MXNet's shares of a big array: share i, on server i, holds
+    ``round(n / S * (i + 1)) - round(n / S * i)`` elements, computed in double and rounded
+    half away from zero (``EncodeDefaultKey``, src/kvstore/kvstore_dist.h). They differ
+    from ``np.array_split``'s where ``n % S`` is not 0: 10 over 3 servers is 3, 4, 3."""
+    bounds = [_c_round(float(numel) / servers * i) for i in range(servers + 1)]
+    return [Part(bounds[i], bounds[i + 1] - bounds[i], i) for i in range(servers)]
+
+
 # -- the originals' rules -------------------------------------------------------------------
 P3_HASH = 9973
 """MXNet's and P3's hash multiplier for a small array's server: ``(key * 9973) % S``."""
@@ -59,10 +77,10 @@ def hashed_server(key: int, servers: int) -> int:
 
 def kvstore_parts(key: int, numel: int, bigarray_bound: int, servers: int) -> list[Part]:
     """MXNet's placement: below ``bigarray_bound`` elements whole to :func:`hashed_server`,
-    else ``np.array_split`` shares, share i on server i (src/kvstore/kvstore_dist.h)."""
+    else :func:`mxnet_split`'s shares, share i on server i (src/kvstore/kvstore_dist.h)."""
     if numel < bigarray_bound:
         return [Part(0, numel, hashed_server(key, servers))]
-    return even_split(numel, servers)
+    return mxnet_split(numel, servers)
 
 
 def p3_parts(key: int, numel: int, slice_params: int, servers: int) -> list[Part]:
@@ -111,3 +129,47 @@ def tensorflow_parts(key: int, numel: int, servers: int) -> list[Part]:
     in the order the variables are created (``replica_device_setter``'s default
     round-robin strategy, tensorflow/python/training/device_setter.py)."""
     return [Part(0, numel, key % servers)]
+
+
+# -- the order keys are declared in ---------------------------------------------------------
+FRONTENDS = ("torch", "mxnet")
+
+
+def declaration_order(backend: str, names: Sequence[str], frontend: str = "torch") -> list[int]:
+    """Return the indices of a model's gradients (``names`` in definition order) in the
+    order the original's front end declares their keys, which placement follows.
+
+    - ``byteps`` with ``frontend="torch"``: BytePS-PyTorch's ``DistributedOptimizer``
+      declares ``"Gradient." + name`` for the sorted parameter names, then
+      ``"Parameter." + name`` for the same (byteps/torch/__init__.py), so the gradient
+      of the k-th name in sorted order is declared k-th.
+    - ``byteps`` with ``frontend="mxnet"``: BytePS-MXNet's ``DistributedTrainer`` declares
+      ``parameter_i`` then ``gradient_i`` for each parameter in turn (byteps/mxnet/
+      __init__.py): gradients in the trainer's order (see :func:`declared_keys`).
+    - every other backend (MXNet's and P3's ``kv.init``, a Gluon ``Trainer``'s
+      parameters): definition order.
+    """
+    if frontend not in FRONTENDS:
+        raise ValueError(f"unknown front end {frontend!r}; valid: {list(FRONTENDS)}")
+    if backend == "byteps" and frontend == "torch":
+        return sorted(range(len(names)), key=lambda i: names[i])
+    return list(range(len(names)))
+
+
+def declared_keys(backend: str, names: Sequence[str], frontend: str = "torch") -> list[int]:
+    """Return each gradient's declared key, by definition index: BytePS places partition
+    i of the gradient with declared key d on ``djb2((d << 16) + i) % S``
+    (:func:`byteps_parts`); MXNet and P3 hash the key of a whole small array
+    (:func:`hashed_server`).
+
+    BytePS-MXNet interleaves the parameters' own keys with the gradients' (``parameter_i``
+    is 2i, ``gradient_i`` 2i + 1); BytePS-PyTorch declares every gradient first (0 to
+    P - 1, sorted by name). Elsewhere the key is the definition index.
+    """
+    order = declaration_order(backend, names, frontend)
+    keys = [0] * len(names)
+    for k, i in enumerate(order):
+        keys[i] = k
+    if backend == "byteps" and frontend == "mxnet":
+        keys = [2 * k + 1 for k in keys]
+    return keys

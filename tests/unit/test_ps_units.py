@@ -91,28 +91,49 @@ def test_kvstore_placement_is_mxnets(servers):
             (0, 999_999, key * 9973 % servers)]
     big = placement.kvstore_parts(3, 1_000_003, 1_000_000, servers)
     assert [p.server for p in big] == list(range(servers))
+    # MXNet's shares: round(n / S * (i + 1)) - round(n / S * i) in double, halves away
+    # from zero (EncodeDefaultKey), not np.array_split's (the first n % S one larger)
+    for n in (1_000_003, 1_000_001, 102_760_448, 2_000_002, 1_000_000):
+        bounds = [int(np.floor(np.float64(n) / servers * i + 0.5)) for i in range(servers + 1)]
+        parts = placement.kvstore_parts(3, n, 1_000_000, servers)
+        assert [(p.offset, p.count) for p in parts] == [
+            (bounds[i], bounds[i + 1] - bounds[i]) for i in range(servers)]
+        assert sum(p.count for p in parts) == n
+    assert [p.count for p in placement.mxnet_split(10, 3)] == [3, 4, 3]
+    assert [p.count for p in placement.mxnet_split(1_000_001, 2)] == [500_001, 500_000]
 
 
-def test_simulator_places_parts_where_the_real_backends_do():
+@pytest.mark.parametrize("workload", ["vgg19", "resnet50"])
+@pytest.mark.parametrize("servers", [1, 2, 3, 4])
+def test_simulator_places_parts_where_the_real_backends_do(workload, servers):
+    # The simulator keys each tensor as the original's front end declares it
+    # (placement.declared_keys: BytePS-PyTorch's sorted names, MXNet's and P3's definition
+    # order), the key the real backends' counter gives it (tests/mpi/test_ps.py::
+    # test_the_key_counter_places_as_the_originals_front_ends_declare), so every part lies
+    # on the same server in both.
     from types import SimpleNamespace
 
     from ddpbench.simulator import load_workload
     from ddpbench.simulator.strategies import BytepsStrategy, P3Strategy
 
-    wl = load_workload("vgg19")
+    wl = load_workload(workload)
+    names = [t.name for t in wl.tensors]
     for cls, knobs, rule in (
             (P3Strategy, {"slice_params": 40_000},
-             lambda k, n: placement.p3_parts(k, n, 40_000, 3)),
+             lambda k, n: placement.p3_parts(k, n, 40_000, servers)),
             (BytepsStrategy, {"partition_bytes": 4_096_000},
-             lambda k, n: placement.byteps_parts(k, n, 1_024_000, 3))):
-        sim = SimpleNamespace(workload=wl, num_servers=3, itemsize=4,
+             lambda k, n: placement.byteps_parts(k, n, 1_024_000, servers))):
+        sim = SimpleNamespace(workload=wl, num_servers=servers, itemsize=4,
                               server_host=lambda j: j)
         strat = cls.__new__(cls)
         strat.sim, strat.knobs = sim, cls.parse_knobs(knobs)
+        keys = placement.declared_keys(cls.name, names)
         got = [(p.layer, p.numel, p.server) for p in strat.make_parts()]
-        want = [(t.layer, p.count, p.server) for key, t in enumerate(wl.tensors)
+        want = [(t.layer, p.count, p.server) for key, t in zip(keys, wl.tensors)
                 for p in rule(key, t.numel)]
         assert got == want
+    if servers != 3:
+        return
     # MXNet's requests are FIFO: kvstore's parts carry no priority
     from ddpbench.simulator.strategies import KvstoreStrategy
 
@@ -273,6 +294,52 @@ def test_sgd_update_is_mxnets_update():
     assert plain.tolist() == [0.0, 0.0]
 
 
+def _sgd_kernel_reference(w, g, mom, lr, m, wd, r, clip):
+    """MXNet 1.x's SGDKernel / SGDMomKernel (src/operator/optimizer_op-inl.h), one element
+    at a time in float32 scalars, in the kernel's order of operations."""
+    f = np.float32
+    lr, m, wd, r = f(lr), f(m), f(wd), f(r)
+    w, mom = w.copy(), None if mom is None else mom.copy()
+    for i in range(w.size):
+        rg = r * g[i]
+        if clip is not None:
+            rg = min(max(rg, -f(clip)), f(clip))
+            gterm = lr * rg
+        else:
+            gterm = lr * r * g[i]
+        if mom is None:
+            w[i] = (f(1) - lr * wd) * w[i] - gterm
+        else:
+            mom[i] = m * mom[i] - lr * wd * w[i] - gterm
+            w[i] = w[i] + mom[i]
+    return w, mom
+
+
+@pytest.mark.parametrize("momentum,clip", [(0.9, None), (0.9, 0.05), (0.0, None), (0.0, 0.05)])
+def test_sgd_is_mxnets_kernel_bit_for_bit(momentum, clip):
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal(4096).astype(np.float32)
+    opt = ddpbench.SGD(lr=0.1, momentum=momentum, wd=1e-4, rescale_grad=1 / 3,
+                       clip_gradient=clip)
+    state, ref_w = opt.create_state(w), w.copy()
+    ref_mom = None if state is None else state.copy()
+    for _ in range(3):
+        g = rng.standard_normal(4096).astype(np.float32)
+        opt.update(w, g, state)
+        ref_w, ref_mom = _sgd_kernel_reference(ref_w, g, ref_mom, 0.1, momentum, 1e-4,
+                                               1 / 3, clip)
+        assert w.dtype == np.float32 and np.array_equal(w, ref_w)
+        if state is not None:
+            assert np.array_equal(state, ref_mom)
+    if momentum and clip is None:
+        # the form ddpbench computed before, m*mom - lr*(r*g + wd*w), rounds otherwise
+        g = rng.standard_normal(4096).astype(np.float32)
+        f = np.float32
+        old = f(0.9) * state - f(0.1) * (f(1 / 3) * g + f(1e-4) * w)
+        new = f(0.9) * state - (f(0.1) * f(1e-4)) * w - (f(0.1) * f(1 / 3)) * g
+        assert np.count_nonzero(old != new) > 100
+
+
 def test_one_sgd_class_for_workers_and_servers():
     assert ddpbench.nn.SGD is ddpbench.SGD
     opt = ddpbench.SGD(lr=0.25, momentum=0.5)
@@ -362,3 +429,25 @@ def test_real_sockets_send_like_the_simulated_sockets():
     # slices (10, 11) wait behind all of server 1's; key 99 (priority 0, queued at 1.5 us)
     # is popped only when the thread unblocks and leaves fifth.
     assert [k for k, _ in real] == [0, 1, 2, 3, 99, 98, 4, 10, 11]
+
+
+def test_declared_keys_follow_the_originals_front_ends():
+    """BytePS-PyTorch declares "Gradient." + name for the sorted names (byteps/torch/
+    __init__.py); BytePS-MXNet parameter_i, gradient_i in turn (byteps/mxnet/__init__.py);
+    MXNet and P3 key by definition index."""
+    from ddpbench.simulator import load_workload
+
+    names = ["fc.weight", "conv1.weight", "bn1.bias", "layer1.0.conv1.weight"]
+    assert placement.declaration_order("byteps", names) == [2, 1, 0, 3]
+    assert placement.declared_keys("byteps", names) == [2, 1, 0, 3]
+    assert placement.declared_keys("byteps", names, "mxnet") == [1, 3, 5, 7]
+    for backend in ("p3", "kvstore"):
+        assert placement.declared_keys(backend, names) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="front end"):
+        placement.declaration_order("byteps", names, "jax")
+    wl = load_workload("vgg19")
+    vgg = [t.name for t in wl.tensors]
+    keys = placement.declared_keys("byteps", vgg)
+    assert [vgg[i] for i in sorted(range(len(vgg)), key=keys.__getitem__)] == sorted(vgg)
+    assert vgg[keys.index(0)] == "classifier.0.bias"  # "classifier" < "features"
+    assert keys[vgg.index("features.10.weight")] < keys[vgg.index("features.2.weight")]

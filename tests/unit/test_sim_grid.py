@@ -37,7 +37,8 @@ def _bytes_per_server(backend: str, servers: int) -> list[int]:
     """Bytes of the gradients each colocated server holds, by the backend's own rule."""
     k = contract.defaults(backend, "sim")
     on = [0] * servers
-    for key, t in enumerate(TINY.tensors):
+    keys = placement.declared_keys(backend, [t.name for t in TINY.tensors])
+    for key, t in zip(keys, TINY.tensors):
         if backend == "kvstore":
             parts = placement.kvstore_parts(key, t.numel, k["bigarray_bound"], servers)
         elif backend == "p3":
