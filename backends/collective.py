@@ -27,10 +27,11 @@ reduced by unfused ``horovod`` with ``algorithm="ring"``. Prescale and postscale
 
 Ordering: calls are collective and must be made in the same order on every rank (no
 negotiation, unlike ``horovod``); priorities are accepted but not used for reordering,
-which could differ between ranks. With ``check_consistency`` (default) each operation
-first compares a fingerprint of its metadata across the ranks (a nonblocking 16-byte
-allreduce on its ring), so a disagreement raises the same error on every rank instead of
-hanging.
+which could differ between ranks. Paddle runs its ``c_allreduce_*`` operators as the
+program was built, without a cross-rank check, and so does this backend by default;
+``check_consistency=True`` (ddpbench's own) first compares a fingerprint of each
+operation's metadata across the ranks (a nonblocking 16-byte allreduce on its ring), so a
+disagreement raises the same error on every rank instead of hanging.
 """
 
 from __future__ import annotations
@@ -201,7 +202,8 @@ class CollectiveStore(RequestStore):
             :class:`ddpbench.DistributedTrainer` (capability ``'local_sgd'``).
         local_sgd_period: steps between parameter averages in ``local_sgd`` mode (1).
         local_sgd_begin_step: steps 1..this all average (1).
-        check_consistency: compare each call's metadata across ranks first (True).
+        check_consistency: compare each call's metadata across ranks first (False,
+            as Paddle; True is ddpbench's check).
 
     Example:
         >>> kv = ddpbench.create("collective", nrings=4)

@@ -244,7 +244,12 @@ class CollectiveKnobs(Knobs):
                "(begin_step)",
         doc="steps 1..begin_step all average; later ones every local_sgd_period steps")
     check_consistency: bool = knob(
-        True, side="real", doc="check shapes, dtypes and ops across ranks per call")
+        False, side="real",
+        source="python/paddle/fluid/transpiler/collective.py (c_allreduce_sum ops inserted "
+               "as built, no cross-rank check)",
+        doc="false = Paddle's: operations run as the program was built, unchecked; true = "
+            "ddpbench's own check (a 16-byte Iallreduce of each call's metadata first, so "
+            "a disagreement raises on every rank instead of hanging)")
 
 
 class PSKnobs(Knobs):
