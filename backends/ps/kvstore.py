@@ -2,9 +2,9 @@
 
 As MXNet does it (src/kvstore/kvstore_dist.h, src/kvstore/kvstore_dist_server.h;
 docs/fidelity/kvstore.md): an array of fewer than ``bigarray_bound`` elements goes whole to
-server ``(key * 9973) % S``; a larger one is split into ``S`` even parts (``np.array_split``
-shares), part i on server i. Push and pull are separate requests in FIFO order (the
-caller's priority is ignored): the server answers each push once every worker's push of
+server ``(key * 9973) % S``; a larger one is split into ``S`` parts, part i on server i,
+bounded at ``round(n / S * i)`` (C's round, halves away from zero). Push and pull are
+separate requests in FIFO order (the caller's priority is ignored): the server answers each push once every worker's push of
 the round is in, and only then does the worker send its pull (MXNet's engine orders the
 pull after the push on the same buffer). ``merged_push_pull=True`` is ddpbench's own
 shortcut, one message each way, which saves that round trip.

@@ -7,7 +7,7 @@ simulated point places every byte where the real backend does.
 
 - MXNet's KVStore (src/kvstore/kvstore_dist.h, ``EncodeDefaultKey``): an array below
   ``bigarray_bound`` elements goes whole to server ``(key * 9973) % S``, a larger one is
-  split evenly over all servers.
+  split over all servers in shares bounded by ``round(n / S * i)``.
 - P3 (its MXNet fork's kvstore_dist.h): the same hash below ``slice_params`` elements,
   else slices of ``slice_params`` elements round-robin from server 0.
 - BytePS (byteps/common/global.cc, operations.cc): partitions of ``partition_bytes``, each
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["P3_HASH", "Part", "byteps_parts", "djb2", "even_split", "hashed_server",
-           "kvstore_parts", "p3_parts", "tensorflow_parts"]
+           "kvstore_parts", "mxnet_split", "p3_parts", "tensorflow_parts"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,22 @@ def even_split(numel: int, servers: int) -> list[Part]:
     return parts
 
 
+def _c_round(x: float) -> int:
+    """C's ``round`` of a non-negative double: halves away from zero (Python's ``round``
+    goes to even)."""
+    whole = int(x)
+    return whole + (1 if x - whole >= 0.5 else 0)
+
+
+def mxnet_split(numel: int, servers: int) -> list[Part]:
+    """MXNet's shares of a big array: share i, on server i, holds
+    ``round(n / S * (i + 1)) - round(n / S * i)`` elements, computed in double and rounded
+    half away from zero (``EncodeDefaultKey``, src/kvstore/kvstore_dist.h). They differ
+    from ``np.array_split``'s where ``n % S`` is not 0: 10 over 3 servers is 3, 4, 3."""
+    bounds = [_c_round(float(numel) / servers * i) for i in range(servers + 1)]
+    return [Part(bounds[i], bounds[i + 1] - bounds[i], i) for i in range(servers)]
+
+
 # -- the originals' rules -------------------------------------------------------------------
 P3_HASH = 9973
 """MXNet's and P3's hash multiplier for a small array's server: ``(key * 9973) % S``."""
@@ -59,10 +75,10 @@ def hashed_server(key: int, servers: int) -> int:
 
 def kvstore_parts(key: int, numel: int, bigarray_bound: int, servers: int) -> list[Part]:
     """MXNet's placement: below ``bigarray_bound`` elements whole to :func:`hashed_server`,
-    else ``np.array_split`` shares, share i on server i (src/kvstore/kvstore_dist.h)."""
+    else :func:`mxnet_split`'s shares, share i on server i (src/kvstore/kvstore_dist.h)."""
     if numel < bigarray_bound:
         return [Part(0, numel, hashed_server(key, servers))]
-    return even_split(numel, servers)
+    return mxnet_split(numel, servers)
 
 
 def p3_parts(key: int, numel: int, slice_params: int, servers: int) -> list[Part]:

@@ -91,6 +91,16 @@ def test_kvstore_placement_is_mxnets(servers):
             (0, 999_999, key * 9973 % servers)]
     big = placement.kvstore_parts(3, 1_000_003, 1_000_000, servers)
     assert [p.server for p in big] == list(range(servers))
+    # MXNet's shares: round(n / S * (i + 1)) - round(n / S * i) in double, halves away
+    # from zero (EncodeDefaultKey), not np.array_split's (the first n % S one larger)
+    for n in (1_000_003, 1_000_001, 102_760_448, 2_000_002, 1_000_000):
+        bounds = [int(np.floor(np.float64(n) / servers * i + 0.5)) for i in range(servers + 1)]
+        parts = placement.kvstore_parts(3, n, 1_000_000, servers)
+        assert [(p.offset, p.count) for p in parts] == [
+            (bounds[i], bounds[i + 1] - bounds[i]) for i in range(servers)]
+        assert sum(p.count for p in parts) == n
+    assert [p.count for p in placement.mxnet_split(10, 3)] == [3, 4, 3]
+    assert [p.count for p in placement.mxnet_split(1_000_001, 2)] == [500_001, 500_000]
 
 
 def test_simulator_places_parts_where_the_real_backends_do():
