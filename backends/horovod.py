@@ -71,7 +71,12 @@ from ddpbench.backends._common import (
 )
 from ddpbench.comm import Protocol
 from ddpbench.contract import HorovodKnobs
-from ddpbench.rules.fusion import fuse_responses
+from ddpbench.rules.fusion import (
+    fuse_responses,
+    fusion_threshold_bytes,
+    padded_bytes,
+    padded_offsets,
+)
 from ddpbench.rules.ring import Scratch, ring_steps
 from ddpbench.tensor_ops import adjacent_span, byte_view, reduce_ufunc, scale_, scale_into
 
@@ -220,17 +225,27 @@ def _fusion_key(resp: tuple[str, Any]) -> tuple | None:
 
 
 def _fusion_bytes(resp: tuple[str, Any]) -> int:
-    return resp[1].nbytes if resp[0] == "allreduce" else 0
+    """A response's bytes against the threshold: a GPU tensor's rounded up to 16, as a
+    CUDA build of Horovod counts them (controller.cc ``FuseResponses``)."""
+    if resp[0] != "allreduce":
+        return 0
+    meta = resp[1]
+    return padded_bytes(meta.nbytes) if meta.device == "gpu" else meta.nbytes
 
 
 class _HorovodProtocol(Protocol):
     """Horovod's cycle on the engine thread: cache, negotiation, fusion, execution."""
 
-    def __init__(self, ctrl: Any, data: Any, options: _Options) -> None:
+    def __init__(self, ctrl: Any, data: Any, options: _Options,
+                 local_sizes: list[int] | None = None) -> None:
         self.ctrl, self.data = ctrl, data
         self.rank, self.size = ctrl.rank, ctrl.size
         self.is_coordinator = self.rank == 0
-        self.threshold = options.fusion_threshold
+        # Horovod rounds the threshold up to local_size x 8 x 64 bytes on a homogeneous
+        # cluster (Controller::TensorFusionThresholdBytes)
+        local_sizes = local_sizes or [1]
+        self.threshold = fusion_threshold_bytes(options.fusion_threshold, local_sizes[0],
+                                                homogeneous=len(set(local_sizes)) == 1)
         self.cycle_s = options.cycle_time / 1000.0
         # idle="wait": a rank without work cycles when work arrives, or after this long
         self.idle_s = max(self.cycle_s, _IDLE_WAIT_S) if options.idle == "wait" else None
@@ -581,21 +596,20 @@ class _HorovodProtocol(Protocol):
             self._reduce_gpu(req.output.reshape(-1), ReduceOp(meta.op))
             gpu.scale_(req.output, meta.postscale, self.half_rule)
             return
-        total = sum(r.tensor.size for r in reqs) * dtype.itemsize
+        # Every tensor at a 16-byte offset; the allreduce covers the pads too (Horovod's
+        # batched device copies, gpu_operations.cc MemcpyInFusionBuffer)
+        offsets, total = padded_offsets([r.tensor.size * dtype.itemsize for r in reqs])
         if self.gpu_fusion is None or self.gpu_fusion.nbytes < total:
             self.gpu_fusion = gpu.cupy_or_raise().empty(total, dtype="uint8")
         buf = self.gpu_fusion[:total].view(dtype)
-        off = 0
-        for r in reqs:
-            gpu.scale_copy(r.tensor.reshape(-1), buf[off:off + r.tensor.size], meta.prescale,
+        starts = [off // dtype.itemsize for off in offsets]
+        for r, at in zip(reqs, starts):
+            gpu.scale_copy(r.tensor.reshape(-1), buf[at:at + r.tensor.size], meta.prescale,
                            self.half_rule)
-            off += r.tensor.size
         self._reduce_gpu(buf, ReduceOp(meta.op))
-        off = 0
-        for r in reqs:
-            gpu.scale_copy(buf[off:off + r.tensor.size], r.output.reshape(-1), meta.postscale,
+        for r, at in zip(reqs, starts):
+            gpu.scale_copy(buf[at:at + r.tensor.size], r.output.reshape(-1), meta.postscale,
                            self.half_rule)
-            off += r.tensor.size
 
     def _reduce_gpu(self, buf: Any, op: ReduceOp | None, root: int = 0) -> None:
         """Allreduce (``op``) or broadcast (``op`` None, from ``root``) a flat GPU buffer."""
@@ -644,10 +658,17 @@ class HorovodStore(RequestStore):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        comm = self._world.role_comm
-        ctrl, data = self._engine.call(lambda: (comm.Dup(), comm.Dup())).wait()
-        self._proto = _HorovodProtocol(ctrl, data, self.options)
+        comm, local_size = self._world.role_comm, self._world.local_size
+        ctrl, data, local_sizes = self._engine.call(
+            lambda: (comm.Dup(), comm.Dup(), comm.allgather(local_size))).wait()
+        self._proto = _HorovodProtocol(ctrl, data, self.options, local_sizes)
         self._engine.register(self._proto)
+
+    @property
+    def fusion_threshold_bytes(self) -> int:
+        """The threshold this store fuses up to: ``fusion_threshold`` rounded up to a
+        multiple of local_size x 8 x 64 bytes on a homogeneous cluster (Horovod's)."""
+        return self._proto.threshold
 
     @property
     def stats(self) -> dict[str, int]:

@@ -25,5 +25,6 @@ cycles = kv.fusion_groups()
 first = min(c for c, _ in cycles)
 if kv.rank == 0:
     result("burst", groups=[list(g) for c, g in cycles if c == first],
-           cycles=len({c for c, _ in cycles}))
+           cycles=len({c for c, _ in cycles}), threshold=kv.fusion_threshold_bytes,
+           local_size=ddpbench.comm.world().local_size)
 kv.close()

@@ -97,3 +97,19 @@ def test_chunks_and_steps_follow_baidus_ring(p):
         # collectives.cu RingAllreduce: send (r - i), then in the allgather (r - i + 1)
         assert [send_chunk(r, s, p) for s in range(2 * (p - 1))] == (
             [(r - i) % p for i in range(p - 1)] + [(r - i + 1) % p for i in range(p - 1)])
+
+
+def test_horovod_rounds_the_threshold_and_pads_gpu_tensors():
+    """controller.cc TensorFusionThresholdBytes (local_size x 8 x 64, rounded up, on a
+    homogeneous cluster) and the 16-byte BATCHED_D2D_PADDING of a CUDA build."""
+    from ddpbench.rules.fusion import fusion_threshold_bytes, padded_bytes, padded_offsets
+
+    mib128 = 128 << 20
+    assert [fusion_threshold_bytes(mib128, n) for n in (1, 2, 4, 8)] == [mib128] * 4
+    assert fusion_threshold_bytes(mib128, 3) == 134_218_752 == 87_382 * 1536
+    assert fusion_threshold_bytes(mib128, 3, homogeneous=False) == mib128
+    assert fusion_threshold_bytes(0, 3) == 0  # fusion off stays off
+    assert fusion_threshold_bytes(1, 6) == 3072
+    assert [padded_bytes(n) for n in (0, 1, 16, 17, 34)] == [0, 16, 16, 32, 48]
+    # float16 tensors of 3, 8 and 1 elements: 6, 16 and 2 bytes at 16-byte offsets
+    assert padded_offsets([6, 16, 2]) == ([0, 16, 32], 48)
