@@ -201,6 +201,13 @@ def _run_phase(args: argparse.Namespace, ph: dict[str, Any], world: Any) -> dict
         outs.append(np.empty(n, dtype=np.float32))
         by_layer.setdefault(int(t.layer), []).append(i)
     kv = ddpbench.create(args.backend, **knobs)
+    declare = getattr(kv, "declare", None)
+    if declare is not None:
+        # The gradients' keys in the order the original's PyTorch front end declares them
+        # (BytePS: sorted by name), which placement follows; the simulator uses the same
+        from ddpbench.rules.placement import declaration_order
+
+        declare(declaration_order(args.backend, [t.name for t in workload.tensors]))
     workers = kv.num_workers
     expected = np.float32(workers * (workers + 1) / 2)
     handles: dict[int, Any] = {}

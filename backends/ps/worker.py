@@ -14,7 +14,7 @@ import abc
 import atexit
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +149,7 @@ class PSStore(EngineStore):
         t.sinks[REPLY] = self._reply_sink
         t.expecting = lambda: bool(self._inflight)
         self._keys: dict[Any, int] = {}
+        self._declared: dict[Any, int] = {}  # name -> declared key (BytePS), init order
         self._plans: dict[int, _Plan] = {}
         self._inflight: dict[tuple[int, int], _Op] = {}
         self._gates: dict[Any, Gate] = {}
@@ -168,8 +169,9 @@ class PSStore(EngineStore):
     def split(self, key: int, declared: int, numel: int, itemsize: int) -> list[Part]:
         """Cut a new array into parts and place them (:mod:`ddpbench.rules.placement`).
 
-        ``key`` is the name when it is an int, else the order of first use; ``declared`` is
-        always the order of first use (0, 1, ...), BytePS's declared key.
+        ``key`` is the name when it is an int, else its declared key; ``declared`` is always
+        the declared key (0, 1, ... in the order of :meth:`declare`, then of first use),
+        BytePS's declared key and MXNet's integer key of a string name.
         """
 
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
@@ -202,16 +204,39 @@ class PSStore(EngineStore):
         return self.num_workers + j if self.dedicated else j
 
     # -- placement ------------------------------------------------------------------------
+    def declare(self, names: Sequence[Any]) -> None:
+        """Declare ``names`` in this order, before their first use: each new name gets the
+        next declared key (0, 1, ...); a name already declared or used keeps its own.
+
+        This is BytePS's ``declare`` (``IsTensorDeclared`` numbers tensors as they are
+        declared, byteps/common/global.cc) and the order of MXNet's ``kv.init`` for string
+        keys (src/kvstore/kvstore_local.h, ``str_key_dict_``). Placement follows the
+        declared key, so every worker must declare the same names in the same order;
+        :func:`ddpbench.rules.placement.declaration_order` gives the originals' front
+        ends' orders. Names never declared are declared at their first use. Local.
+        """
+        for name in names:
+            if name not in self._declared:
+                self._declared[name] = len(self._declared)
+
+    def placement(self, name: Any) -> list[Part]:
+        """Return where the parts of ``name`` (used or broadcast before) live."""
+        key = self._keys.get(name)
+        if key is None:
+            raise KeyError(f"{name!r} has not been used on worker {self.rank}")
+        return list(self._plans[key].parts)
+
     def _plan(self, name: Any, tensor: Any) -> _Plan:
         key = self._keys.get(name)
-        declared = len(self._keys)
         if key is None:
+            declared = self._declared.setdefault(name, len(self._declared))
             key = name if isinstance(name, int) else declared
             self._keys[name] = key
         dtype = np.dtype(tensor.dtype)
         plan = self._plans.get(key)
         if plan is None:
             check_dtype(name, dtype)
+            declared = self._declared[name]
             parts = [p for p in self.split(key, declared, int(tensor.size), dtype.itemsize)
                      if p.count]
             plan = self._plans[key] = _Plan(key, int(tensor.size), dtype.name, parts)

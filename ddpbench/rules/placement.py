@@ -17,9 +17,11 @@ simulated point places every byte where the real backend does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["P3_HASH", "Part", "byteps_parts", "djb2", "even_split", "hashed_server",
+__all__ = ["P3_HASH", "Part", "byteps_parts", "declaration_order", "declared_keys", "djb2",
+           "even_split", "hashed_server",
            "kvstore_parts", "mxnet_split", "p3_parts", "tensorflow_parts"]
 
 
@@ -127,3 +129,47 @@ def tensorflow_parts(key: int, numel: int, servers: int) -> list[Part]:
     in the order the variables are created (``replica_device_setter``'s default
     round-robin strategy, tensorflow/python/training/device_setter.py)."""
     return [Part(0, numel, key % servers)]
+
+
+# -- the order keys are declared in ---------------------------------------------------------
+FRONTENDS = ("torch", "mxnet")
+
+
+def declaration_order(backend: str, names: Sequence[str], frontend: str = "torch") -> list[int]:
+    """Return the indices of a model's gradients (``names`` in definition order) in the
+    order the original's front end declares their keys, which placement follows.
+
+    - ``byteps`` with ``frontend="torch"``: BytePS-PyTorch's ``DistributedOptimizer``
+      declares ``"Gradient." + name`` for the sorted parameter names, then
+      ``"Parameter." + name`` for the same (byteps/torch/__init__.py), so the gradient
+      of the k-th name in sorted order is declared k-th.
+    - ``byteps`` with ``frontend="mxnet"``: BytePS-MXNet's ``DistributedTrainer`` declares
+      ``parameter_i`` then ``gradient_i`` for each parameter in turn (byteps/mxnet/
+      __init__.py): gradients in the trainer's order (see :func:`declared_keys`).
+    - every other backend (MXNet's and P3's ``kv.init``, a Gluon ``Trainer``'s
+      parameters): definition order.
+    """
+    if frontend not in FRONTENDS:
+        raise ValueError(f"unknown front end {frontend!r}; valid: {list(FRONTENDS)}")
+    if backend == "byteps" and frontend == "torch":
+        return sorted(range(len(names)), key=lambda i: names[i])
+    return list(range(len(names)))
+
+
+def declared_keys(backend: str, names: Sequence[str], frontend: str = "torch") -> list[int]:
+    """Return each gradient's declared key, by definition index: BytePS places partition
+    i of the gradient with declared key d on ``djb2((d << 16) + i) % S``
+    (:func:`byteps_parts`); MXNet and P3 hash the key of a whole small array
+    (:func:`hashed_server`).
+
+    BytePS-MXNet interleaves the parameters' own keys with the gradients' (``parameter_i``
+    is 2i, ``gradient_i`` 2i + 1); BytePS-PyTorch declares every gradient first (0 to
+    P - 1, sorted by name). Elsewhere the key is the definition index.
+    """
+    order = declaration_order(backend, names, frontend)
+    keys = [0] * len(names)
+    for k, i in enumerate(order):
+        keys[i] = k
+    if backend == "byteps" and frontend == "mxnet":
+        keys = [2 * k + 1 for k in keys]
+    return keys

@@ -156,6 +156,18 @@ def _broadcast_named(kv: KVStore, named: Named, root_rank: int) -> None:
                 t.copy_(send)
 
 
+def declare_keys(kv: KVStore, names: list[str]) -> None:
+    """Declare ``names`` (definition order) to a store that places by declared key
+    (``kv.declare``: the parameter servers), in the order its original's PyTorch front end
+    declares them (BytePS: sorted; :func:`ddpbench.rules.placement.declaration_order`)."""
+    declare = getattr(kv, "declare", None)
+    if declare is None:
+        return
+    from ddpbench.rules.placement import declaration_order
+
+    declare([names[i] for i in declaration_order(kv.type, names)])
+
+
 def broadcast_parameters(params: Any, root_rank: int = 0, *, kv: KVStore | str | None = None,
                          prefix: str = "") -> None:
     """Overwrite every rank's parameters and buffers with root's, in place. Collective.
@@ -186,6 +198,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, *, kv: KVStore | str |
         raise ValueError(f"{lazy[0]!r} is uninitialised (a lazy module's): pass the module "
                          f"itself, so it is broadcast when the first forward materialises it")
     check_same_on_every_rank(store, named, "model", root_rank)
+    declare_keys(store, [n for n, _ in named])
     _broadcast_named(store, [(n, t) for n, t in named if not is_lazy(t)], root_rank)
     if module is not None and lazy:
         _hook_lazy_modules(module, store, root_rank, prefix)

@@ -44,7 +44,7 @@ from torch.nn.parameter import is_lazy
 from ddpbench.api import Handle, KVStore, NotSupportedError, ReduceOp
 from ddpbench.torch._tensors import as_array, check_reducible, staging
 from ddpbench.torch.compression import Compression, Compressor
-from ddpbench.torch.functions import check_same_on_every_rank, resolve_store
+from ddpbench.torch.functions import check_same_on_every_rank, declare_keys, resolve_store
 
 __all__ = ["DistributedOptimizer"]
 
@@ -106,6 +106,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              "uncompressed")
         named = [(n, p) for p, n in self._parameter_names.items()]
         check_same_on_every_rank(self._kv, named, "model")
+        # BytePS-PyTorch declares the gradients' keys up front, sorted (placement follows)
+        declare_keys(self._kv, [n for n, _ in named])
         self._handles: dict[torch.Tensor, _Pending | None] = {}
         self._delay = {p: backward_passes_per_step for p in self._params}
         self._hooked: set[torch.Tensor] = set()

@@ -12,7 +12,7 @@ import sys
 import uuid
 
 import pytest
-from mpiutil import REPO, SCRIPTS, assert_no_processes, one, run_mpi
+from mpiutil import REPO, SCRIPTS, assert_no_processes, one, results, run_mpi
 
 from ddpbench.trace import merge_chrome_traces
 
@@ -104,3 +104,21 @@ def test_bench_pushpull_checks_every_sum_against_the_closed_form(workers, server
         (b, size) for b in ("kvstore", "p3", "byteps:partition_bytes=300000")
         for size in ("4KiB", "1MiB")]
     assert all(r[-1] == "0" for r in rows)  # #wrong
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_key_counter_places_as_the_originals_front_ends_declare(n):
+    """byteps declares the gradients sorted by name (BytePS-PyTorch), p3 in definition
+    order (MXNet's kv.init), whatever order they are first pushed in: every part of VGG-19
+    and ResNet-50 (sizes / 1,000) lies on the server rules.placement.declared_keys gives,
+    at 1-4 servers (colocated)."""
+    out = run_mpi(n, SCRIPTS / "ps_declare.py", timeout=180)
+    got = results(out, "declared")
+    assert [(g["backend"], g["model"]) for g in got] == [
+        ("byteps", "vgg19"), ("p3", "vgg19"), ("byteps", "resnet50"), ("p3", "resnet50")]
+    assert all(g["servers"] == n for g in got)
+    # p3's keys are the definition index; byteps' sorted names move parts off it
+    assert all(g["off_definition_order"] == 0 for g in got if g["backend"] == "p3")
+    assert all((g["off_definition_order"] > 0) == (n > 1) for g in got
+               if g["backend"] == "byteps")

@@ -372,3 +372,25 @@ def test_real_sockets_send_like_the_simulated_sockets():
     # slices (10, 11) wait behind all of server 1's; key 99 (priority 0, queued at 1.5 us)
     # is popped only when the thread unblocks and leaves fifth.
     assert [k for k, _ in real] == [0, 1, 2, 3, 99, 98, 4, 10, 11]
+
+
+def test_declared_keys_follow_the_originals_front_ends():
+    """BytePS-PyTorch declares "Gradient." + name for the sorted names (byteps/torch/
+    __init__.py); BytePS-MXNet parameter_i, gradient_i in turn (byteps/mxnet/__init__.py);
+    MXNet and P3 key by definition index."""
+    from ddpbench.simulator import load_workload
+
+    names = ["fc.weight", "conv1.weight", "bn1.bias", "layer1.0.conv1.weight"]
+    assert placement.declaration_order("byteps", names) == [2, 1, 0, 3]
+    assert placement.declared_keys("byteps", names) == [2, 1, 0, 3]
+    assert placement.declared_keys("byteps", names, "mxnet") == [1, 3, 5, 7]
+    for backend in ("p3", "kvstore"):
+        assert placement.declared_keys(backend, names) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="front end"):
+        placement.declaration_order("byteps", names, "jax")
+    wl = load_workload("vgg19")
+    vgg = [t.name for t in wl.tensors]
+    keys = placement.declared_keys("byteps", vgg)
+    assert [vgg[i] for i in sorted(range(len(vgg)), key=keys.__getitem__)] == sorted(vgg)
+    assert vgg[keys.index(0)] == "classifier.0.bias"  # "classifier" < "features"
+    assert keys[vgg.index("features.10.weight")] < keys[vgg.index("features.2.weight")]
