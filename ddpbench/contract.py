@@ -271,6 +271,13 @@ class PSKnobs(Knobs):
                              unit="us", doc="one-way delay added to each paced message")
     trace: bool | str = knob(False, side="real", cluster=True,
                              doc="record sent messages; a str is a Chrome-trace directory")
+    sum_order: Literal["arrival", "rank"] = knob(
+        "arrival", side="real",
+        source="src/kvstore/kvstore_dist_server.h (DataHandleDefault: the first push copied, "
+               "later ones added as they arrive); byteps/server/server.cc (COPY_FIRST, SUM_RECV)",
+        doc="'arrival' = the servers add the workers' pushes in the order they arrive, as "
+            "MXNet, P3 and BytePS do; 'rank' = in worker-rank order, ddpbench's variant for "
+            "reproducible floating-point sums")
 
 
 class KvstoreKnobs(PSKnobs):

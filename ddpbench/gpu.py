@@ -210,6 +210,46 @@ _NCCL_OPS = {
 }
 
 
+class SharedGPUError(RuntimeError):
+    """Two ranks of one NCCL communicator would use the same GPU (NCCL refuses it)."""
+
+
+def shared_gpus(devices: list[tuple[str, str]]) -> list[list[int]]:
+    """Return the groups of ranks (two or more) whose ``(host, GPU)`` is the same.
+
+    ``devices[r]`` is rank r's host name and its GPU's identity (its PCI bus id, which
+    does not depend on ``CUDA_VISIBLE_DEVICES``).
+    """
+    by: dict[tuple[str, str], list[int]] = {}
+    for rank, dev in enumerate(devices):
+        by.setdefault(dev, []).append(rank)
+    return [ranks for ranks in by.values() if len(ranks) > 1]
+
+
+def shared_gpu_message(devices: list[tuple[str, str]], gpus_on_host: int | None = None
+                       ) -> str | None:
+    """Return what to say when ranks share a GPU under NCCL, or None when none do."""
+    groups = shared_gpus(devices)
+    if not groups:
+        return None
+    ranks = groups[0]
+    host, gpu = devices[ranks[0]]
+    count = f" (this host has {gpus_on_host} visible)" if gpus_on_host is not None else ""
+    return (f"ranks {ranks} on host {host!r} would all use GPU {gpu}: NCCL cannot run two "
+            f"ranks of one communicator on one GPU and would fail with a bare 'NcclError: "
+            f"invalid usage'. Either pass gpu_transport='host' (stage through pinned host "
+            f"memory and reduce with MPI; several ranks may share a GPU) or start at most "
+            f"one rank per GPU{count}")
+
+
+def _device_identity(device: int) -> str:
+    cupy = cupy_or_raise()
+    try:
+        return str(cupy.cuda.Device(device).pci_bus_id)
+    except Exception:  # pragma: no cover - a runtime without the query: the ordinal
+        return f"cuda:{device}"
+
+
 class NcclComm:
     """An NCCL communicator over the ranks of an MPI communicator. Collective to create.
 
@@ -229,6 +269,13 @@ class NcclComm:
         # without extra events.
         cupy.cuda.Device(device).use()
         self.device = device
+        # Before NCCL sees them: ranks sharing a GPU would end in "invalid usage" there.
+        import socket
+
+        devices = mpi_comm.allgather((socket.gethostname(), _device_identity(device)))
+        message = shared_gpu_message(devices, int(cupy.cuda.runtime.getDeviceCount()))
+        if message is not None:
+            raise SharedGPUError(message)  # on every rank: all gathered the same list
         uid = nccl.get_unique_id() if mpi_comm.rank == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
         self._nccl = nccl

@@ -19,17 +19,23 @@ __all__ = ["SGD"]
 
 
 class SGD(BaseModel):
-    """Stochastic gradient descent with momentum and weight decay, as MXNet computes it.
+    """Stochastic gradient descent with momentum and weight decay, as MXNet 1.x computes it.
 
-    One step on weights ``w`` with gradient ``g`` (all in ``w``'s dtype), as MXNet's
-    ``sgd_update``/``sgd_mom_update`` (src/operator/optimizer_op-inl.h)::
+    One step on weights ``w`` with gradient ``g``, every operation in ``w``'s dtype and in
+    the order of MXNet's ``SGDKernel``/``SGDMomKernel`` (src/operator/optimizer_op-inl.h)::
 
-        g = rescale_grad * g, clipped to [-clip_gradient, clip_gradient] if set
-        without momentum: w = w - lr * (g + wd * w)
-        with momentum:    mom = momentum * mom - lr * (g + wd * w);  w = w + mom
+        without momentum: w = (1 - lr*wd) * w - (lr*rescale_grad) * g
+        with momentum:    mom = momentum*mom - (lr*wd) * w - (lr*rescale_grad) * g
+                          w = w + mom
+
+    With ``clip_gradient`` the gradient term is ``lr * clip(rescale_grad*g, -c, c)``. The
+    products of scalars (``lr*wd``, ``lr*rescale_grad``) are rounded to the dtype first, as
+    the kernel's ``DType`` arithmetic does, so float32 results equal MXNet's bit for bit (on
+    a build without fused multiply-add). On parameter servers ``rescale_grad`` multiplies
+    the summed gradient of all workers (the servers' updater gets the merged array).
 
     For a constant learning rate this is the same sequence of weights as the textbook form
-    (``v = momentum * v + g; w -= lr * v``).
+    (``v = momentum * v + g; w -= lr * v``), up to rounding.
 
     Example:
         >>> opt = ddpbench.SGD(lr=0.1, momentum=0.9)
@@ -53,16 +59,16 @@ class SGD(BaseModel):
     def update(self, weight: Any, grad: Any, state: Any) -> None:
         """Apply one step to ``weight`` in place; ``state`` is from :meth:`create_state`."""
         t = weight.dtype.type
-        g = grad * t(self.rescale_grad) if self.rescale_grad != 1.0 else grad
+        lr, wd, rescale = t(self.lr), t(self.wd), t(self.rescale_grad)
         if self.clip_gradient is not None:
-            g = array_module(weight).clip(g, -t(self.clip_gradient), t(self.clip_gradient))
-        if self.wd:
-            g = g + t(self.wd) * weight
+            c = t(self.clip_gradient)
+            step = lr * array_module(weight).clip(rescale * grad, -c, c)
+        else:
+            step = (lr * rescale) * grad
         if state is None:
-            weight -= t(self.lr) * g
+            weight[...] = (t(1) - lr * wd) * weight - step
             return
-        state *= t(self.momentum)
-        state -= t(self.lr) * g
+        state[...] = t(self.momentum) * state - (lr * wd) * weight - step
         weight += state
 
     def __call__(self, weight: Any, grad: Any, state: Any) -> None:

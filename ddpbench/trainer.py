@@ -262,15 +262,23 @@ class DistributedTrainer:
         else:
             self.optimizer.lr = float(lr)
         if self.update_on_kvstore:
-            self.kv.set_optimizer(self.optimizer)
+            self._server_opt = None  # sent with the batch's rescale at the next step
 
     def _step_on_servers(self, batch_size: int) -> None:
-        # The servers sum the pushed gradients and apply the optimizer once, so each worker
-        # pushes its gradient pre-divided by the global batch.
-        scale = 1.0 / (batch_size * self.kv.num_workers)
+        # As Gluon with a distributed kvstore: the workers push their gradients as they are,
+        # the servers sum them and the optimizer's rescale_grad (scale / batch, here over
+        # the global batch) multiplies the sum on the servers (python/mxnet/gluon/
+        # trainer.py step; src/kvstore/kvstore_dist_server.h ApplyUpdates).
+        opt: Any = self.optimizer
+        if isinstance(opt, BaseModel):
+            rescale = float(opt.rescale_grad) / (batch_size * self.kv.num_workers)
+            server_opt = opt.model_copy(update={"rescale_grad": rescale})
+            if server_opt != getattr(self, "_server_opt", None):
+                self.kv.set_optimizer(server_opt)  # collective, like the batch every worker uses
+                self._server_opt = server_opt
         handles = [
             self.kv.push_pull_async(p.name, p.grad, output=p.data, priority=-p.layer,
-                                    op=ReduceOp.SUM, prescale_factor=scale)
+                                    op=ReduceOp.SUM)
             for p in self._reduced
         ]
         for h in handles:

@@ -6,7 +6,8 @@ i of the d-th declared array (order of first use) has the key ``(d << 16) + i`` 
 on server ``djb2(key) % S`` (byteps/common/operations.cc, global.cc). A partition is pushed,
 the server acknowledges the push on arrival, the worker then pulls, and the server answers
 the pull once every worker's push is in. ``push_pull(..., average=True)`` is
-``op=AVERAGE``.
+``op=AVERAGE``: the servers sum, and the worker divides the pulled sum by the number of
+workers (byteps/torch/ops.cc: ``output.div_(size)``; integers ``floor_divide_``).
 
 Scheduling (``scheduler``):
 
@@ -58,6 +59,7 @@ class BytePSStore(PSStore):
     Options = BytepsKnobs
     options: BytepsKnobs
     ack_flag = FLAG_ACK_ARRIVAL
+    average_on_worker = True  # byteps/torch/ops.cc: output.div_(size) after the pull
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -1,7 +1,10 @@
 """The summation server of the parameter-server backends, and the server ranks' loop.
 
-A part's pushes from all workers are combined in worker-rank order (deterministic, whatever
-the arrival order), scaled by the postscale factor, and then either sent back (merged
+A part's pushes from all workers are combined in the order they arrived, the first copied
+and the others added to it (MXNet's ``DataHandleDefault``, P3's fork, BytePS's
+``COPY_FIRST``/``SUM_RECV``), or in worker-rank order with ``sum_order="rank"``
+(ddpbench's variant: the same bits whatever the arrival order), scaled by the postscale
+factor, and then either sent back (merged
 push-pull) or stored, where separate pull requests read it (``kvstore``); with an optimizer
 (:class:`ddpbench.SGD`, ``set_optimizer``) the stored weights are updated instead.
 ``broadcast`` goes through the server too: the root's value is stored as the part's weights
@@ -220,9 +223,14 @@ class Server:
             self._answer_pull(slot, pull, error)
 
     def _combine(self, slot: _Slot, pushes: dict[int, Msg]) -> np.ndarray:
-        """Sum the round's pushes in worker-rank order into the part's reused buffer."""
+        """Sum the round's pushes into the part's reused buffer: in arrival order (the
+        originals'; ``pushes`` holds them as they came), or by worker rank."""
         ref = pushes[min(pushes)]
-        first = pushes[0].payload
+        if self.config is None or self.config.get("sum_order", "arrival") == "arrival":
+            order = list(pushes)
+        else:
+            order = sorted(pushes)
+        first = pushes[order[0]].payload
         if self.w == 1 and pushes[0].sunk:
             acc = first  # this server's inbox, rewritten only by the worker it answers
         else:
@@ -234,8 +242,8 @@ class Server:
                 np.copyto(acc, first)
             else:
                 ufunc = reduce_ufunc(ReduceOp(ref.op))
-                ufunc(first, pushes[1].payload, out=acc)
-                for w in range(2, self.w):
+                ufunc(first, pushes[order[1]].payload, out=acc)
+                for w in order[2:]:
                     ufunc(acc, pushes[w].payload, out=acc)
         scale_(acc, ref.postscale)
         return acc

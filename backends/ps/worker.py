@@ -84,6 +84,7 @@ class _Op:
     remaining: int
     output: Any
     errors: list[str] = field(default_factory=list)
+    divide: int = 0  # BytePS's average: the worker divides the pulled sum by this
 
 
 class PSStore(EngineStore):
@@ -108,6 +109,7 @@ class PSStore(EngineStore):
     options: PSKnobs
     capabilities = frozenset({"broadcast", "push_pull"})
     ack_flag = FLAG_ACK_ROUND  # when the server answers a separate push (MXNet's rule)
+    average_on_worker = False  # AVERAGE: the server scales the sum (False) or the worker
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -155,7 +157,7 @@ class PSStore(EngineStore):
         self._gates: dict[Any, Gate] = {}
         self._engine.register(t)
         config = {"bandwidth_gbps": o.bandwidth_gbps, "latency_us": o.latency_us,
-                  "trace": o.trace, "backend": self.type}
+                  "trace": o.trace, "backend": self.type, "sum_order": o.sum_order}
 
         def configure() -> None:
             for j in range(self.num_servers):
@@ -250,9 +252,9 @@ class PSStore(EngineStore):
 
     # -- data movement ----------------------------------------------------------------------
     def _start(self, plan: _Plan, flat: np.ndarray, output: Any,
-               send: Callable[[_Op], None]) -> Handle:
+               send: Callable[[_Op], None], divide: int = 0) -> Handle:
         handle = self._track(Handle(plan.key))
-        op = _Op(handle, flat, plan, len(plan.parts), output)
+        op = _Op(handle, flat, plan, len(plan.parts), output, divide=divide)
         if not plan.parts:
             handle.set_result(output)
             return handle
@@ -297,8 +299,13 @@ class PSStore(EngineStore):
             raise ValueError(f"priority {priority} for {name!r} must fit in 32 bits "
                              f"(trainers pass -layer_index)")
         plan = self._plan(name, tensor)
+        divide = 0
         if op is ReduceOp.AVERAGE:
-            postscale, op = postscale / self.num_workers, ReduceOp.SUM
+            if self.average_on_worker:  # BytePS: sum on the servers, divide after the pull
+                divide = self.num_workers
+            else:
+                postscale = postscale / self.num_workers
+            op = ReduceOp.SUM
         flat = output.reshape(-1)
         source = flat
         if output is not tensor:
@@ -334,7 +341,7 @@ class PSStore(EngineStore):
                 if i % KICK_EVERY == KICK_EVERY - 1:
                     self._transport.kick()  # the wire starts while the rest are queued
 
-        return self._start(plan, flat, output, send)
+        return self._start(plan, flat, output, send, divide)
 
     def merged(self) -> bool:
         """Return True when a push is answered with the sum (one merged message)."""
@@ -374,8 +381,14 @@ class PSStore(EngineStore):
         if op.remaining == 0:
             if op.errors:
                 op.handle.set_error(ValueError(op.errors[0]))
-            else:
-                op.handle.set_result(op.output)
+                return
+            if op.divide > 1:
+                # BytePS-PyTorch's average: output.div_(size), floor_divide_ for integers
+                if op.flat.dtype.kind in "iu":
+                    np.floor_divide(op.flat, op.divide, out=op.flat)
+                else:
+                    np.divide(op.flat, op.flat.dtype.type(op.divide), out=op.flat)
+            op.handle.set_result(op.output)
 
     def _on_ack(self, msg: Msg) -> None:
         # The reply may come first (the port orders data by priority; acks keep no order).

@@ -292,8 +292,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if g.get("dampening", 0) or g.get("nesterov") or g.get("maximize"):
                 raise NotSupportedError("update_on_kvstore: the servers' SGD has no "
                                         "dampening, nesterov or maximize")
+            # the servers sum the workers' (batch-mean) gradients and rescale the sum to
+            # their mean, as MXNet's rescale_grad does on the servers
             specs.append({"lr": float(g["lr"]), "momentum": float(g.get("momentum", 0.0)),
-                          "wd": float(g.get("weight_decay", 0.0))})
+                          "wd": float(g.get("weight_decay", 0.0)),
+                          "rescale_grad": 1.0 / self._kv.num_workers})
         if any(s != specs[0] for s in specs):
             raise NotSupportedError("update_on_kvstore: the servers run one optimizer; the "
                                     "param groups have different hyperparameters")
@@ -322,10 +325,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = torch.zeros_like(p)
             grad, _ = staging(p.grad)
             out = np.empty(tuple(p.shape), as_array(grad).dtype)
-            # The servers sum and update once: each worker pushes its share of the mean.
+            # The servers sum and update once, rescaling the sum (rescale_grad = 1/size).
             h = self._kv.push_pull_async(self._parameter_names[p], as_array(grad), out,
-                                         priority=self._priority[p], op=ReduceOp.SUM,
-                                         prescale_factor=1.0 / self._kv.num_workers)
+                                         priority=self._priority[p], op=ReduceOp.SUM)
             pending.append((p, h, out))
         with torch.no_grad():
             for p, h, out in pending:

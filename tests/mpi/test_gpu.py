@@ -117,3 +117,15 @@ def test_gpu_benchmarks_run_and_check_results():
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert all(r["wrong_bytes"] == 0 for r in json.loads(proc.stdout))
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_ranks_sharing_a_gpu_under_nccl_are_refused_with_what_to_do():
+    """Two ranks on one GPU with the default NCCL transport: a clear error on every rank
+    before the first collective (NCCL would say only 'invalid usage')."""
+    gpu_or_skip()
+    out = run_mpi(2, SCRIPTS / "gpu_shared.py", timeout=300, env={"CUDA_VISIBLE_DEVICES": "0"})
+    got = results(out, "refused")
+    assert sorted(r["rank"] for r in got) == [0, 1]
+    assert all("gpu_transport='host'" in r["message"] for r in got)

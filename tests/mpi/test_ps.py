@@ -55,6 +55,7 @@ def test_colocated_three_workers():
     assert order == sorted(order) and set(order) == set(range(3, 9))
     assert one(out, "p3_placement")["servers"] == 3
     assert one(out, "byteps_placement")["servers"] == 3
+    assert one(out, "sum_order")["workers"] == 3
     assert one(out, "byteps_average")["workers"] == 3
     for tag in ("byteps", "kvstore colocated", "byteps credit", "bytescheduler",
                 "byteps merged"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import itertools
 import time
 
 import numpy as np
@@ -176,6 +177,40 @@ def case_p3_dedicated():
     kv.close()
 
 
+def check_sum_order(n, r):
+    """Servers add pushes as they arrive (MXNet, BytePS); sum_order="rank" by worker rank.
+    BytePS's average divides the sum on the worker (true division, not * 1/n)."""
+    xs = [np.random.default_rng(q).standard_normal(3000).astype(np.float32) for q in range(n)]
+    orders = list(itertools.permutations(range(n)))
+
+    def ordered(order):
+        acc = xs[order[0]].copy()
+        for q in order[1:]:
+            acc = acc + xs[q]
+        return acc
+
+    ranked = ordered(range(n))
+    for order_knob in ("rank", "arrival"):
+        bp = ddpbench.create("byteps", partition_bytes=4000, sum_order=order_knob)
+        kv = ddpbench.create("kvstore", servers="colocated", bigarray_bound=1000,
+                             sum_order=order_knob)
+        got = bp.push_pull("avg", xs[r].copy(), average=True)
+        total = kv.push_pull("sum", xs[r].copy())
+        parts = [p for p in kv.placement("sum")]
+        bp.close(), kv.close()
+        want_avg = np.divide(ranked, np.float32(n))
+        if order_knob == "rank":
+            assert np.array_equal(got, want_avg), (got[:3], want_avg[:3])
+            assert np.array_equal(total, ranked)
+        for p in parts:  # each part's sum is one arrival order's, whole
+            span = slice(p.offset, p.offset + p.count)
+            assert any(np.array_equal(total[span], ordered(o)[span]) for o in orders), p
+    if n == 3:  # the worker's division is not a multiply by 1/3 (it rounds otherwise)
+        assert np.count_nonzero(np.divide(ranked, np.float32(3)) != ranked * np.float32(1 / 3))
+    if r == 0:
+        result("sum_order", workers=n)
+
+
 def case_colocated():
     """3 workers, servers in the worker processes: byteps FIFO/credit, p3 placement, kvstore."""
     w = world()
@@ -187,6 +222,10 @@ def case_colocated():
     out = bp.push_pull(0, x.astype(np.float32), average=True)
     assert np.array_equal(out, (pattern(2500, np.float64) * (n + 1) / 2).astype(np.float32))
     say(bp, "byteps_average", workers=n)
+    bp.close()
+    check_sum_order(n, r)
+    bp = ddpbench.create("byteps", partition_bytes=4000, trace=True)
+    bp.declare(range(9))  # int names 0..8 as declared keys 0..8
     # credit 0: FIFO whatever the priorities
     before = len(sends(bp))
     hs = [bp.push_pull_async(k, np.ones(2500, np.float32), priority=k) for k in range(3, 9)]

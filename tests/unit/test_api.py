@@ -203,3 +203,23 @@ def test_host_stage_grows_reuses_and_takes_empty_arrays(monkeypatch):
     pool.give("w", a)
     assert pool.take("w") is a
 
+
+
+def test_ranks_sharing_a_gpu_under_nccl_are_named_with_what_to_do():
+    """Two ranks on one GPU would end in NCCL's bare 'invalid usage': the check before
+    the communicator names them and the two ways out (device ids given as data; no GPU
+    needed)."""
+    from ddpbench import gpu
+
+    one_each = [("a", "0000:01:00.0"), ("a", "0000:02:00.0"), ("b", "0000:01:00.0")]
+    assert gpu.shared_gpus(one_each) == []
+    assert gpu.shared_gpu_message(one_each) is None
+    shared = [("a", "0000:01:00.0"), ("b", "0000:01:00.0"), ("a", "0000:01:00.0"),
+              ("a", "0000:02:00.0"), ("a", "0000:02:00.0")]
+    assert gpu.shared_gpus(shared) == [[0, 2], [3, 4]]
+    msg = gpu.shared_gpu_message(shared, gpus_on_host=2)
+    assert msg is not None
+    for needle in ("ranks [0, 2]", "host 'a'", "0000:01:00.0", "invalid usage",
+                   "gpu_transport='host'", "one rank per GPU (this host has 2 visible)"):
+        assert needle in msg, (needle, msg)
+    assert issubclass(gpu.SharedGPUError, RuntimeError)

@@ -283,6 +283,52 @@ def test_sgd_update_is_mxnets_update():
     assert plain.tolist() == [0.0, 0.0]
 
 
+def _sgd_kernel_reference(w, g, mom, lr, m, wd, r, clip):
+    """MXNet 1.x's SGDKernel / SGDMomKernel (src/operator/optimizer_op-inl.h), one element
+    at a time in float32 scalars, in the kernel's order of operations."""
+    f = np.float32
+    lr, m, wd, r = f(lr), f(m), f(wd), f(r)
+    w, mom = w.copy(), None if mom is None else mom.copy()
+    for i in range(w.size):
+        rg = r * g[i]
+        if clip is not None:
+            rg = min(max(rg, -f(clip)), f(clip))
+            gterm = lr * rg
+        else:
+            gterm = lr * r * g[i]
+        if mom is None:
+            w[i] = (f(1) - lr * wd) * w[i] - gterm
+        else:
+            mom[i] = m * mom[i] - lr * wd * w[i] - gterm
+            w[i] = w[i] + mom[i]
+    return w, mom
+
+
+@pytest.mark.parametrize("momentum,clip", [(0.9, None), (0.9, 0.05), (0.0, None), (0.0, 0.05)])
+def test_sgd_is_mxnets_kernel_bit_for_bit(momentum, clip):
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal(4096).astype(np.float32)
+    opt = ddpbench.SGD(lr=0.1, momentum=momentum, wd=1e-4, rescale_grad=1 / 3,
+                       clip_gradient=clip)
+    state, ref_w = opt.create_state(w), w.copy()
+    ref_mom = None if state is None else state.copy()
+    for _ in range(3):
+        g = rng.standard_normal(4096).astype(np.float32)
+        opt.update(w, g, state)
+        ref_w, ref_mom = _sgd_kernel_reference(ref_w, g, ref_mom, 0.1, momentum, 1e-4,
+                                               1 / 3, clip)
+        assert w.dtype == np.float32 and np.array_equal(w, ref_w)
+        if state is not None:
+            assert np.array_equal(state, ref_mom)
+    if momentum and clip is None:
+        # the form ddpbench computed before, m*mom - lr*(r*g + wd*w), rounds otherwise
+        g = rng.standard_normal(4096).astype(np.float32)
+        f = np.float32
+        old = f(0.9) * state - f(0.1) * (f(1 / 3) * g + f(1e-4) * w)
+        new = f(0.9) * state - (f(0.1) * f(1e-4)) * w - (f(0.1) * f(1 / 3)) * g
+        assert np.count_nonzero(old != new) > 100
+
+
 def test_one_sgd_class_for_workers_and_servers():
     assert ddpbench.nn.SGD is ddpbench.SGD
     opt = ddpbench.SGD(lr=0.25, momentum=0.5)
