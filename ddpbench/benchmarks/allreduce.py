@@ -481,7 +481,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", default="",
                         help="other libraries measured in the same run: 'gloo' "
                              "(torch.distributed; needs the torch extra)")
-    parser.add_argument("-n", "--ranks", type=int, default=2, help="ranks to launch (default 2)")
+    parser.add_argument("-n", "--ranks", default="2",
+                        help="ranks to launch, or a comma-separated list (e.g. 2,3: one job "
+                             "each, every backend in each; default 2)")
     parser.add_argument("--sizes", default="1K:64M",
                         help="a range LO:HI (x --factor each step) or a list, e.g. 4K,1M")
     parser.add_argument("--factor", type=int, default=2, help="size step of a range (default 2)")
@@ -512,13 +514,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from ddpbench.backends._common import ALLREDUCE_CHUNK_BYTES
     from ddpbench.cli import UsageError
-    from ddpbench.launch import launch
 
     try:
         sizes = parse_sizes(args.sizes, args.factor)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if args.ranks < 1 or args.warmup < 0 or args.iters < 1 or args.rounds < 1:
+    try:
+        ranks = [int(t) for t in str(args.ranks).split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"-n/--ranks must be an integer or a list such as 2,3, got "
+                         f"{args.ranks!r}") from None
+    if not ranks or min(ranks) < 1 or args.warmup < 0 or args.iters < 1 or args.rounds < 1:
         raise UsageError("need --ranks >= 1, --warmup >= 0, --iters >= 1 and --rounds >= 1")
     itemsize = np.dtype(args.dtype).itemsize if args.dtype != "bfloat16" else 2
     if not args.tensors and (not sizes or min(sizes) < itemsize):
@@ -553,6 +559,23 @@ def main(args: argparse.Namespace) -> int:
     if args.device == "cpu" and largest > ALLREDUCE_CHUNK_BYTES:
         native.append("native:one_call")  # what chunking saves: one call of the whole
     specs = native + backends + peers
+    rows: list[dict[str, Any]] = []
+    for n in ranks:
+        got, rc = _run_job(args, specs, sizes, n)
+        if rc != 0:
+            print(f"ddpbench bench allreduce: the benchmark job of {n} ranks failed (exit {rc})",
+                  file=sys.stderr)
+            return 1
+        rows += got
+    _print(rows, args.format)
+    return 1 if any(r["wrong"] for r in rows) else 0
+
+
+def _run_job(args: argparse.Namespace, specs: list[str], sizes: list[int], n: int
+             ) -> tuple[list[dict[str, Any]], int]:
+    """Launch one job of ``n`` ranks over every spec; return its rows and exit code."""
+    from ddpbench.launch import launch
+
     with tempfile.TemporaryDirectory(prefix="ddpbench-bench-") as tmp:
         out = Path(tmp) / "rows.jsonl"
         cfg = {
@@ -562,24 +585,46 @@ def main(args: argparse.Namespace) -> int:
             "out": str(out),
             "device": args.device, "gpu_transport": args.gpu_transport,
         }
-        print(f"# ddpbench bench allreduce: {args.ranks} ranks, {', '.join(specs)}",
+        print(f"# ddpbench bench allreduce: {n} ranks, {', '.join(specs)}",
               file=sys.stderr, flush=True)
         rc = launch([sys.executable, "-m", "ddpbench.benchmarks.allreduce", json.dumps(cfg)],
-                    args.ranks, timeout=args.timeout)
+                    n, timeout=args.timeout)
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    if rc != 0:
-        print(f"ddpbench bench allreduce: the benchmark job failed (exit {rc})", file=sys.stderr)
-        return 1
-    _print(rows, args.format)
-    return 1 if any(r["wrong"] for r in rows) else 0
+    return rows, rc
 
 
 def _print(rows: list[dict[str, Any]], fmt: str) -> None:
-    from ddpbench.backends._common import ALLREDUCE_CHUNK_BYTES
-
+    """Print the rows of every job (one table, then the ratios of each rank count)."""
     if fmt == "json":
         print(json.dumps(rows, indent=1))
         return
+    counts = sorted({r["ranks"] for r in rows})
+    if fmt == "csv" or len(counts) <= 1:
+        _print_job(rows, fmt)
+        _print_backend_ratios(rows)
+        return
+    for i, n in enumerate(counts):
+        if i:
+            print()
+        _print_job([r for r in rows if r["ranks"] == n], fmt)
+    _print_backend_ratios(rows)
+
+
+def _print_backend_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each backend's busbw against mpi's at the same ranks and size (same run)."""
+    mpi = {(r["ranks"], r["size"]): r for r in rows if r["backend"] == "mpi"}
+    lines = [f"{r['backend']:<32} n={r['ranks']:<2} {human(r['size']):>9}  busbw / mpi's "
+             f"{r['busbw'] / mpi[(r['ranks'], r['size'])]['busbw']:6.3f}"
+             for r in rows if r["backend"] not in ("mpi", "native") and "tensors" not in r
+             and (r["ranks"], r["size"]) in mpi and mpi[(r["ranks"], r["size"])]["busbw"]]
+    if lines:
+        print("\n# busbw against the mpi backend's (same run, same ranks and size)")
+        print("\n".join(lines))
+
+
+def _print_job(rows: list[dict[str, Any]], fmt: str) -> None:
+    from ddpbench.backends._common import ALLREDUCE_CHUNK_BYTES
+
     cols = ["backend", "ranks", "size", "count", "type", "redop", "time_us", "min_us",
             "max_us", "algbw", "busbw", "wrong"]
     if fmt == "csv":

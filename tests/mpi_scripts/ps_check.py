@@ -6,10 +6,10 @@ hooks of ddpbench.comm); rank 0 reports each check that passed as a JSON line.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
-import itertools
 import time
 
 import numpy as np
