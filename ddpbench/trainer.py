@@ -167,6 +167,7 @@ class DistributedTrainer:
             raise ValueError("compression='fp16' with update_on_kvstore: the servers update "
                              "float32 weights from the pushed gradients; push float32")
         self.local_sgd = self.kv.is_capable("local_sgd")
+        self._server_opt: Any = None  # what the servers run (rescale_grad per batch size)
         if self.update_on_kvstore:
             self.kv.set_optimizer(optimizer)  # a ddpbench.SGD: plain hyperparameters
         self._states: dict[str, Any] = {}
@@ -271,9 +272,10 @@ class DistributedTrainer:
         # trainer.py step; src/kvstore/kvstore_dist_server.h ApplyUpdates).
         opt: Any = self.optimizer
         if isinstance(opt, BaseModel):
-            rescale = float(opt.rescale_grad) / (batch_size * self.kv.num_workers)
-            server_opt = opt.model_copy(update={"rescale_grad": rescale})
-            if server_opt != getattr(self, "_server_opt", None):
+            rescale = float(getattr(opt, "rescale_grad", 1.0)) / (batch_size
+                                                                  * self.kv.num_workers)
+            server_opt: Any = opt.model_copy(update={"rescale_grad": rescale})
+            if server_opt != self._server_opt:
                 self.kv.set_optimizer(server_opt)  # collective, like the batch every worker uses
                 self._server_opt = server_opt
         handles = [
