@@ -60,6 +60,10 @@ def _bench_one(spec: str, cfg: dict[str, Any], comm: Any, x: Any, y: Any) -> dic
 
     name, _, rest = spec.partition(":")
     opts = {k: json.loads(v) for k, _, v in (o.partition("=") for o in rest.split(",") if o)}
+    if "sum_order" in ddpbench.api.backend_class(name).Options.model_fields:
+        # Servers add pushes as they arrive (the originals'); the bit-for-bit comparison of
+        # two runs of the same gradients needs ddpbench's rank order.
+        opts.setdefault("sum_order", "rank")
     kv = ddpbench.create(name, **opts)
     bare_m, tr_m = _model(cfg, f"bare.{name}."), _model(cfg, f"tr.{name}.")
     for m in (bare_m, tr_m):
