@@ -66,6 +66,12 @@ def _write(tmp_path, raw):
     (lambda r: next(p for p in r["points"] if p["metric"] == "scaling_efficiency"
                     and p.get("simulate", True)).update(baseline_transport="tcp"),
      "baseline_transport needs a baseline"),
+    (lambda r: next(p for p in r["points"] if p.get("simulate", True)
+                    and p["setting"].get("workload") == "resnet50")["setting"].update(
+        precision="mixed"), "records none"),
+    (lambda r: next(p for p in r["points"] if p.get("simulate", True) and p["setting"].get(
+        "workload") == "none")["setting"].update(nccl_algo="Tree", nccl_version="2.3.7"),
+     "nccl_algo"),
 ])
 def test_a_bad_point_is_refused_naming_it(tmp_path, edit, words):
     raw = copy.deepcopy(_raw())

@@ -135,6 +135,14 @@ class Point(_Frozen):
         if self.metric != "bus_bandwidth" and s.workload not in BUILTIN_WORKLOADS:
             raise ValueError(f"point {self.id!r}: unknown workload {s.workload!r}; "
                              f"valid: {sorted(BUILTIN_WORKLOADS)}")
+        if s.precision == "mixed" and self.metric != "bus_bandwidth":
+            from ddpbench.simulator import load_workload
+
+            if load_workload(s.workload).mixed_precision_speedup is None:
+                raise ValueError(f"point {self.id!r}: precision 'mixed' needs a workload "
+                                 f"profile that records a measured mixed_precision_speedup; "
+                                 f"{s.workload!r} records none (mark the point simulate: "
+                                 f"false with a reason)")
         contract.validate_knobs(self.backend, dict(self.backend_knobs))
         if self.baseline is not None:
             contract.validate_knobs(self.baseline, dict(self.baseline_knobs))

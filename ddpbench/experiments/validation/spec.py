@@ -59,7 +59,8 @@ class Mechanism(Frozen):
     Attributes:
         name: what the mechanism does, in a few words.
         source: where its rule and constants come from.
-        chosen_on: the split looked at while choosing it (``fit``).
+        chosen_on: the split looked at while choosing it (``fit``), or ``none`` for a rule
+            read from an original's code, chosen on no split.
         fit: the ``fit`` split's scores without and with it (median |error|, points beyond
             the target), as measured when it was added.
         test: the ``test`` split's, measured once the model was frozen.
@@ -67,7 +68,7 @@ class Mechanism(Frozen):
 
     name: str = Field(min_length=1)
     source: str = Field(min_length=1)
-    chosen_on: Literal["fit", "test"] = "fit"
+    chosen_on: Literal["fit", "test", "none"] = "fit"
     fit: str = Field(min_length=1)
     test: str = Field(min_length=1)
 
