@@ -187,8 +187,9 @@ class HorovodKnobs(Knobs):
         "cache", side="sim",
         source="horovod/common/controller.cc (v0.16.2+); operations.cc (v0.13.4-v0.16.1); "
                "tensorflow/mpi_ops.cc (v0.9-v0.13.3)",
-        doc="how ranks agree on ready tensors: 'cache' (since v0.16.2, PR #902: two bitwise "
-            "allreduces of the response cache's bit vector), 'gather' (v0.13.4-v0.16.1, PR "
+        doc="how ranks agree on ready tensors: 'cache' (since v0.16.2, PR #902: a bitwise "
+            "allreduce of the response cache's bit vector, a second only when an entry was "
+            "invalidated; tensors not cached yet go the gather way), 'gather' (v0.13.4-v0.16.1, PR "
             "#276: MPI_Gather, MPI_Gatherv and MPI_Bcast through rank 0) or 'p2p' (v0.9-"
             "v0.13.3: rank 0 receives every rank's requests one by one and sends every "
             "fused response to each rank before running it; the loop sleeps cycle_time "

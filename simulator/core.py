@@ -295,16 +295,16 @@ class _Sim:
     def _negotiation(self, c: contract.Cluster, tr: hardware.Transport) -> float:
         """Return the seconds Horovod's coordinator spends agreeing on ready tensors a cycle.
 
-        It runs two bitwise allreduces of its response-cache bit vector
-        (horovod/common/controller.cc, CoordinateCacheAndState: CrossRankBitwiseAnd/Or),
-        each ceil(log2 p) rounds of small messages; the ideal transport has no control
-        plane. On one host those messages stay in the host (MPI's shared memory): the
-        intra-host link's latency.
+        Every cycle it runs one bitwise AND allreduce of its response-cache bit vector, a
+        second (OR) only when some rank invalidated a cached entry
+        (horovod/common/response_cache.cc, ``CacheCoordinator::sync``: CrossRankBitwiseAnd,
+        then CrossRankBitwiseOr if INVALID_IN_QUEUE), ceil(log2 p) rounds of small messages;
+        the ideal transport has no control plane. On one host those messages stay in the host
+        (MPI's shared memory): the intra-host link's latency.
         """
         rounds = math.ceil(math.log2(c.workers)) if c.workers > 1 else 0
         hop = self.latency + self.per_message if self.num_hosts > 1 else self.intra_latency
-        return (2 * rounds * hop
-                if tr.control_plane else 0.0)
+        return rounds * hop if tr.control_plane else 0.0
 
     def _cross_rack(self, flows: int) -> float:
         """Return what a ring's step moves from one rack to the next, bytes/s: ``flows``

@@ -436,6 +436,13 @@ class HorovodStrategy(_AllreduceBase):
     of the ready tensors (``coordinator``, the rule of Horovod's era: :meth:`_coordination`)
     and one message cost per ready tensor for its response (both free on the ideal
     transport).
+
+    On a named GPU over a real transport the loop does not wait for its allreduces: it
+    enqueues them on the GPU's stream, hands their completion to a finalizer thread and goes
+    on to its next cycle (horovod/common/operations.cc since v0.13, the ``finalizer_thread``;
+    ops/gpu_operations.cc ``FinalizeGPUQueue`` from v0.20), so tensors that become ready
+    while a buffer is reduced go out one cycle later in a group of their own; the stream
+    runs the buffers one after another.
     """
 
     name = "horovod"
@@ -445,6 +452,10 @@ class HorovodStrategy(_AllreduceBase):
         self._queue: list = []
         self._wake = None
         self.plan_log: list[tuple[float, list[str]]] = []  # (cycle start, fused tensor names)
+        self._cached: set[str] = set()  # tensors the response cache holds
+        # GPU: the allreduces go to the stream, the loop goes on (the finalizer's rule)
+        self._stream = _BufferStream(self.sim, self.knobs.hierarchical) \
+            if self.sim.nccl is not None else None
         self.sim.env.process(self._run())
 
     def grad_ready(self, w: int, layer: int) -> None:
@@ -490,12 +501,16 @@ class HorovodStrategy(_AllreduceBase):
             if gather > 0 or sim.negotiation > 0:
                 # The coordinator agrees on `ready`, then handles each tensor's response
                 # (a cache lookup, a fusion-buffer entry) at the transport's message cost.
-                yield env.timeout(gather + len(ready) * sim.per_message)
+                yield env.timeout(gather + self._uncached(ready)
+                                  + len(ready) * sim.per_message)
             for buf in self._buffers(ready):
                 self.plan_log.append((cycle_start, [t.name for t in buf]))
                 if response > 0:  # rank 0 sends this response to every rank first
                     yield env.timeout(response)
                 n = self._buffer_elements(buf)
+                if self._stream is not None:
+                    self._stream.put(buf, n)
+                    continue
                 if hierarchical:
                     yield from hierarchical_allreduce(sim, n, sim.itemsize, buf[0].layer)
                 else:
@@ -506,6 +521,19 @@ class HorovodStrategy(_AllreduceBase):
                 next_start = env.now + cycle
             else:
                 next_start = next_cycle_start(cycle_start, env.now, cycle)
+
+    def _uncached(self, ready: list) -> float:
+        """Return the extra coordination of a cycle whose tensors are not all in the response
+        cache yet (``cache`` coordinator): their requests go the ``gather`` way, through
+        rank 0 (horovod/common/controller.cc ``ComputeResponseList``: need_communication);
+        from the second iteration on every tensor is cached."""
+        if self.knobs.coordinator != "cache":
+            return 0.0
+        new = [t.name for t in ready if t.name not in self._cached]
+        if not new:
+            return 0.0
+        self._cached.update(new)
+        return 3 * self.sim.negotiation
 
     def _buffer_elements(self, buf: list) -> int:
         """Return the elements a fused buffer puts on the wire: its tensors', each padded
@@ -518,7 +546,9 @@ class HorovodStrategy(_AllreduceBase):
     def _coordination(self) -> tuple[float, float]:
         """Return the coordinator's time per cycle and per fused response (seconds).
 
-        ``cache`` (Horovod v0.16.2 on): two bitwise allreduces, ``sim.negotiation``.
+        ``cache`` (Horovod v0.16.2 on): one bitwise allreduce, ``sim.negotiation`` (a cycle
+        that holds a tensor not yet in the response cache, its first iteration's, also takes
+        the ``gather`` path: :meth:`_uncached`).
         ``gather`` (v0.13.4-v0.16.1): MPI_Gather and MPI_Gatherv of the requests to rank 0
         and MPI_Bcast of the responses, ceil(log2 p) rounds each. ``p2p`` (v0.9-v0.13.3):
         rank 0 receives each other rank's request list in turn, one message cost each, and
@@ -532,11 +562,44 @@ class HorovodStrategy(_AllreduceBase):
         if coordinator == "cache":
             return sim.negotiation, 0.0
         if coordinator == "gather":
-            return 1.5 * sim.negotiation, 0.0
+            return 3 * sim.negotiation, 0.0
         p = sim.workers
-        hop = sim.negotiation / (2 * math.ceil(math.log2(p))) if p > 1 else 0.0
+        hop = sim.negotiation / math.ceil(math.log2(p)) if p > 1 else 0.0
         serial = hop + (p - 1) * sim.per_message
         return serial, serial
+
+
+class _BufferStream:
+    """A GPU's stream of Horovod's fused buffers: each allreduced in turn, its tensors done
+    when it completes (the finalizer thread's part)."""
+
+    def __init__(self, sim: SimContext, hierarchical: bool) -> None:
+        self.sim, self.hierarchical = sim, hierarchical
+        self.queue: list[tuple[list, int]] = []
+        self._wake: simpy.Event | None = None
+        sim.env.process(self._run())
+
+    def put(self, buf: list, n: int) -> None:
+        self.queue.append((buf, n))
+        if self._wake is not None:
+            self._wake.succeed()
+            self._wake = None
+
+    def _run(self) -> Generator[simpy.Event, Any, None]:
+        sim = self.sim
+        i = 0
+        while True:
+            if i == len(self.queue):
+                self._wake = sim.env.event()
+                yield self._wake
+            buf, n = self.queue[i]
+            i += 1
+            if self.hierarchical:
+                yield from hierarchical_allreduce(sim, n, sim.itemsize, buf[0].layer)
+            else:
+                yield from ring_allreduce(sim, n, sim.itemsize, buf[0].layer)
+            for t in buf:
+                sim.unit_done(0, t.layer)
 
 
 @register

@@ -539,10 +539,11 @@ def test_racks_keep_the_deciding_ports():
 @pytest.mark.parametrize("workers", [2, 3, 8])
 def test_horovod_coordinators_of_each_era_closed_form(workers):
     # One tensor, no compute, cycle_time 0: an iteration is one cycle, its coordination,
-    # the tensor's response cost and the ring. 'cache' (v0.16.2 on): two bitwise allreduces
-    # of ceil(log2 p) rounds; 'gather' (v0.13.4-v0.16.1): three collectives of as many
-    # rounds; 'p2p' (v0.9-v0.13.3): rank 0 takes p-1 requests one by one, then sends the
-    # response to p-1 ranks one by one.
+    # the tensor's response cost and the ring. 'cache' (v0.16.2 on): one bitwise allreduce
+    # of ceil(log2 p) rounds once the tensor is cached (the warm-up iteration's is not);
+    # 'gather' (v0.13.4-v0.16.1): three collectives of as many rounds; 'p2p'
+    # (v0.9-v0.13.3): rank 0 takes p-1 requests one by one, then sends the response to p-1
+    # ranks one by one.
     wl = simulator.Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
         {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "t0", "numel": 1000}]}]})
     kw = dict(workers=workers, bandwidth_gbps=10, transport="rdma", latency_us=5,
@@ -551,9 +552,16 @@ def test_horovod_coordinators_of_each_era_closed_form(workers):
          for c in ("cache", "gather", "p2p")}
     hop, msg = 5e-6 + 2e-6, 2e-6
     rounds = math.ceil(math.log2(workers))
-    assert t["gather"] - t["cache"] == pytest.approx(rounds * hop, rel=1e-9)
+    assert t["gather"] - t["cache"] == pytest.approx(2 * rounds * hop, rel=1e-9)
     p2p = 2 * (hop + (workers - 1) * msg)
-    assert t["p2p"] - t["cache"] == pytest.approx(p2p - 2 * rounds * hop, rel=1e-9)
+    assert t["p2p"] - t["cache"] == pytest.approx(p2p - rounds * hop, rel=1e-9)
+    # the warm-up iteration's uncached tensor went the gather way under 'cache' too
+    first = simulate(wl, "horovod", coordinator="cache", **{**kw, "iterations": 1,
+                                                             "warmup": 0})
+    gathered = simulate(wl, "horovod", coordinator="gather", **{**kw, "iterations": 1,
+                                                                 "warmup": 0})
+    assert first.iteration_time_s == pytest.approx(gathered.iteration_time_s + rounds * hop,
+                                                   rel=1e-9)
 
 
 def test_byteps_on_one_worker_machine_reduces_and_broadcasts_without_servers():
@@ -583,3 +591,26 @@ def test_simulate_cli_counts_ncclss_connections_in_the_ring_note(capsys):
     assert "moves at most" not in capsys.readouterr().out
     assert cli_main([*args, "--bandwidth-gbps", "40", "--nccl-version", "2.3.7"]) == 0
     assert "at most 15 Gbit/s (one TCP connection" in capsys.readouterr().out
+
+
+def test_horovod_on_a_gpu_goes_on_cycling_while_its_allreduces_run():
+    # A big gradient is ready first, then two small ones while it is reduced. On the CPU the
+    # loop waits for the big allreduce, so the two small ones fuse in the next cycle; on a GPU
+    # the loop hands the allreduce to the stream and its finalizer (horovod's
+    # finalizer_thread, FinalizeGPUQueue) and goes on cycling, so each small one goes in a
+    # cycle of its own while the big one is still on the wire, and the stream runs them after.
+    wl = simulator.Workload.from_dict({"name": "three", "batch_size": 1, "device": "pipedream",
+                                       "matmul_fraction": 1.0, "layers": [
+        {"name": "l0", "fwd_ms": 0, "bwd_ms": 2, "tensors": [{"name": "a", "numel": 1000}]},
+        {"name": "l1", "fwd_ms": 0, "bwd_ms": 2, "tensors": [{"name": "b", "numel": 1000}]},
+        {"name": "l2", "fwd_ms": 0, "bwd_ms": 1, "tensors": [{"name": "big", "numel": 25_000_000}]},
+    ]})
+    kw = dict(workers=4, bandwidth_gbps=10, transport="rdma", iterations=1, warmup=0,
+              cycle_time=1.0, overlap_slowdown=0.0)
+    cpu = simulate(wl, "horovod", **kw)
+    gpu = simulate(wl, "horovod", device="pipedream", **kw)
+    assert [names for _, names in cpu.fusion_groups] == [["big"], ["b", "a"]]
+    assert [names for _, names in gpu.fusion_groups] == [["big"], ["b"], ["a"]]
+    starts = [start for start, _ in gpu.fusion_groups]
+    big_done = cpu.fusion_groups[1][0]  # the CPU's second cycle starts when big is done
+    assert starts[1] < big_done and starts[2] < big_done  # planned while big was reduced

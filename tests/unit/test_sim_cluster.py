@@ -272,8 +272,9 @@ def test_negotiation_grows_with_world_size(workers):
     from ddpbench.simulator.core import _Sim
 
     c = contract.Cluster(workers=workers, transport="rdma", latency_us=5)
-    # Two bitwise allreduces of the cache bit vector per cycle, ceil(log2 p) rounds each.
-    want = 2 * math.ceil(math.log2(workers)) * (5e-6 + 2e-6)
+    # One bitwise AND allreduce of the cache bit vector per cycle (the OR only after an
+    # entry was invalidated), ceil(log2 p) rounds.
+    want = math.ceil(math.log2(workers)) * (5e-6 + 2e-6)
     assert _Sim(None, c).negotiation == pytest.approx(want)
     assert _Sim(None, c.model_copy(update={"transport": "ideal"})).negotiation == 0.0
     # One cycle per iteration at most here, so the iteration grows by about one negotiation.

@@ -119,8 +119,8 @@ FAKE_ERRORS = [
     ("nccl209_gcp_v100_tcp32_4x1", -0.04, ""),           # mpi tcp 4 fit
     ("p3_resnet50_4g", 0.20, ""),                        # p3 tcp 4 fit
     ("p3_resnet50_4g", 0.90, "socket_gbps=8"),           # a sensitivity row: never scored
-    ("tfbench_dgx1p100_vgg16_1gpu", 0.07, ""),           # mpi rdma 1 test
-    ("tfbench_dgx1p100_vgg16_2gpu", -0.03, ""),          # mpi rdma 2 test
+    ("r3_abci_v_1x4_4096b", 0.07, ""),                   # mpi rdma 4 test
+    ("r3_abci_v_1x4_65536b", -0.03, ""),                 # mpi rdma 4 test
     ("p3_vgg19_peak", math.nan, ""),                     # not scored
 ]
 
