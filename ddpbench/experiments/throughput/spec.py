@@ -164,7 +164,17 @@ class ThroughputSpec(Frozen):
         if info.field_name in ("workers", "hosts") and isinstance(value, (list, tuple)) \
                 and not value:
             return ()  # not given: the other one (or the default) decides
-        return as_axis(value, info.field_name)
+        values = as_axis(value, info.field_name)
+        # Strict types before pydantic's own conversion (which reads `true` as 1).
+        field = (contract.Cluster.model_fields.get(info.field_name)
+                 or contract.Schedule.model_fields.get(info.field_name))
+        if field is not None and info.field_name != "servers":
+            for v in values:
+                try:
+                    contract.reject_loose(v, field.annotation, info.field_name)
+                except TypeError as err:
+                    raise ValueError(str(err)) from None
+        return values
 
     @field_validator(*COMMON_AXES[1:])
     @classmethod
