@@ -440,6 +440,7 @@ def run_experiment(
     progress: bool = True,
     render_report: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    allow_large: bool = False,
 ) -> RunSummary:
     """Run the points of ``exp`` that ``outdir/results.csv`` lacks, then render.
 
@@ -457,13 +458,16 @@ def run_experiment(
         progress: show a progress bar with ETA on stderr.
         render_report: render the report after the run.
         on_row: called with each row as it is stored (tests use it).
+        allow_large: run points past this machine's limits (``--allow-large``); without it
+            a run with one such point is refused before any point runs.
 
     Returns:
         A summary; ``failed > 0`` means some point failed (its row says why).
 
     Raises:
-        ValueError: a bad executor, ``only`` matching no point, or a folder that belongs to
-            another experiment (:class:`~.manifest.FolderError`).
+        ValueError: a bad executor, ``only`` matching no point, a folder that belongs to
+            another experiment (:class:`~.manifest.FolderError`), or a point past this
+            machine's limits (:class:`ddpbench.sizes.TooLarge`).
     """
     if executor not in ("local", "mpi"):
         raise ValueError(f"unknown executor {executor!r}; valid: ['local', 'mpi']")
@@ -475,6 +479,8 @@ def run_experiment(
     if dry_run:
         done = _done_dry(exp, outdir, keys, store, force=force, fresh=fresh)
     else:
+        finished = set() if force or fresh else store.done()
+        check_sizes(exp, [p for p in points if p.key not in finished], allow=allow_large)
         lock = _claim(exp, outdir, keys, store, summary, fresh=fresh)
         done = set() if force else store.done()
     todo = [p for p in points if p.key not in done]
@@ -490,6 +496,40 @@ def run_experiment(
     if render_report and not _report_up_to_date(outdir, summary):
         summary.report = render(exp, outdir)
     return summary
+
+
+def check_sizes(exp: Experiment, points: list[Point], *, allow: bool = False) -> None:
+    """Refuse a run before any point runs when a point to run passes this machine's limits.
+
+    Every point's size is the kind's estimate (:meth:`~.kinds.ExperimentKind.size`); the
+    first one past the limits is named with its estimate (:func:`ddpbench.sizes.check`).
+    With ``allow`` every point is marked ``_allow_large``, so that it does not refuse itself
+    when it runs.
+
+    Raises:
+        ddpbench.sizes.TooLarge: naming the point, its estimate and ``--allow-large``.
+    """
+    from ddpbench import sizes
+
+    if allow:
+        for p in points:
+            p.params["_allow_large"] = True
+        return
+    size = load_kind(exp.kind).size
+    refused: list[tuple[Point, Exception]] = []
+    for p in points:
+        cost = size(p.params)
+        if cost is None:
+            continue
+        try:
+            sizes.check(cost)
+        except sizes.TooLarge as err:
+            refused.append((p, err))
+    if refused:
+        point, err = refused[0]
+        count = (f" (and {len(refused) - 1} more of the {len(points)} points to run)"
+                 if len(refused) > 1 else "")
+        raise sizes.TooLarge(f"point {point.name}{count}: {err}")
 
 
 def _select(exp: Experiment, only: str | None,
