@@ -8,7 +8,10 @@ appends one row per point and repetition as each finishes, then renders the repo
 Results file (``results.csv``): one row per (mode, point, repetition), the key. A row is
 appended with a single ``write`` on a file opened for appending and flushed to disk, so
 killing the run loses no finished row; a torn last line (killed mid-write) is dropped on the
-next read. When a row brings new columns, or replaces an older row of the same key, the
+next read. Every row is validated as it is read (one row is one line: the right number of
+cells, a point, a known status, JSON that parses): one that does not parse is reported on
+stderr, moved to ``results.rejected.csv`` beside the file, and its point runs again; it is
+never counted as finished. When a row brings new columns, or replaces an older row of the same key, the
 whole file is rewritten to a temporary file and renamed over the old one (atomic). A rerun
 skips every key whose row has ``status == "ok"`` and runs again the failed and missing ones
 (``force=True`` runs them all); the new row replaces the old one, so every key appears once.
@@ -67,13 +70,45 @@ _FILE_MODE = _umask_mode()
 
 
 def _cell(value: Any) -> str:
+    """Return one cell's text; never a line break (a row is one line of the file)."""
     if value is None:
         return ""
     if isinstance(value, float):
         return "" if math.isnan(value) else repr(value)
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(value, separators=(",", ":"))
-    return str(value)
+    return " ".join(str(value).splitlines())
+
+
+REJECTED = "results.rejected.csv"
+"""Beside results.csv: the rows that did not parse when it was read, as they were."""
+
+
+def _row_problem(header: list[str], cells: list[str]) -> str | None:
+    """Return why a row of ``cells`` under ``header`` cannot be a result, or None.
+
+    A row holds exactly the header's cells (the writer fills every column), names its
+    point, has status ``ok`` or ``failed`` and a whole repetition, and every cell that
+    starts a JSON list or mapping (how lists and dicts are written) parses as JSON.
+    """
+    if len(cells) != len(header):
+        return (f"{len(cells)} cells where the header has {len(header)}: cut short or run "
+                f"together")
+    row = dict(zip(header, cells))
+    if not row.get("point"):
+        return "no point name"
+    if row.get("status") not in ("ok", "failed"):
+        return f"status {row.get('status')!r} is neither ok nor failed"
+    rep = row.get("repetition", "0") or "0"
+    if not rep.isdigit():
+        return f"repetition {rep!r} is not a whole number"
+    for col, value in row.items():
+        if value[:1] in ("[", "{") and col not in ("point", "error"):
+            try:
+                json.loads(value)
+            except ValueError:
+                return f"column {col!r} is not valid JSON: {value[:40]!r}"
+    return None
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str]:
@@ -92,23 +127,45 @@ class ResultsStore:
         self.path = Path(path)
         self.header: list[str] = []
         self.rows: list[dict[str, str]] = []
+        self.rejected: list[tuple[int, str, str]] = []  # (line, text, why) set aside
         self._index: dict[tuple[str, str, str], int] = {}
         self._load()
 
     def _load(self) -> None:
         if not self.path.exists():
             return
-        text = self.path.read_text(encoding="utf-8")
+        text = self.path.read_text(encoding="utf-8", errors="replace")
         if text and not text.endswith("\n"):
             # A row torn by a kill mid-write: drop it, it is run again.
             text = text[: text.rfind("\n") + 1]
             self._write_all_text(text)
-        reader = csv.DictReader(io.StringIO(text))
-        self.header = list(reader.fieldnames or [])
-        for row in reader:
-            if None in row or not row.get("point"):
-                continue  # a malformed line (more cells than the header): ignore it
-            self._add(row)
+        lines = text.split("\n")[:-1] if text else []
+        if not lines:
+            return
+        # One row is one line (the writer folds newlines out of every cell), so each line
+        # parses alone: a cut quote cannot run into the rows after it.
+        self.header = next(csv.reader([lines[0]]), [])
+        if "point" not in self.header or "status" not in self.header:
+            self.rejected = [(1, line, "no header with point and status columns")
+                             for line in lines]
+            self.header = []
+            self._set_aside(lines[0], fold=False)
+            return
+        for number, line in enumerate(lines[1:], start=2):
+            if not line.strip():
+                continue
+            try:
+                cells = next(csv.reader([line], strict=True), [])
+            except csv.Error:
+                self.rejected.append((number, line, "a quoted cell is not closed: cut short"))
+                continue
+            problem = _row_problem(self.header, cells)
+            if problem is not None:
+                self.rejected.append((number, line, problem))
+                continue
+            self._add(dict(zip(self.header, cells)))
+        if self.rejected:
+            self._set_aside(lines[0])
         legacy = [c for c in _LEGACY_COLUMNS if c in self.header]
         if legacy:  # wall times and timestamps belong in the untracked run log
             self.header = [c for c in self.header if c not in legacy]
@@ -116,6 +173,32 @@ class ResultsStore:
                 for c in legacy:
                     row.pop(c, None)
             self._rewrite()
+
+    def _set_aside(self, header_line: str, *, fold: bool = True) -> None:
+        """Move the rows that do not parse to ``results.rejected.csv`` beside the file (after
+        the header they were written under) and say so on stderr; they run again."""
+        aside = self.path.with_name(REJECTED)
+        try:
+            new = not aside.exists()
+            with open(aside, "a", encoding="utf-8") as f:
+                if new:
+                    f.write(header_line + "\n")
+                for _number, line, _problem in self.rejected:
+                    f.write(line + "\n")
+            if fold:
+                self._rewrite()
+            else:
+                self.path.unlink()
+        except OSError as err:  # a read-only folder: the rows are still not counted
+            where = f"left in place ({err.strerror or err})"
+        else:
+            where = f"set aside in {aside.name} beside it"
+        from ddpbench.messages import bounded
+
+        lines = [f"ddpbench: {len(self.rejected)} row(s) of {self.path} do not parse: {where}; "
+                 f"not counted as finished, their points run again"]
+        lines += [f"  line {number}: {problem}" for number, _line, problem in self.rejected]
+        print(bounded("\n".join(lines), name="results"), file=sys.stderr, flush=True)
 
     def _add(self, row: dict[str, str]) -> None:
         key = row_key(row)
