@@ -24,6 +24,7 @@ by name, and it is the one writer of results.csv.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import csv
 import datetime as _dt
 import fnmatch
@@ -759,7 +760,8 @@ def _run_pool(
 ) -> None:
     pending = list(batches)
     while pending:
-        with make_executor(executor, jobs) as pool:
+        pool = make_executor(executor, jobs)
+        try:
             futures = {pool.submit(_execute_batch, kind, [p.params for p in batch]): batch
                        for batch in pending}
             broken: list[Point] | None = None
@@ -781,6 +783,30 @@ def _run_pool(
                 pending = [b for b in pending if b is not broken]
                 for f in futures:
                     f.cancel()
+        except BaseException:
+            _abandon(pool)  # Ctrl-C: the rows recorded so far stay, nothing waits
+            raise
+        pool.shutdown(wait=True)
+
+
+def _abandon(pool: cf.Executor) -> None:
+    """Stop ``pool`` at once: cancel what has not started and end its worker processes.
+
+    ``shutdown(wait=True)``, which leaving a ``with`` block calls, would first run every
+    queued point to its end (8-12 s after a Ctrl-C); the points in flight are lost instead
+    (they run again next time), the rows already recorded are kept.
+    """
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.terminate()
+    deadline = time.monotonic() + 1.0
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
 
 
 def iter_failures(summary: RunSummary) -> Iterable[str]:
