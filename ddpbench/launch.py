@@ -214,6 +214,25 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def rank_list(ranks: Sequence[int], most: int = 8) -> str:
+    """Return ``[0, 1, 2]`` for a few ranks, runs collapsed for many (``[0-99999]``), at
+    most ``most`` runs shown: a message about 100,000 ranks stays one short line."""
+    ranks = sorted(ranks)
+    if len(ranks) <= most:
+        return f"[{', '.join(map(str, ranks))}]"
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    shown = ", ".join(runs[:most]) + (", ..." if len(runs) > most else "")
+    return f"[{shown}] ({len(ranks):,} ranks)"
+
+
 class _Job:
     """What the ranks of one job have said about themselves in the job folder."""
 
@@ -253,7 +272,7 @@ class _Job:
             when = min(self.vanished.values())
             ranks = sorted(r for r, t in self.vanished.items() if t == when)
             who = (f"rank {ranks[0]} failed first" if len(ranks) == 1 else
-                   f"ranks {ranks} ended at the same moment, one of them first")
+                   f"ranks {rank_list(ranks)} ended at the same moment, one of them first")
             events.append((when, who, "vanished without an exit status (killed by a signal "
                            "or ended by C code)", None, []))
         return min(events)[1:] if events else None
@@ -565,7 +584,7 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
     if ended_by == "stuck":
         done = sorted(st["rank"] for st in job.status.values())
         left = sorted(set(range(nranks)) - set(done))
-        _say(f"ranks {done} ended cleanly but ranks {left} were still running "
+        _say(f"ranks {rank_list(done)} ended cleanly but ranks {rank_list(left)} were still running "
              f"{exit_grace:g} s later (waiting for a rank that is gone?); the job was "
              f"ended. Raise --exit-grace if ranks legitimately finish far apart.")
         return 1

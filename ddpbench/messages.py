@@ -13,12 +13,14 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["LINE_CHARS", "MESSAGE_CHARS", "bounded", "log_dir"]
+__all__ = ["ERROR_CELL_CHARS", "LINE_CHARS", "MESSAGE_CHARS", "bounded", "cut", "log_dir"]
 
-MESSAGE_CHARS = 2000
-"""Most characters of one message (about 25 lines of a terminal)."""
-LINE_CHARS = 300
+MESSAGE_CHARS = 4000
+"""Most characters of one message (about 50 lines of a terminal)."""
+LINE_CHARS = 1000
 """Most characters of one line of a message."""
+ERROR_CELL_CHARS = 1000
+"""Most characters of a failed point's error in results.csv (the run log keeps it whole)."""
 
 
 def log_dir() -> Path:
@@ -28,10 +30,14 @@ def log_dir() -> Path:
                 or Path(tempfile.gettempdir()) / "ddpbench-logs")
 
 
-def _cut_line(line: str, limit: int) -> str:
+def cut(line: str, limit: int = LINE_CHARS) -> str:
+    """Return ``line`` cut to ``limit`` characters, saying how many were left out."""
     if len(line) <= limit:
         return line
     return f"{line[:limit]}... ({len(line) - limit:,} more characters)"
+
+
+_cut_line = cut
 
 
 def bounded(text: str, *, name: str = "ddpbench", limit: int = MESSAGE_CHARS,

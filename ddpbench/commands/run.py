@@ -81,8 +81,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"report: {outdir / 'report.md'} (up to date; 'ddpbench run {args.file} "
               f"--force' computes every point again)")
     if summary.failed:
-        print("failed points:", file=sys.stderr)
-        for line in runner.iter_failures(summary):
-            print(line, file=sys.stderr)
+        from ddpbench.messages import bounded
+
+        print(bounded("\n".join(["failed points:", *runner.iter_failures(summary)]),
+                      name="run"), file=sys.stderr)
         return 1
     return 0

@@ -45,6 +45,7 @@ from ddpbench.experiments import manifest
 from ddpbench.experiments.kinds import load_kind
 from ddpbench.experiments.naming import public
 from ddpbench.experiments.schema import Experiment
+from ddpbench.messages import ERROR_CELL_CHARS, cut
 
 __all__ = [
     "RUNNER_COLUMNS",
@@ -680,12 +681,16 @@ RUN_LOG = "run-log.jsonl"
 of results.csv (and out of git) so a committed report changes only when its results do."""
 
 
-def log_run(outdir: Path, row: dict[str, Any], seconds: float) -> None:
-    """Append the wall time and finishing time of ``row``'s point to the run log."""
+def log_run(outdir: Path, row: dict[str, Any], seconds: float, *,
+            error: str | None = None) -> None:
+    """Append the wall time and finishing time of ``row``'s point to the run log (and a
+    failed point's whole error, where the row holds it cut)."""
     entry = {"point": row.get("point"), "mode": row.get("mode"),
              "repetition": row.get("repetition"), "status": row.get("status"),
              "wall_s": round(seconds, 4),
              "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    if error is not None:
+        entry["error"] = error
     with open(outdir / RUN_LOG, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry) + "\n")
 
@@ -713,11 +718,14 @@ def _run_points(
                file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
 
     def record(point: Point, ok: bool, result: Any, seconds: float) -> None:
+        # A failed point's error in the row and the summary is cut to a readable length;
+        # the run log keeps it whole.
+        error = "" if ok else cut(str(result), ERROR_CELL_CHARS)
         row: dict[str, Any] = {"experiment": exp.name, "kind": exp.kind, "mode": point.mode,
                                "point": point.name,
                                "repetition": point.params.get("repetition", 0),
                                "status": "ok" if ok else "failed",
-                               "error": "" if ok else result}
+                               "error": error}
         row.update({k: v for k, v in public(point.params).items() if k not in row})
         if ok:
             files = result.pop("_files", None)
@@ -729,9 +737,9 @@ def _run_points(
             summary.ok += 1
         else:
             summary.failed += 1
-            summary.failures.append((point.name, str(result)))
+            summary.failures.append((point.name, error))
         store.append(row)
-        log_run(outdir, row, seconds)
+        log_run(outdir, row, seconds, error=None if ok or error == result else str(result))
         if on_row is not None:
             on_row(row)
         bar.update(1)
