@@ -72,7 +72,7 @@ def tagged(folder: str, *, skip: int | None = None) -> list[int]:
     (those of this user; a zombie's environment cannot be read, so it is not listed)."""
     tag = f"{JOB_VAR}={folder}".encode()
     me = os.getpid()
-    found = []
+    found: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:

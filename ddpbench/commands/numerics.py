@@ -172,9 +172,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _query(args: argparse.Namespace) -> int:
     from ddpbench import numerics as nm
-    from ddpbench.cli import UsageError
-
     from ddpbench import sizes
+    from ddpbench.cli import UsageError
 
     try:
         factors = _floats(args.factors, "--factors") if args.factors else None
@@ -209,9 +208,8 @@ def _bench(args: argparse.Namespace) -> int:
     import time
 
     from ddpbench import numerics as nm
-    from ddpbench.cli import UsageError
-
     from ddpbench import sizes
+    from ddpbench.cli import UsageError
 
     try:
         p = nm.check_world_size(args.world_size)

@@ -611,10 +611,10 @@ def check_sizes(exp: Experiment, points: list[Point], *, allow: bool = False) ->
         except sizes.TooLarge as err:
             refused.append((p, err))
     if refused:
-        point, err = refused[0]
+        point, first = refused[0]
         count = (f" (and {len(refused) - 1} more of the {len(points)} points to run)"
                  if len(refused) > 1 else "")
-        raise sizes.TooLarge(f"point {point.name}{count}: {err}")
+        raise sizes.TooLarge(f"point {point.name}{count}: {first}")
 
 
 def _select(exp: Experiment, only: str | None,
