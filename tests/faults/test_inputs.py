@@ -108,8 +108,9 @@ def test_run_refuses_more_real_workers_than_this_host_can_start(tmp_path):
 
 @pytest.mark.parametrize(("line", "words"), [
     ("workers: 1000000000", ["workers must be an integer in [1, 1,000,000]"]),
-    ("workers: 1e9", ["got the string '1e9' (YAML reads 1e9 as text: write 1000000000)"]),
-    ("workers: true", ["workers must be an integer, got True (a boolean"]),
+    ("workers: 1e9", ["field 'workers': must be an integer, got the string '1e9' (YAML reads "
+                      "1e9 as text: write 1000000000)"]),
+    ("workers: [2, true]", ["field 'workers[1]': must be an integer, got True (a boolean"]),
     ("batch_size: 1000000000000", ["batch_size must be a positive integer of at most "
                                    "1,048,576 (samples per worker per iteration)"]),
     ("gpus_per_host: 1000000\nhosts: 1", ["gpus_per_host must be a positive integer of at "
