@@ -148,8 +148,8 @@ class ExperimentKind(Protocol[SpecT]):
         A :class:`ddpbench.sizes.Cost` (memory, time, the limits it passes) or None. The
         runner asks it of every point to run before it runs any, and refuses the run when
         one passes this machine's limits (:func:`ddpbench.sizes.check`) unless the user gave
-        ``--allow-large``; then every point gets ``_allow_large: True`` and must not refuse
-        itself. Default: None (nothing to check).
+        ``--allow-large``; every point checked so (or allowed) then gets ``_allow_large:
+        True`` and must not refuse itself. Default: None (nothing to check).
         """
         ...
 

@@ -588,8 +588,8 @@ def check_sizes(exp: Experiment, points: list[Point], *, allow: bool = False) ->
 
     Every point's size is the kind's estimate (:meth:`~.kinds.ExperimentKind.size`); the
     first one past the limits is named with its estimate (:func:`ddpbench.sizes.check`).
-    With ``allow`` every point is marked ``_allow_large``, so that it does not refuse itself
-    when it runs.
+    Points that passed (or every point, with ``allow``) are marked ``_allow_large``, so
+    that they do not estimate and refuse themselves again when they run.
 
     Raises:
         ddpbench.sizes.TooLarge: naming the point, its estimate and ``--allow-large``.
@@ -615,6 +615,8 @@ def check_sizes(exp: Experiment, points: list[Point], *, allow: bool = False) ->
         count = (f" (and {len(refused) - 1} more of the {len(points)} points to run)"
                  if len(refused) > 1 else "")
         raise sizes.TooLarge(f"point {point.name}{count}: {first}")
+    for p in points:
+        p.params["_allow_large"] = True
 
 
 def _select(exp: Experiment, only: str | None,
