@@ -396,7 +396,7 @@ def _start_watchdog(folder: Path) -> subprocess.Popen | None:
     """
     env = {k: v for k, v in os.environ.items() if k != watchdog.JOB_VAR}
     try:
-        return subprocess.Popen([sys.executable, "-I", _WATCHDOG, str(folder)],
+        return subprocess.Popen([sys.executable, "-I", "-S", _WATCHDOG, str(folder)],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     except OSError:
@@ -526,7 +526,7 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
     (folder / watchdog.SEGMENTS_FILE).write_text(json.dumps(sorted(segments)))
     dog = _start_watchdog(folder)
     # mpiexec dies with this process (the wrapper sets PR_SET_PDEATHSIG, then execs it).
-    wrapped = [sys.executable, "-I", _WATCHDOG, "--exec", str(os.getpid()), *args]
+    wrapped = [sys.executable, "-I", "-S", _WATCHDOG, "--exec", str(os.getpid()), *args]
     pump = stdout is None or (isinstance(stdout, int) and stdout >= 0)
     if pump:
         sys.stdout.flush()

@@ -10,7 +10,7 @@ together. :func:`tagged` reads ``/proc/<pid>/environ`` (the environment a proces
 with) for the tag; :func:`kill_tagged` sends SIGKILL to every tagged process until none has
 been seen for a few scans (a proxy may still be starting ranks while it dies).
 
-``python -I watchdog.py FOLDER`` (started by the launcher before ``mpiexec``, in a session
+``python -I -S watchdog.py FOLDER`` (started by the launcher before ``mpiexec``, in a session
 of its own, with a pipe as stdin whose write end only the launcher holds) waits for its
 stdin to close. The launcher writes ``done`` before closing it once it has ended the job
 itself; an end of file without it means the launcher died (SIGKILL, the OOM killer): the
@@ -18,14 +18,14 @@ watchdog then kills every tagged process, removes the MPICH shared-memory segmen
 appeared since the job started (``FOLDER/segments.json`` lists those there before) and that
 no live process maps, removes the job folder, and exits.
 
-``python -I watchdog.py --exec PARENT PROGRAM ARGS...`` is the small wrapper the launcher
+``python -I -S watchdog.py --exec PARENT PROGRAM ARGS...`` is the small wrapper the launcher
 starts ``mpiexec`` through: it asks the kernel to SIGKILL it when its parent (the launcher)
 dies (Linux's ``PR_SET_PDEATHSIG``, which survives ``exec``), checks that the parent is
 still ``PARENT``, and execs ``PROGRAM``. Python ranks ask the same in :mod:`ddpbench.rank`
 (their parent is the proxy), so a dead launcher takes ``mpiexec`` along at once and a dead
 proxy its ranks; the watchdog's scan catches whatever is left.
 
-This file imports the standard library only (the launcher runs it by path, ``python -I``,
+This file imports the standard library only (the launcher runs it by path, ``python -I -S``,
 without importing the package).
 """
 
