@@ -559,8 +559,10 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
         if proc.poll() is None:
             _kill_group(proc)
         # Every process of the job, wherever it went (hydra gives each a session of its
-        # own): a proxy still starting ranks, a rank stuck in MPI.
-        watchdog.kill_tagged(str(folder))
+        # own): a proxy still starting ranks, a rank stuck in MPI. After a clean end one
+        # scan that finds none is enough; otherwise a few, as a proxy may still fork.
+        clean_end = ended_by is None and proc.returncode == 0
+        watchdog.kill_tagged(str(folder), quiet_scans=1 if clean_end else 3)
         if output is not None:
             output.close()
         remove_orphaned_segments(segments, folder=str(folder))
