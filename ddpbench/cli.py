@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._main(args) or 0)
     except UsageError as err:
-        print(f"ddpbench {args.command}: error: {err}", file=sys.stderr)
+        from ddpbench.messages import bounded
+
+        print(bounded(f"ddpbench {args.command}: error: {err}", name=str(args.command)),
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"ddpbench {args.command}: interrupted", file=sys.stderr)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -66,6 +66,7 @@ __all__ = [
     "Schedule",
     "backend",
     "check_axis",
+    "reject_loose",
     "defaults",
     "knob",
     "knob_info",
@@ -166,14 +167,14 @@ class HorovodKnobs(Knobs):
     """``horovod``: negotiated, fused ring allreduce."""
 
     fusion_threshold: int = knob(
-        128 * 1024 * 1024, ge=0, unit="bytes", env="HOROVOD_FUSION_THRESHOLD",
+        128 * 1024 * 1024, ge=0, le=1 << 40, unit="bytes", env="HOROVOD_FUSION_THRESHOLD",
         source="horovod/common/operations.cc, HOROVOD_FUSION_THRESHOLD",
         tune=(1 << 20, 128 << 20, "log"),
         tune_source="horovod/common/parameter_manager.cc (Horovod's autotuner: fusion_buffer_threshold_mb in "
                     "[0, 64]), widened to hold the default; from 1 MiB on a log scale",
         doc="fusion buffer size; 0 disables fusion")
     cycle_time: float = knob(
-        1.0, ge=0, allow_inf_nan=False, unit="ms", env="HOROVOD_CYCLE_TIME",
+        1.0, ge=0, le=10_000, allow_inf_nan=False, unit="ms", env="HOROVOD_CYCLE_TIME",
         source="horovod/common/operations.cc, HOROVOD_CYCLE_TIME",
         tune=(1.0, 100.0, "log"),
         tune_source="horovod/common/parameter_manager.cc (Horovod's autotuner: cycle_time_ms in [1, 100])",
@@ -215,7 +216,7 @@ class HorovodKnobs(Knobs):
             "nothing queued, in flight or closing starts its next cycle when work arrives "
             "(or 10 ms after its last), so cycle_time=0 does not spin idle ranks on shared cores")
     stall_timeout: float = knob(
-        60.0, gt=0, allow_inf_nan=False, unit="s", side="real",
+        60.0, gt=0, le=86_400, allow_inf_nan=False, unit="s", side="real",
         env="HOROVOD_STALL_CHECK_TIME_SECONDS",
         source="horovod/common/stall_inspector.cc, HOROVOD_STALL_CHECK_TIME_SECONDS",
         doc="warn when some ranks have not submitted a tensor for this long")
@@ -266,9 +267,9 @@ class PSKnobs(Knobs):
     servers: int | Literal["colocated"] | None = knob(
         None, side="real", cluster=True, doc="server ranks: None, 'colocated' or a count")
     bandwidth_gbps: float | None = knob(
-        None, gt=0, allow_inf_nan=False, side="real", cluster=True, unit="Gbit/s",
+        None, ge=1e-6, le=1e6, allow_inf_nan=False, side="real", cluster=True, unit="Gbit/s",
         doc="pace data messages at this rate per direction (None = unpaced)")
-    latency_us: float = knob(0.0, ge=0, allow_inf_nan=False, side="real", cluster=True,
+    latency_us: float = knob(0.0, ge=0, le=1e7, allow_inf_nan=False, side="real", cluster=True,
                              unit="us", doc="one-way delay added to each paced message")
     trace: bool | str = knob(False, side="real", cluster=True,
                              doc="record sent messages; a str is a Chrome-trace directory")
@@ -313,7 +314,7 @@ class KvstoreKnobs(PSKnobs):
             "GPU); 'device' = dist_device_sync (CommDevice: reduced among the GPUs over the "
             "intra-host link)")
     grpc_gbps: float = knob(
-        1.3, gt=0, allow_inf_nan=False, side="sim", unit="Gbit/s",
+        1.3, ge=1e-6, le=1e6, allow_inf_nan=False, side="sim", unit="Gbit/s",
         source="tensorflow/tensorflow issues #4498 and #6116",
         doc="system 'tensorflow': what one gRPC connection carries (about 1.3 Gbit/s up to "
             "TensorFlow 1.3; 6.4 after gRPC's upgrade of August 2017)")
@@ -512,7 +513,8 @@ def tunable(name: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _message(err: ValidationError, what: str) -> str:
+def _message(err: ValidationError, what: str, unit: str = "") -> str:
+    """Return pydantic's first error as ``WHAT must be >= 1 UNIT, got VALUE``."""
     e = err.errors(include_url=False)[0]
     msg = e["msg"]
     for prefix in ("Input should be ", "Value error, "):
@@ -520,7 +522,43 @@ def _message(err: ValidationError, what: str) -> str:
             msg = ("must be " if prefix.startswith("Input") else "") + msg[len(prefix):]
     msg = msg.replace("greater than or equal to ", ">= ").replace("greater than ", "> ")
     msg = msg.replace("less than or equal to ", "<= ").replace("less than ", "< ")
+    if unit and e["type"] in ("greater_than", "greater_than_equal", "less_than",
+                              "less_than_equal"):
+        msg = f"{msg} {unit}"
     return f"{what} {msg}, got {e.get('input')!r}"
+
+
+def reject_loose(value: Any, annotation: Any, what: str) -> None:
+    """Refuse a value of the wrong scalar type where pydantic would convert it: a bool or a
+    string where ``annotation`` wants a number (pydantic reads ``true`` as 1 and ``"4e4"``
+    as 40000), a number where it wants a bool (``1`` as true). Strict types: a YAML file
+    says what it means.
+
+    Raises:
+        TypeError: naming ``what``, the value and what to write instead.
+    """
+    args = set(get_args(annotation) or (annotation,))
+    texts = str in args or any(get_origin(a) is Literal for a in args)
+    numeric = {int, float} & args
+    if bool in args:
+        if not isinstance(value, bool) and isinstance(value, (int, float, str)) and not texts:
+            raise TypeError(f"{what} must be true or false, got {value!r}")
+        return
+    if not numeric or value is None:
+        return
+    kind = "an integer" if numeric == {int} else "a number"
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be {kind}, got {value!r} (a boolean: write the "
+                        f"number itself)")
+    if isinstance(value, str) and not texts:
+        hint = ""
+        try:
+            number = float(value)
+            shown = f"{int(number)}" if number.is_integer() and abs(number) < 1e16 else repr(number)
+            hint = f" (YAML reads {value} as text: write {shown})"
+        except ValueError:
+            pass
+        raise TypeError(f"{what} must be {kind}, got the string {value!r}{hint}")
 
 
 def validate_knobs(name: str, values: Mapping[str, Any], side: Side = "both") -> Knobs:
@@ -544,18 +582,38 @@ def validate_knobs(name: str, values: Mapping[str, Any], side: Side = "both") ->
         if key not in allowed:
             raise ValueError(f"knob {key!r} of backend {name!r} only applies to "
                              f"{knob_info(name)[key]['side']} runs")
-        if isinstance(value, bool) and model.model_fields[key].annotation in (int, float):
-            raise ValueError(f"knob {key!r} of backend {name!r} must be a number, got {value!r}")
+        try:
+            reject_loose(value, model.model_fields[key].annotation,
+                         f"knob {key!r} of backend {name!r}")
+        except TypeError as err:
+            raise ValueError(str(err)) from None
     try:
         return model(**values)
     except ValidationError as err:
         key = str(err.errors()[0]["loc"][0]) if err.errors()[0]["loc"] else "?"
-        raise ValueError(_message(err, f"knob {key!r} of backend {name!r}")) from None
+        unit = knob_info(name).get(key, {}).get("unit", "")
+        raise ValueError(_message(err, f"knob {key!r} of backend {name!r}", unit)) from None
 
 
 # -- the cluster a point runs on ----------------------------------------------------------------
 def _expect(text: str) -> Any:
     return {"expect": text}
+
+
+# Physical bounds: a value outside them describes no machine (a 10^300 ms cycle, a million
+# GPUs on one host) and would only give a number that means nothing, or never finish.
+MAX_WORKERS = 1_000_000
+"""Most workers (and hosts) a cluster may have: five times the largest built (~200,000 GPUs)."""
+MAX_GPUS_PER_HOST = 72
+"""Most GPUs on one host: the largest NVLink domain built (GB200 NVL72)."""
+MIN_GBPS, MAX_GBPS = 1e-6, 1e6
+"""Bounds of every rate in Gbit/s: 1 kbit/s (an old modem) to 1 Pbit/s (a free network)."""
+MAX_US = 1e7
+"""Most microseconds of any per-message time: 10 s."""
+MAX_ITERATIONS = 1_000_000
+"""Most iterations one point may simulate or run."""
+MAX_BATCH = 1 << 20
+"""Most samples per worker per iteration (1,048,576)."""
 
 
 class Cluster(BaseModel):
@@ -649,22 +707,32 @@ class Cluster(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    workers: int = Field(4, ge=1, strict=True, json_schema_extra=_expect(">= 1"))
-    hosts: int | None = Field(None, ge=1, strict=True, json_schema_extra=_expect(
-        "a positive integer (worker hosts)"))
-    gpus_per_host: int = Field(1, ge=1, strict=True, json_schema_extra=_expect(
-        "a positive integer"))
+    workers: int = Field(4, ge=1, le=MAX_WORKERS, strict=True, json_schema_extra=_expect(
+        f"an integer in [1, {MAX_WORKERS:,}] (worker processes, one per GPU; the largest "
+        f"clusters built hold about 200,000 GPUs)"))
+    hosts: int | None = Field(None, ge=1, le=MAX_WORKERS, strict=True, json_schema_extra=_expect(
+        f"a positive integer of at most {MAX_WORKERS:,} (worker hosts)"))
+    gpus_per_host: int = Field(1, ge=1, le=MAX_GPUS_PER_HOST, strict=True,
+                               json_schema_extra=_expect(
+        f"a positive integer of at most {MAX_GPUS_PER_HOST} (GPUs sharing one host's NIC and "
+        f"intra-host link; the largest NVLink domain built, GB200 NVL72, joins 72)"))
     servers: int | Literal["colocated"] = "colocated"
-    bandwidth_gbps: float = Field(10.0, gt=0, allow_inf_nan=False,
-                                  json_schema_extra=_expect("a finite number > 0"))
-    latency_us: float = Field(5.0, ge=0, allow_inf_nan=False,
-                              json_schema_extra=_expect("a finite number >= 0"))
-    oversubscription: float = Field(1.0, ge=1, allow_inf_nan=False, json_schema_extra=_expect(
-        "a finite number >= 1 (1 = a non-blocking switch)"))
-    rack_size: int = Field(DEFAULT_RACK_SIZE, ge=1, strict=True,
-                           json_schema_extra=_expect(">= 1"))
+    bandwidth_gbps: float = Field(10.0, ge=MIN_GBPS, le=MAX_GBPS, allow_inf_nan=False,
+                                  json_schema_extra=_expect(
+        f"a finite number > 0, in [{MIN_GBPS:g}, {MAX_GBPS:g}] Gbit/s (a NIC's line rate per "
+        f"direction: 1 kbit/s to 1 Pbit/s)"))
+    latency_us: float = Field(5.0, ge=0, le=MAX_US, allow_inf_nan=False,
+                              json_schema_extra=_expect(
+        f"a finite number >= 0, at most {MAX_US:g} us (one-way latency per message: 10 s)"))
+    oversubscription: float = Field(1.0, ge=1, le=1000, allow_inf_nan=False,
+                                    json_schema_extra=_expect(
+        "a finite number >= 1 and <= 1000 (core links carry 1/this of their racks' NICs; "
+        "1 = a non-blocking switch)"))
+    rack_size: int = Field(DEFAULT_RACK_SIZE, ge=1, le=MAX_WORKERS, strict=True,
+                           json_schema_extra=_expect(f">= 1 and <= {MAX_WORKERS:,} (hosts per "
+                                                     f"rack)"))
     ecmp_paths: int = Field(1, ge=1, le=256, strict=True, json_schema_extra=_expect(
-        "an integer in [1, 256] (1 = one link per rack to the core)"))
+        "an integer in [1, 256] (equal-cost paths per rack to the core; 1 = one link per rack)"))
     intra_link: str = Field("pcie", json_schema_extra=_expect(
         f"one of {sorted(hardware.INTRA_LINKS)}"))
     transport: str = Field("ideal", json_schema_extra=_expect(
@@ -678,35 +746,44 @@ class Cluster(BaseModel):
     nccl_version: str | None = Field(None, json_schema_extra=_expect(
         "an NCCL 2.x release such as '2.3.7' (or none: the newest modelled)"))
     nccl_channels: int | None = Field(None, ge=1, le=64, strict=True, json_schema_extra=_expect(
-        "an integer in [1, 64] (or none: the release's default)"))
+        "an integer in [1, 64] (rings through each host's NIC; or none: the release's default)"))
     nccl_socket_flows: int | None = Field(None, ge=1, le=64, strict=True,
                                           json_schema_extra=_expect(
-                                              "an integer in [1, 64] (or none: one)"))
+        "an integer in [1, 64] (TCP connections per ring connection; or none: one)"))
     overlap_slowdown: float | None = Field(None, ge=0, le=10, allow_inf_nan=False,
                                            json_schema_extra=_expect(
-                                               "a number in [0, 10] (or none: the device's)"))
-    server_sum_gbps: float = Field(80.0, gt=0, allow_inf_nan=False,
-                                   json_schema_extra=_expect("a finite number > 0"))
-    server_update_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
+        "a number in [0, 10] (the fraction compute slows by beside its collectives; or none: "
+        "the device's)"))
+    server_sum_gbps: float = Field(80.0, ge=MIN_GBPS, le=MAX_GBPS, allow_inf_nan=False,
+                                   json_schema_extra=_expect(
+        f"a finite number > 0, in [{MIN_GBPS:g}, {MAX_GBPS:g}] Gbit/s (each server's "
+        f"summation throughput)"))
+    server_update_gbps: float | None = Field(None, ge=MIN_GBPS, le=MAX_GBPS, allow_inf_nan=False,
                                              json_schema_extra=_expect(
-                                                 "a finite number > 0 (or none: free)"))
-    per_message_us: float | None = Field(None, ge=0, allow_inf_nan=False,
+        f"a finite number > 0, in [{MIN_GBPS:g}, {MAX_GBPS:g}] Gbit/s (each server's "
+        f"optimizer throughput; or none: free)"))
+    per_message_us: float | None = Field(None, ge=0, le=MAX_US, allow_inf_nan=False,
                                          json_schema_extra=_expect(
-                                             "a finite number >= 0 (or none: the "
-                                             "transport's)"))
-    socket_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
+        f"a finite number >= 0, at most {MAX_US:g} us (sender CPU time per message; or none: "
+        f"the transport's)"))
+    socket_gbps: float | None = Field(None, ge=MIN_GBPS, le=MAX_GBPS, allow_inf_nan=False,
                                       json_schema_extra=_expect(
-                                          "a finite number > 0 (or none: the transport's)"))
-    page_fault_us: float | None = Field(None, ge=0, allow_inf_nan=False,
+        f"a finite number > 0, in [{MIN_GBPS:g}, {MAX_GBPS:g}] Gbit/s (what one connection "
+        f"carries; or none: the transport's)"))
+    page_fault_us: float | None = Field(None, ge=0, le=MAX_US, allow_inf_nan=False,
                                         json_schema_extra=_expect(
-                                            "a finite number >= 0 (or none: the "
-                                            "transport's)"))
+        f"a finite number >= 0, at most {MAX_US:g} us (per 4 KiB page of a large received "
+        f"message; or none: the transport's)"))
     jitter: float = Field(0.0, ge=0, le=2, allow_inf_nan=False,
-                          json_schema_extra=_expect("a number in [0, 2]"))
-    stragglers: int = Field(0, ge=0, strict=True, json_schema_extra=_expect(">= 0"))
-    straggler_slowdown: float = Field(2.0, ge=1, allow_inf_nan=False,
-                                      json_schema_extra=_expect("a finite number >= 1"))
-    seed: int = Field(0, ge=0, strict=True, json_schema_extra=_expect(">= 0"))
+                          json_schema_extra=_expect(
+        "a number in [0, 2] (sigma of the log-normal compute factor)"))
+    stragglers: int = Field(0, ge=0, le=MAX_WORKERS, strict=True,
+                            json_schema_extra=_expect(">= 0 (workers)"))
+    straggler_slowdown: float = Field(2.0, ge=1, le=1000, allow_inf_nan=False,
+                                      json_schema_extra=_expect(
+        "a finite number >= 1 and <= 1000 (times slower a straggler computes)"))
+    seed: int = Field(0, ge=0, le=2**63 - 1, strict=True,
+                      json_schema_extra=_expect(">= 0 and < 2^63"))
     machine: str | None = Field(None, json_schema_extra=_expect(
         "the path of a machine profile written by `ddpbench calibrate` (or none)"))
     paced: bool = Field(False, strict=True, json_schema_extra=_expect("true or false"))
@@ -830,14 +907,18 @@ class Schedule(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    iterations: int = Field(3, ge=1, strict=True, json_schema_extra={"expect": ">= 1"})
-    warmup: int = Field(1, ge=0, strict=True, json_schema_extra={"expect": ">= 0"})
-    compute_scale: float = Field(1.0, gt=0, allow_inf_nan=False,
-                                 json_schema_extra={"expect": "a finite number > 0"})
+    iterations: int = Field(3, ge=1, le=MAX_ITERATIONS, strict=True, json_schema_extra={
+        "expect": f">= 1 and <= {MAX_ITERATIONS:,} (iterations)"})
+    warmup: int = Field(1, ge=0, le=MAX_ITERATIONS, strict=True, json_schema_extra={
+        "expect": f">= 0 and <= {MAX_ITERATIONS:,} (iterations)"})
+    compute_scale: float = Field(1.0, ge=1e-6, le=1e6, allow_inf_nan=False,
+                                 json_schema_extra={"expect": "a finite number > 0, in "
+                                                    "[1e-06, 1e+06] (compute times x this)"})
     size_scale: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, json_schema_extra={
         "expect": "in (0, 1] (gradient sizes x this)"})
-    batch_size: int | None = Field(None, ge=1, strict=True, json_schema_extra={
-        "expect": "a positive integer (samples per worker), or none: the profile's"})
+    batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, strict=True, json_schema_extra={
+        "expect": f"a positive integer of at most {MAX_BATCH:,} (samples per worker per "
+                  f"iteration), or none: the profile's"})
     precision: Literal["fp32", "mixed"] = Field("fp32", json_schema_extra={
         "expect": "fp32 or mixed"})
 
@@ -867,6 +948,10 @@ def check_axis(axis: str, value: Any) -> Any:
     if axis == "servers" and value != "colocated" and (
             not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ValueError(f"servers must be a count >= 1 or 'colocated', got {value!r}")
+    try:
+        reject_loose(value, model.model_fields[axis].annotation, axis)
+    except TypeError as err:
+        raise ValueError(str(err)) from None
     if isinstance(value, float) and value.is_integer() and model.model_fields[axis].annotation is int:
         value = int(value)
     # Check the one field alone: partners that a combination check needs are set to agree.

@@ -294,6 +294,31 @@ def run_real(params: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def real_job_size(params: dict[str, Any]) -> Any:
+    """Return what a real point's job will take of this host (:func:`ddpbench.launch.job_cost`:
+    its ranks, each holding :data:`~ddpbench.launch.RANK_BYTES` and three copies of the
+    workload's gradients), or None for a point that cannot run here (its run says why)."""
+    from ddpbench.launch import job_cost
+
+    try:
+        workers, servers, _ = _job(params)
+    except (ValueError, RuntimeError, TypeError):
+        return None
+    return job_cost(workers + servers, rank_bytes=_rank_bytes(params))
+
+
+def _rank_bytes(params: dict[str, Any]) -> float:
+    """Return the memory one rank of a real point holds: the interpreter and libraries, and
+    three copies of the (scaled) gradients (the tensors, their sums, the staging buffers)."""
+    from ddpbench.launch import RANK_BYTES
+
+    try:
+        model = load_workload(params["workload"]).model_bytes
+    except (ValueError, OSError, KeyError):
+        model = 0
+    return RANK_BYTES + 3 * model * float(params.get("size_scale", 1.0))
+
+
 def _job(params: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
     """Return a real point's worker and server processes and its knobs (pacing included),
     refusing what only a simulation can do."""
@@ -361,7 +386,9 @@ def _launch(params: dict[str, Any], workers: int, servers: int,
             worker_cmd += ["--then", json.dumps(params["_then"])]
         log = Path(tmp) / "launch.log"
         rc = launch_logged(worker_cmd, workers, servers, log=log, timeout=timeout,
-                           bind=str(params.get("bind", "none")))
+                           bind=str(params.get("bind", "none")),
+                           allow_large=bool(params.get("_allow_large")),
+                           rank_bytes=_rank_bytes(params))
         if rc == 124:  # (mpiexec's own lines about the killed ranks say no more)
             raise TimeoutError(f"real run did not finish in {timeout:g} s (timeout_s); "
                                f"the job was killed")

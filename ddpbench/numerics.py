@@ -60,6 +60,8 @@ from ddpbench.rules.ring import ring_chunks
 from ddpbench.tensor_ops import reduce_ufunc, scale_
 
 __all__ = [
+    "MAX_WORLD_SIZE",
+    "emulation_cost",
     "DISTRIBUTIONS",
     "DTYPES",
     "Emulation",
@@ -149,19 +151,60 @@ def check_factor(factor: Any, name: str = "predivide factor") -> float:
     return value
 
 
+MAX_WORLD_SIZE = 1_000_000
+"""Most ranks an emulated ring may have: the contract's most workers
+(:data:`ddpbench.contract.MAX_WORKERS`, five times the largest cluster built)."""
+
+
 def check_world_size(world_size: Any) -> int:
-    """Return ``world_size`` as an int after checking it is >= 1.
+    """Return ``world_size`` as an int after checking it is in [1, :data:`MAX_WORLD_SIZE`].
 
     Raises:
         TypeError: not an integer.
-        ValueError: below 1 (a ring needs at least one rank).
+        ValueError: below 1 (a ring needs at least one rank) or above the bound.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
         raise TypeError(f"world size must be an integer, got {type(world_size).__name__} "
                         f"{world_size!r}")
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size} (a ring needs a rank)")
+    if world_size > MAX_WORLD_SIZE:
+        raise ValueError(f"world size must be <= {MAX_WORLD_SIZE:,} ranks (five times the "
+                         f"largest cluster built), got {world_size:,}")
     return int(world_size)
+
+
+ELEMENTS_PER_SECOND = 1e8
+"""Ring steps (element additions) per second of one emulation on this project's 2-core
+machine: ``numerics bench`` runs N x n elements at one factor in N x n x 2 / 1e8 s."""
+MAX_EMULATION_S = 3600.0
+"""Longest one emulation may be estimated to run before it is refused (an hour)."""
+
+
+def emulation_cost(world_size: int, n: int, dtype: Any, factors: int,
+                   threads: int | None = None) -> Any:
+    """Return what :func:`emulate` of ``world_size`` ranks x ``n`` elements at ``factors``
+    factors will take (a :class:`ddpbench.sizes.Cost`), before it runs.
+
+    Memory: the outputs (``n`` per factor) and the fp64 mean, and per thread three block
+    buffers of ranks x columns (:data:`BLOCK_ELEMENTS` elements, or one column of every
+    rank when there are more ranks than that). Time: the step-order copy and one ring per
+    factor, each ``N x n`` elements, at :data:`ELEMENTS_PER_SECOND`.
+    """
+    from ddpbench import sizes
+
+    p = check_world_size(world_size)
+    item = resolve_dtype(dtype).itemsize
+    if n < 1:
+        raise ValueError(f"n (elements per rank) must be >= 1, got {n}")
+    block = p * max(1, BLOCK_ELEMENTS // p)
+    memory = n * (item * factors + 8) + _threads(threads) * 3 * block * item
+    seconds = p * n * (1 + factors) / ELEMENTS_PER_SECOND
+    over = sizes.overs((seconds > MAX_EMULATION_S,
+                        f"more than the limit of {sizes.duration(MAX_EMULATION_S)} for one "
+                        f"emulation"))
+    return sizes.Cost("this emulation", f"{p:,} ranks x {n:,} elements at {factors} "
+                      f"factor{'s' if factors != 1 else ''}", memory, seconds, over)
 
 
 def _finfo(dtype: np.dtype) -> Any:

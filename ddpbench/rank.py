@@ -19,6 +19,10 @@ in the rank's own process writes it too (how: ``os._exit``; a forked child's ``o
 left alone). A rank killed by a signal, or ended by C code, writes nothing; the launcher
 says so and falls back on ``mpiexec``'s exit code, which for ranks ended together can be
 the signal ``mpiexec`` sent the others.
+
+Under the launcher a rank also asks the kernel to SIGKILL it when its parent, MPICH's
+proxy, dies (``PR_SET_PDEATHSIG``, :func:`ddpbench.watchdog.die_with_parent`): a job
+whose launcher was killed (and ``mpiexec`` and the proxy with it) leaves no rank behind.
 """
 
 from __future__ import annotations
@@ -154,6 +158,13 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     folder = os.environ.get("DDPBENCH_JOB_DIR")
+    if folder:
+        from ddpbench.watchdog import die_with_parent
+
+        parent = os.getppid()
+        die_with_parent()
+        if os.getppid() != parent:  # the proxy died before the request took hold
+            os._exit(137)
     if folder:  # the launcher watches this pid: a rank that vanishes without a status failed
         with contextlib.suppress(OSError):
             (Path(folder) / f"rank{rank_id()}.pid").write_text(str(os.getpid()))

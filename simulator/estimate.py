@@ -1,34 +1,62 @@
 """How much work a simulation will be, before it runs: events, seconds, memory.
 
-A simulation's cost is its number of simpy events, which grows with the hosts in ways that
-differ by backend (a ring's steps linearly, MXNet's kvstore messages with the square of the
-workers). Rather than one formula per strategy, :func:`estimate` runs the same point at
-4, 8 and 16 hosts for two iterations (pilots that take at most a few seconds), fits
-``events = a + b h + c h^2`` (c >= 0) through them and scales by the iterations asked for.
-Seconds follow from the pilots' own events per CPU second, memory from
-:data:`BYTES_PER_EVENT`. Small points (at most :data:`PILOT_HOSTS`\\[-1] hosts) are not
-estimated: they finish in seconds.
+A simulation's cost follows from its sizes, counted here without running it: the units a
+backend cuts the gradients into (the parameter servers' parts from the real backends'
+placement rules, :func:`ddpbench.rules.placement.part_count`; an allreduce's tensors or
+fused buffers), the hosts that send them, the ring steps per unit (``2 (p - 1)``, or the
+hierarchical ``2 (g - 1) + 2 (h - 1)``), the layers computed and the iterations. Per
+iteration:
 
-:func:`check` refuses a point past the limit (``DDPBENCH_MAX_EVENTS`` or the caller's),
-saying how to raise it.
+- parameter servers: ``hosts x (5 layers + parts x (0.7 + 4 f + 3 t))`` events, ``f`` the
+  share of parts that cross a network (``1 - 1/hosts`` colocated over the ideal transport,
+  else 1) and ``t`` = 1 over a real transport (its sockets and per-message costs);
+- allreduce: ``3 layers + units x steps x k`` (``k`` = 2.6 for several rings sharing a NIC,
+  else 1). Horovod's fused buffers depend on its cycle timing, so they are counted by a
+  pilot of the same point on four workers (a few thousand events: buffers only get fewer
+  as rings lengthen) when the tensors' count alone puts the point above
+  :data:`PILOT_ABOVE` events.
+
+The constants were fitted to 660 simulations (3 workloads x 6 backends x 2-24 hosts x
+knobs x transports and dedicated servers: every estimate within 0.54-1.75 of the events
+counted). Memory is :data:`BYTES_PER_EVENT` per event (the timeline) plus
+:data:`BYTES_PER_PART` per part; seconds are events at :data:`EVENTS_PER_SECOND`.
+
+:func:`check` refuses a point past the event limit (``DDPBENCH_MAX_EVENTS``, default
+:data:`DEFAULT_MAX_EVENTS`) or past this machine's memory (:mod:`ddpbench.sizes`), naming
+the estimate and the flag that runs it anyway (``--allow-large``).
 """
 
 from __future__ import annotations
 
+import math
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BYTES_PER_EVENT", "DEFAULT_MAX_EVENTS", "Estimate", "check", "estimate",
-           "max_events"]
+from ddpbench import sizes
 
-PILOT_HOSTS = (4, 8, 16)
+__all__ = ["BYTES_PER_EVENT", "BYTES_PER_PART", "DEFAULT_MAX_EVENTS", "EVENTS_PER_SECOND",
+           "Estimate", "check", "estimate", "max_events"]
+
 BYTES_PER_EVENT = 150
 """Memory per simulated event: the timeline's spans and messages (a 64-host VGG-19 P3 run:
 2.72 M events in 326 MB, 120 B each, rounded up)."""
+BYTES_PER_PART = 700
+"""Memory per parameter-server part (its object, its lists of arrivals and pulls: VGG-19
+cut into 71,855 slices held 50 MB beside the timeline)."""
+EVENTS_PER_SECOND = 170_000
+"""Simulated events per CPU second on one core of this project's 2-core machine (large
+runs; small ones run faster)."""
 DEFAULT_MAX_EVENTS = 50_000_000
 """About five minutes of simulation on one core of this project's 2-core machine."""
+PILOT_ABOVE = 20_000
+"""A Horovod point estimated (with one buffer per tensor) above this many events has its
+fused buffers counted by a pilot simulation (of about 2,000 events for ResNet-50)."""
+
+# events per host per iteration: LAYER x layers + parts x (PART + REMOTE f + TRANSPORT t)
+_PS_LAYER, _PS_PART, _PS_REMOTE, _PS_TRANSPORT = 5.0, 0.7, 4.0, 3.0
+# events per iteration of an allreduce strategy: LAYER x layers + units x steps x k
+_RING_LAYER, _RINGS_SHARING = 3.0, 2.6
 
 
 @dataclass(frozen=True)
@@ -38,19 +66,20 @@ class Estimate:
     events: float
     seconds: float
     memory_bytes: float
+    parts: int = 0
 
     def describe(self) -> str:
-        """Return ``about N events (~T, ~M of memory)``."""
-        return (f"about {self.events:,.0f} events (~{_duration(self.seconds)} on this "
-                f"machine, ~{self.memory_bytes / 2**30:,.1f} GiB of memory)")
+        """Return ``about N events (~T on this machine, ~M of memory)``."""
+        return (f"about {self.events:,.0f} events (~{sizes.duration(self.seconds)} on this "
+                f"machine, ~{sizes.gib(self.memory_bytes)} of memory)")
 
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:,.1f} h"
+    def cost(self, limit: float | None = None) -> sizes.Cost:
+        """Return this estimate as a :class:`ddpbench.sizes.Cost`, with the event limit."""
+        limit = max_events() if limit is None else limit
+        over = sizes.overs((self.events > limit, f"more than the limit of {limit:,.0f} "
+                                                 f"events (DDPBENCH_MAX_EVENTS)"))
+        return sizes.Cost("this simulation", f"about {self.events:,.0f} events",
+                          self.memory_bytes, self.seconds, over)
 
 
 def max_events() -> float:
@@ -68,64 +97,100 @@ def max_events() -> float:
 
 
 def estimate(workload: Any, backend: str, **kwargs: Any) -> Estimate | None:
-    """Return the cost of ``simulate(workload, backend, **kwargs)``, or None when it is small.
+    """Return the cost of ``simulate(workload, backend, **kwargs)`` from its sizes.
 
-    Raises:
-        ValueError: a bad value, as ``simulate`` would raise it.
+    Returns None for a point ``simulate`` would refuse (an unknown workload or backend, a
+    value out of bounds): ``simulate`` itself then says what is wrong.
     """
     from ddpbench import contract
-    from ddpbench.simulator.core import simulate
+    from ddpbench.simulator.strategies import strategy_class
+    from ddpbench.simulator.workload import load_workload
 
-    fields = {k: v for k, v in kwargs.items() if k in contract.Cluster.model_fields}
-    fields.setdefault("workers", kwargs.get("workers") or 4)
+    fields = {k: v for k, v in kwargs.items() if k in contract.Cluster.model_fields
+              and v is not None}
+    if fields.get("hosts") is None:
+        fields.setdefault("workers", 4)
     if fields.get("servers") is None:
         fields["servers"] = "colocated"
+    knobs = {k: v for k, v in kwargs.items() if k not in contract.Cluster.model_fields
+             and k not in contract.Schedule.model_fields
+             and k not in ("trace", "summation_gbps", "cluster", "schedule")}
     try:
         cluster = contract.Cluster(**fields)
-    except ValueError:
-        return None  # a bad value: simulate itself reports it, naming the field
-    hosts = cluster.hosts or cluster.workers // cluster.gpus_per_host
-    if hosts <= PILOT_HOSTS[-1]:
+        sched = contract.Schedule(**{k: v for k, v in kwargs.items()
+                                     if k in contract.Schedule.model_fields and v is not None})
+        symmetric = strategy_class(backend).symmetric
+        parsed = contract.validate_knobs(backend, knobs, side="sim").model_dump()
+        wl = load_workload(workload).resized(sched.size_scale)
+    except (ValueError, TypeError):
         return None
-    iterations = int(kwargs.get("iterations", 3))
-    pilot = {k: v for k, v in kwargs.items() if k not in ("workers", "hosts", "iterations",
-                                                            "warmup", "trace")}
-    events, cpu = [], 0.0
-    for h in PILOT_HOSTS:
-        start = time.process_time()
-        res = simulate(workload, backend, hosts=h, workers=h * cluster.gpus_per_host,
-                       iterations=2, warmup=1, trace=False, **pilot)
-        cpu += time.process_time() - start
-        events.append(float(res.events))
-    a, b, c = _quadratic(PILOT_HOSTS, events)
-    total = max(events[-1], a + b * hosts + c * hosts * hosts) * iterations / 2
-    # Large runs process fewer events per second than the pilots (memory, garbage
-    # collection), so the pilots' rate is halved.
-    rate = 0.5 * sum(events) / cpu if cpu > 0 else 5e4
-    return Estimate(events=total, seconds=total / rate, memory_bytes=total * BYTES_PER_EVENT)
+    layers, iterations = len(wl.layers), sched.iterations
+    parts = 0
+    if symmetric:
+        p, g, h = cluster.workers, cluster.gpus_per_host, cluster.num_hosts
+        hierarchical = backend == "horovod" and parsed.get("hierarchical") and g > 1
+        steps = 2 * (g - 1) + 2 * (h - 1) if hierarchical else 2 * (p - 1)
+        k = _RINGS_SHARING if backend == "collective" and parsed.get("nrings", 1) > 1 else 1.0
+        units: float = len(wl.tensors)
+        per_iter = _RING_LAYER * layers + units * steps * k
+        if backend == "horovod" and per_iter * iterations > PILOT_ABOVE:
+            units = _horovod_buffers(wl, kwargs, units)
+            per_iter = _RING_LAYER * layers + units * steps * k
+        events = per_iter * iterations
+    else:
+        from ddpbench import hardware
+
+        h = cluster.num_hosts
+        servers = cluster.dedicated_servers() or h
+        parts = _parts(wl, backend, parsed, servers)
+        loopback = hardware.transport(cluster.transport).loopback and not cluster.dedicated_servers()
+        f = 1.0 if cluster.dedicated_servers() or loopback else 1.0 - 1.0 / h
+        t = 0.0 if cluster.transport == "ideal" else 1.0
+        per_host = _PS_LAYER * layers + parts * (_PS_PART + _PS_REMOTE * f + _PS_TRANSPORT * t)
+        events = per_host * h * iterations
+    memory = events * BYTES_PER_EVENT + parts * BYTES_PER_PART
+    return Estimate(events=events, seconds=events / EVENTS_PER_SECOND, memory_bytes=memory,
+                    parts=parts)
 
 
-def _quadratic(xs: tuple[int, ...], ys: list[float]) -> tuple[float, float, float]:
-    """Return a, b, c of the parabola through three points, with c clipped at 0."""
-    (x0, x1, x2), (y0, y1, y2) = xs, ys
-    d1 = (y1 - y0) / (x1 - x0)
-    d2 = (y2 - y1) / (x2 - x1)
-    c = max(0.0, (d2 - d1) / (x2 - x0))
-    b = d2 - c * (x1 + x2)
-    if c == 0.0:
-        b = max(d1, d2, 0.0)  # a line through the steeper pair: never underestimate
-    a = y2 - b * x2 - c * x2 * x2
-    return a, b, c
+def _parts(wl: Any, backend: str, knobs: dict[str, Any], servers: int) -> int:
+    """Return the parts one iteration pushes per host (the backend's placement rule)."""
+    from ddpbench.rules.placement import part_count
+    from ddpbench.simulator.workload import ITEMSIZE
+
+    if backend == "kvstore":
+        rule = "tensorflow" if knobs.get("system") == "tensorflow" else "kvstore"
+        opts = {"bigarray_bound": knobs["bigarray_bound"]}
+    elif backend == "p3":
+        rule, opts = "p3", {"slice_params": knobs["slice_params"]}
+    elif backend == "byteps":
+        rule = "byteps"
+        opts = {"partition_elems": max(1, knobs["partition_bytes"] // ITEMSIZE)}
+    else:  # a parameter-server strategy registered elsewhere: one part per tensor
+        return len(wl.tensors)
+    return sum(part_count(rule, t.numel, servers=servers, **opts) for t in wl.tensors)
 
 
-def check(est: Estimate | None, limit: float | None = None, *, flag: str = "--max-events"
-          ) -> None:
-    """Raise ValueError when ``est`` passes ``limit`` events (default :func:`max_events`)."""
-    if est is None:
+def _horovod_buffers(wl: Any, kwargs: dict[str, Any], tensors: float) -> float:
+    """Return Horovod's fused buffers per iteration, counted by a pilot on four workers
+    (one GPU each, two iterations); the tensors' count where the pilot cannot run."""
+    from ddpbench.simulator.core import simulate
+
+    pilot = {k: v for k, v in kwargs.items()
+             if k not in ("workers", "hosts", "gpus_per_host", "iterations", "warmup",
+                          "trace", "stragglers", "hierarchical")}
+    try:
+        res = simulate(wl, "horovod", workers=4, iterations=2, warmup=1, trace=False,
+                       **{"bandwidth_gbps": 10.0, **pilot})
+    except (ValueError, TypeError):
+        return tensors
+    return max(1.0, min(tensors, math.ceil(len(res.fusion_groups) / 2)))
+
+
+def check(est: Estimate | None, limit: float | None = None, *, allow: bool = False) -> None:
+    """Raise :class:`ddpbench.sizes.TooLarge` when ``est`` passes ``limit`` events (default
+    :func:`max_events`) or this machine's memory, unless ``allow``."""
+    if est is None or allow:
         return
-    limit = max_events() if limit is None else limit
-    if est.events > limit:
-        raise ValueError(
-            f"this simulation would process {est.describe()}; the limit is {limit:,.0f} "
-            f"events: raise it with {flag} N (or DDPBENCH_MAX_EVENTS=N) if this machine can "
-            f"take it, or simulate fewer workers or iterations")
+    sizes.check(est.cost(limit), advice="simulate fewer workers, iterations or parts "
+                                         "(larger slices or partitions)")

@@ -23,6 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="none: the OS places the ranks (default, as MPICH and Horovod "
                              "do); core: each rank on one core, round robin (mpiexec "
                              "-bind-to core)")
+    from ddpbench.sizes import add_allow_flag
+
+    add_allow_flag(parser, "the job")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                         help="the program to run on every rank")
 
@@ -37,6 +40,7 @@ def main(args: argparse.Namespace) -> int:
 
         grace = DEFAULT_EXIT_GRACE_S if args.exit_grace is None else args.exit_grace
         return launch(cmd, args.workers, args.servers, hostfile=args.hostfile,
-                      timeout=args.timeout, exit_grace=grace, bind=args.bind)
+                      timeout=args.timeout, exit_grace=grace, bind=args.bind,
+                      allow_large=args.allow_large)
     except ValueError as err:
         raise UsageError(str(err)) from None

@@ -36,26 +36,46 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sw.add_argument("--force", action="store_true",
                     help="run the points the folder already holds again")
 
+    from ddpbench.sizes import add_allow_flag
+
+    add_allow_flag(sw, "every point")
     q = sub.add_parser("query", help="which predivide factors are safe at one point")
-    q.add_argument("-N", "--world-size", type=int, required=True)
+    q.add_argument("-N", "--world-size", type=_count, required=True)
     q.add_argument("--dtype", default="float16")
     q.add_argument("--scale", type=float, required=True, help="RMS of one rank's gradient")
     q.add_argument("--dist", default="normal",
                    help="normal, correlated, heavy_tailed or layers (default normal)")
-    q.add_argument("--elements", type=int, default=1 << 16)
+    q.add_argument("--elements", type=_count, default=1 << 16)
     q.add_argument("--factors", help="comma list (default 2^0..2^24 by 4x, sqrt(N), N)")
+    add_allow_flag(q, "the emulation")
 
     b = sub.add_parser("bench", help="time one emulation; print seconds and peak memory")
-    b.add_argument("-N", "--world-size", type=int, default=4096)
-    b.add_argument("--elements", type=int, default=1 << 20)
+    b.add_argument("-N", "--world-size", type=_count, default=4096)
+    b.add_argument("--elements", type=_count, default=1 << 20)
     b.add_argument("--dtype", default="float16")
     b.add_argument("--dist", default="normal")
     b.add_argument("--scale", type=float, default=1.0)
     b.add_argument("--factor", type=float, default=64.0)
     b.add_argument("--threads", type=int, default=None)
+    add_allow_flag(b, "the emulation")
 
     r = sub.add_parser("render", help="re-render a numerics report folder")
     r.add_argument("dir", help="folder holding results.csv and experiment.json")
+
+
+def _count(text: str) -> int:
+    """A count typed as ``4096`` or ``1e11`` (a whole number in any notation)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -132,7 +152,7 @@ def _sweep(args: argparse.Namespace) -> int:
     try:
         summary = run_sweep(spec, out, jobs=args.jobs, force=args.force,
                             name=envelope["name"], description=envelope["description"],
-                            source=envelope["source"])
+                            source=envelope["source"], allow_large=args.allow_large)
     except (ValueError, RuntimeError) as err:  # a file, another experiment's folder, a lock
         raise UsageError(str(err)) from None
     except OSError as err:  # a full disk, a folder that cannot be made: finished rows kept
@@ -152,14 +172,19 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _query(args: argparse.Namespace) -> int:
     from ddpbench import numerics as nm
+    from ddpbench import sizes
     from ddpbench.cli import UsageError
 
     try:
         factors = _floats(args.factors, "--factors") if args.factors else None
+        count = len(factors) if factors is not None else len(
+            nm.default_factors(nm.check_world_size(args.world_size)))
+        sizes.check(nm.emulation_cost(args.world_size, args.elements, args.dtype, count),
+                    allow=args.allow_large, advice="emulate fewer ranks or elements")
         res = nm.predivide_safe_range(args.world_size, args.dtype, scale=args.scale,
                                       dist=args.dist, n=args.elements, factors=factors)
     except (ValueError, TypeError) as err:
-        raise UsageError(str(err)) from err
+        raise UsageError(str(err)) from None
     n = args.world_size
     print(f"N={n}, {nm.resolve_dtype(args.dtype).name}, {args.dist} gradients, RMS "
           f"{args.scale:g}, {args.elements} elements per rank, vs the fp64 mean:")
@@ -183,6 +208,7 @@ def _bench(args: argparse.Namespace) -> int:
     import time
 
     from ddpbench import numerics as nm
+    from ddpbench import sizes
     from ddpbench.cli import UsageError
 
     try:
@@ -190,8 +216,10 @@ def _bench(args: argparse.Namespace) -> int:
         dtype = nm.resolve_dtype(args.dtype)
         factor = nm.check_factor(args.factor)
         nm.gradient_block(args.dist, args.scale, 1, 0, 1, dtype)
+        sizes.check(nm.emulation_cost(p, args.elements, dtype, 1, args.threads),
+                    allow=args.allow_large, advice="emulate fewer ranks or elements")
     except (ValueError, TypeError) as err:
-        raise UsageError(str(err)) from err
+        raise UsageError(str(err)) from None
     n = args.elements
     t0 = time.perf_counter()
     c0 = time.process_time()

@@ -40,6 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "group")
     parser.add_argument("--output", "-o", required=True, metavar="FILE.yaml",
                         help="where to write the workload profile")
+    from ddpbench.sizes import add_allow_flag
+
+    add_allow_flag(parser, "the profile")
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -88,7 +91,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         data = profiling.profile(args.model, batch_size=args.batch_size, device=args.device,
                                  input_shape=args.input_shape, warmup=args.warmup,
-                                 repeats=args.repeats, progress=progress)
+                                 repeats=args.repeats, progress=progress,
+                                 allow_large=args.allow_large)
     except ValueError as err:
         raise UsageError(str(err)) from None
     data["measured"]["malloc"] = malloc

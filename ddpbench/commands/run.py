@@ -34,6 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="report folder (default: reports/<name>)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--no-report", action="store_true", help="do not render the report")
+    from ddpbench.sizes import add_allow_flag
+
+    add_allow_flag(parser, "every point")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -51,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
         summary = runner.run_experiment(
             exp, outdir, jobs=args.jobs, executor=args.executor, only=args.only, mode=args.mode,
             force=args.force, fresh=args.fresh, dry_run=args.dry_run, progress=not args.no_progress,
-            render_report=not args.no_report,
+            render_report=not args.no_report, allow_large=args.allow_large,
         )
     except (ValueError, RuntimeError) as err:
         raise UsageError(str(err)) from None
@@ -78,8 +81,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"report: {outdir / 'report.md'} (up to date; 'ddpbench run {args.file} "
               f"--force' computes every point again)")
     if summary.failed:
-        print("failed points:", file=sys.stderr)
-        for line in runner.iter_failures(summary):
-            print(line, file=sys.stderr)
+        from ddpbench.messages import bounded
+
+        print(bounded("\n".join(["failed points:", *runner.iter_failures(summary)]),
+                      name="run"), file=sys.stderr)
         return 1
     return 0

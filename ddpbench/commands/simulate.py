@@ -23,14 +23,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a backend knob, e.g. -k slice_params=10000 (repeatable)")
     parser.add_argument("--trace", metavar="FILE", help="write a Chrome trace (chrome://tracing)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_max_events_flag(parser)
+    add_allow_flag(parser)
 
 
-def add_max_events_flag(parser: argparse.ArgumentParser) -> None:
-    """Add ``--max-events``, the limit on one simulation's estimated events."""
-    parser.add_argument("--max-events", type=float, default=None, metavar="N",
-                        help="refuse a simulation estimated past N events (default "
-                             "DDPBENCH_MAX_EVENTS or 50,000,000: about 5 min here)")
+def add_allow_flag(parser: argparse.ArgumentParser) -> None:
+    """Add ``--allow-large``: run a simulation past its size estimate's limits (the event
+    limit, DDPBENCH_MAX_EVENTS or 50,000,000: about 5 min here; this machine's memory)."""
+    from ddpbench import sizes
+
+    sizes.add_allow_flag(parser, "the simulation")
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -110,7 +111,7 @@ def cluster_kwargs(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
 
 def main(args: argparse.Namespace) -> int:
     from ddpbench import contract
-    from ddpbench.cli import UsageError
+    from ddpbench.cli import UsageError, check_writable_file
 
     knobs = {}
     for item in args.knob:
@@ -127,13 +128,13 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"--knob {name}: {name} is a cluster setting; give it as "
                              f"--{name.replace('_', '-')}")
     kwargs.update(knobs)
-    if args.max_events is not None and not args.max_events > 0:
-        raise UsageError(f"--max-events must be > 0, got {args.max_events:g}")
+    if args.trace:  # refused now, not after the simulation
+        check_writable_file(args.trace, "--trace")
     from ddpbench.simulator import estimate
 
     try:
         est = estimate.estimate(args.workload, args.backend, **kwargs)
-        estimate.check(est, args.max_events)
+        estimate.check(est, allow=args.allow_large)
         with _progress(est):
             res = simulator.simulate(args.workload, args.backend, **kwargs)
     except ValueError as err:
@@ -146,8 +147,6 @@ def main(args: argparse.Namespace) -> int:
         "iteration_time_s": res.iteration_time_s, "throughput": res.throughput,
         "bytes_sent_max": max(sent.values()) if sent else None, "events": res.events,
     }
-    if args.trace:
-        res.to_chrome_trace(args.trace)
     if args.json:
         print(json.dumps(out))
     else:
@@ -162,8 +161,20 @@ def main(args: argparse.Namespace) -> int:
               f"{res.throughput:,.1f} samples/s, "
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
         _notes(args, cluster, servers)
-        if args.trace:
-            print(f"trace: {args.trace}")
+    return _write_trace(res, args.trace, quiet=args.json) if args.trace else 0
+
+
+def _write_trace(res: Any, path: str, *, quiet: bool) -> int:
+    """Write the Chrome trace after the result is printed: a trace that cannot be written
+    (the disk filled, the folder went away) costs the trace, never the result."""
+    try:
+        res.to_chrome_trace(path)
+    except OSError as err:
+        print(f"ddpbench simulate: error: the result above is complete, but its trace could "
+              f"not be written to {path}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    if not quiet:
+        print(f"trace: {path}")
     return 0
 
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddpbench.commands.simulate import add_cluster_flags, add_max_events_flag
+from ddpbench.commands.simulate import add_allow_flag, add_cluster_flags
 
 HELP = ("search the fastest backend and knobs for a workload on a cluster (optuna TPE over "
         "simulations; resumable)")
@@ -80,7 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confirm-repetitions", type=int, default=3, metavar="N",
                         help="real runs of each confirmed configuration (default 3; their "
                              "median counts)")
-    add_max_events_flag(parser)
+    add_allow_flag(parser)
 
 
 def _steady_state_defaults(parser: argparse.ArgumentParser) -> None:
@@ -194,13 +194,12 @@ def _workload(args: argparse.Namespace, folder: Path, schedule: Any) -> str:
 
 def _check_cost(args: argparse.Namespace, workload: str, request: Any, trials: int | None
                 ) -> None:
-    """Refuse a tune whose simulations pass ``--max-events``; say what it will cost."""
+    """Refuse a tune whose simulations pass the size limits (without ``--allow-large``);
+    say what it will cost."""
     from ddpbench import contract
     from ddpbench.cli import UsageError
     from ddpbench.simulator import estimate
 
-    if args.max_events is not None and not args.max_events > 0:
-        raise UsageError(f"--max-events must be > 0, got {args.max_events:g}")
     fields = {**request.cluster.model_dump(), **request.schedule.model_dump()}
     worst = None
     for b in request.space.backends:
@@ -208,7 +207,7 @@ def _check_cost(args: argparse.Namespace, workload: str, request: Any, trials: i
         point = {**fields, "servers": knobs.pop("servers", fields["servers"])}
         try:
             est = estimate.estimate(workload, b, **point, **knobs)
-            estimate.check(est, args.max_events)
+            estimate.check(est, allow=args.allow_large)
         except ValueError as err:
             raise UsageError(f"{b}: {err}") from None
         if est is not None and (worst is None or est.events > worst.events):
@@ -273,7 +272,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 _CONFIRM_ONLY = {"outdir", "confirm", "confirm_repetitions", "machine", "no_progress",
-                 "no_report", "jobs", "executor", "max_events"}
+                 "no_report", "jobs", "executor", "allow_large"}
 """The flags that may come with ``-o FOLDER --confirm K`` to confirm the tune in FOLDER."""
 
 

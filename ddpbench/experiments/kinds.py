@@ -41,7 +41,7 @@ class ExperimentKind(Protocol[SpecT]):
 
     ``Spec``, :meth:`expand`, :meth:`point_name`, :meth:`run_point` and :meth:`render` are
     required of a registered module or class; :meth:`prepare`, :meth:`check`,
-    :meth:`key_params` and :meth:`batch_key` are optional there (:func:`load_kind` fills in
+    :meth:`key_params`, :meth:`batch_key` and :meth:`size` are optional there (:func:`load_kind` fills in
     the defaults of :class:`Kind`), so every kind the runner gets has them all.
     """
 
@@ -142,6 +142,17 @@ class ExperimentKind(Protocol[SpecT]):
         """
         ...
 
+    def size(self, params: Params) -> Any:
+        """Return what running a point will take, estimated before any work (optional).
+
+        A :class:`ddpbench.sizes.Cost` (memory, time, the limits it passes) or None. The
+        runner asks it of every point to run before it runs any, and refuses the run when
+        one passes this machine's limits (:func:`ddpbench.sizes.check`) unless the user gave
+        ``--allow-large``; every point checked so (or allowed) then gets ``_allow_large:
+        True`` and must not refuse itself. Default: None (nothing to check).
+        """
+        ...
+
 
 def _no_rewrite(raw: Any, file: Path | str) -> None:
     return None
@@ -156,6 +167,10 @@ def _as_is(params: Params) -> Params:
 
 
 def _unbatched(params: Params) -> Hashable | None:
+    return None
+
+
+def _unsized(params: Params) -> Any:
     return None
 
 
@@ -178,11 +193,12 @@ class Kind(Generic[SpecT]):
     check: Callable[[SpecT, Any, Path | str], SpecT] = _unchecked
     key_params: Callable[[Params], Params] = _as_is
     batch_key: Callable[[Params], Hashable | None] = _unbatched
+    size: Callable[[Params], Any] = _unsized
 
     @classmethod
     def of(cls, obj: Any) -> Kind[Any]:
         """Wrap a module or class that defines the members, defaults for the optional ones."""
-        optional = ("prepare", "check", "key_params", "batch_key")
+        optional = ("prepare", "check", "key_params", "batch_key", "size")
         return cls(**{m: getattr(obj, m) for m in REQUIRED},
                    **{m: getattr(obj, m) for m in optional if hasattr(obj, m)})
 

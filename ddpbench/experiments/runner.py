@@ -8,7 +8,10 @@ appends one row per point and repetition as each finishes, then renders the repo
 Results file (``results.csv``): one row per (mode, point, repetition), the key. A row is
 appended with a single ``write`` on a file opened for appending and flushed to disk, so
 killing the run loses no finished row; a torn last line (killed mid-write) is dropped on the
-next read. When a row brings new columns, or replaces an older row of the same key, the
+next read. Every row is validated as it is read (one row is one line: the right number of
+cells, a point, a known status, JSON that parses): one that does not parse is reported on
+stderr, moved to ``results.rejected.csv`` beside the file, and its point runs again; it is
+never counted as finished. When a row brings new columns, or replaces an older row of the same key, the
 whole file is rewritten to a temporary file and renamed over the old one (atomic). A rerun
 skips every key whose row has ``status == "ok"`` and runs again the failed and missing ones
 (``force=True`` runs them all); the new row replaces the old one, so every key appears once.
@@ -21,6 +24,7 @@ by name, and it is the one writer of results.csv.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import csv
 import datetime as _dt
 import fnmatch
@@ -41,6 +45,7 @@ from ddpbench.experiments import manifest
 from ddpbench.experiments.kinds import load_kind
 from ddpbench.experiments.naming import public
 from ddpbench.experiments.schema import Experiment
+from ddpbench.messages import ERROR_CELL_CHARS, cut
 
 __all__ = [
     "RUNNER_COLUMNS",
@@ -67,13 +72,45 @@ _FILE_MODE = _umask_mode()
 
 
 def _cell(value: Any) -> str:
+    """Return one cell's text; never a line break (a row is one line of the file)."""
     if value is None:
         return ""
     if isinstance(value, float):
         return "" if math.isnan(value) else repr(value)
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(value, separators=(",", ":"))
-    return str(value)
+    return " ".join(str(value).splitlines())
+
+
+REJECTED = "results.rejected.csv"
+"""Beside results.csv: the rows that did not parse when it was read, as they were."""
+
+
+def _row_problem(header: list[str], cells: list[str]) -> str | None:
+    """Return why a row of ``cells`` under ``header`` cannot be a result, or None.
+
+    A row holds exactly the header's cells (the writer fills every column), names its
+    point, has status ``ok`` or ``failed`` and a whole repetition, and every cell that
+    starts a JSON list or mapping (how lists and dicts are written) parses as JSON.
+    """
+    if len(cells) != len(header):
+        return (f"{len(cells)} cells where the header has {len(header)}: cut short or run "
+                f"together")
+    row = dict(zip(header, cells))
+    if not row.get("point"):
+        return "no point name"
+    if row.get("status") not in ("ok", "failed"):
+        return f"status {row.get('status')!r} is neither ok nor failed"
+    rep = row.get("repetition", "0") or "0"
+    if not rep.isdigit():
+        return f"repetition {rep!r} is not a whole number"
+    for col, value in row.items():
+        if value[:1] in ("[", "{") and col not in ("point", "error"):
+            try:
+                json.loads(value)
+            except ValueError:
+                return f"column {col!r} is not valid JSON: {value[:40]!r}"
+    return None
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str]:
@@ -92,23 +129,45 @@ class ResultsStore:
         self.path = Path(path)
         self.header: list[str] = []
         self.rows: list[dict[str, str]] = []
+        self.rejected: list[tuple[int, str, str]] = []  # (line, text, why) set aside
         self._index: dict[tuple[str, str, str], int] = {}
         self._load()
 
     def _load(self) -> None:
         if not self.path.exists():
             return
-        text = self.path.read_text(encoding="utf-8")
+        text = self.path.read_text(encoding="utf-8", errors="replace")
         if text and not text.endswith("\n"):
             # A row torn by a kill mid-write: drop it, it is run again.
             text = text[: text.rfind("\n") + 1]
             self._write_all_text(text)
-        reader = csv.DictReader(io.StringIO(text))
-        self.header = list(reader.fieldnames or [])
-        for row in reader:
-            if None in row or not row.get("point"):
-                continue  # a malformed line (more cells than the header): ignore it
-            self._add(row)
+        lines = text.split("\n")[:-1] if text else []
+        if not lines:
+            return
+        # One row is one line (the writer folds newlines out of every cell), so each line
+        # parses alone: a cut quote cannot run into the rows after it.
+        self.header = next(csv.reader([lines[0]]), [])
+        if "point" not in self.header or "status" not in self.header:
+            self.rejected = [(1, line, "no header with point and status columns")
+                             for line in lines]
+            self.header = []
+            self._set_aside(lines[0], fold=False)
+            return
+        for number, line in enumerate(lines[1:], start=2):
+            if not line.strip():
+                continue
+            try:
+                cells = next(csv.reader([line], strict=True), [])
+            except csv.Error:
+                self.rejected.append((number, line, "a quoted cell is not closed: cut short"))
+                continue
+            problem = _row_problem(self.header, cells)
+            if problem is not None:
+                self.rejected.append((number, line, problem))
+                continue
+            self._add(dict(zip(self.header, cells)))
+        if self.rejected:
+            self._set_aside(lines[0])
         legacy = [c for c in _LEGACY_COLUMNS if c in self.header]
         if legacy:  # wall times and timestamps belong in the untracked run log
             self.header = [c for c in self.header if c not in legacy]
@@ -116,6 +175,32 @@ class ResultsStore:
                 for c in legacy:
                     row.pop(c, None)
             self._rewrite()
+
+    def _set_aside(self, header_line: str, *, fold: bool = True) -> None:
+        """Move the rows that do not parse to ``results.rejected.csv`` beside the file (after
+        the header they were written under) and say so on stderr; they run again."""
+        aside = self.path.with_name(REJECTED)
+        try:
+            new = not aside.exists()
+            with open(aside, "a", encoding="utf-8") as f:
+                if new:
+                    f.write(header_line + "\n")
+                for _number, line, _problem in self.rejected:
+                    f.write(line + "\n")
+            if fold:
+                self._rewrite()
+            else:
+                self.path.unlink()
+        except OSError as err:  # a read-only folder: the rows are still not counted
+            where = f"left in place ({err.strerror or err})"
+        else:
+            where = f"set aside in {aside.name} beside it"
+        from ddpbench.messages import bounded
+
+        lines = [f"ddpbench: {len(self.rejected)} row(s) of {self.path} do not parse: {where}; "
+                 f"not counted as finished, their points run again"]
+        lines += [f"  line {number}: {problem}" for number, _line, problem in self.rejected]
+        print(bounded("\n".join(lines), name="results"), file=sys.stderr, flush=True)
 
     def _add(self, row: dict[str, str]) -> None:
         key = row_key(row)
@@ -440,6 +525,7 @@ def run_experiment(
     progress: bool = True,
     render_report: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    allow_large: bool = False,
 ) -> RunSummary:
     """Run the points of ``exp`` that ``outdir/results.csv`` lacks, then render.
 
@@ -457,13 +543,16 @@ def run_experiment(
         progress: show a progress bar with ETA on stderr.
         render_report: render the report after the run.
         on_row: called with each row as it is stored (tests use it).
+        allow_large: run points past this machine's limits (``--allow-large``); without it
+            a run with one such point is refused before any point runs.
 
     Returns:
         A summary; ``failed > 0`` means some point failed (its row says why).
 
     Raises:
-        ValueError: a bad executor, ``only`` matching no point, or a folder that belongs to
-            another experiment (:class:`~.manifest.FolderError`).
+        ValueError: a bad executor, ``only`` matching no point, a folder that belongs to
+            another experiment (:class:`~.manifest.FolderError`), or a point past this
+            machine's limits (:class:`ddpbench.sizes.TooLarge`).
     """
     if executor not in ("local", "mpi"):
         raise ValueError(f"unknown executor {executor!r}; valid: ['local', 'mpi']")
@@ -475,6 +564,8 @@ def run_experiment(
     if dry_run:
         done = _done_dry(exp, outdir, keys, store, force=force, fresh=fresh)
     else:
+        finished = set() if force or fresh else store.done()
+        check_sizes(exp, [p for p in points if p.key not in finished], allow=allow_large)
         lock = _claim(exp, outdir, keys, store, summary, fresh=fresh)
         done = set() if force else store.done()
     todo = [p for p in points if p.key not in done]
@@ -490,6 +581,42 @@ def run_experiment(
     if render_report and not _report_up_to_date(outdir, summary):
         summary.report = render(exp, outdir)
     return summary
+
+
+def check_sizes(exp: Experiment, points: list[Point], *, allow: bool = False) -> None:
+    """Refuse a run before any point runs when a point to run passes this machine's limits.
+
+    Every point's size is the kind's estimate (:meth:`~.kinds.ExperimentKind.size`); the
+    first one past the limits is named with its estimate (:func:`ddpbench.sizes.check`).
+    Points that passed (or every point, with ``allow``) are marked ``_allow_large``, so
+    that they do not estimate and refuse themselves again when they run.
+
+    Raises:
+        ddpbench.sizes.TooLarge: naming the point, its estimate and ``--allow-large``.
+    """
+    from ddpbench import sizes
+
+    if allow:
+        for p in points:
+            p.params["_allow_large"] = True
+        return
+    size = load_kind(exp.kind).size
+    refused: list[tuple[Point, Exception]] = []
+    for p in points:
+        cost = size(p.params)
+        if cost is None:
+            continue
+        try:
+            sizes.check(cost)
+        except sizes.TooLarge as err:
+            refused.append((p, err))
+    if refused:
+        point, first = refused[0]
+        count = (f" (and {len(refused) - 1} more of the {len(points)} points to run)"
+                 if len(refused) > 1 else "")
+        raise sizes.TooLarge(f"point {point.name}{count}: {first}")
+    for p in points:
+        p.params["_allow_large"] = True
 
 
 def _select(exp: Experiment, only: str | None,
@@ -556,12 +683,16 @@ RUN_LOG = "run-log.jsonl"
 of results.csv (and out of git) so a committed report changes only when its results do."""
 
 
-def log_run(outdir: Path, row: dict[str, Any], seconds: float) -> None:
-    """Append the wall time and finishing time of ``row``'s point to the run log."""
+def log_run(outdir: Path, row: dict[str, Any], seconds: float, *,
+            error: str | None = None) -> None:
+    """Append the wall time and finishing time of ``row``'s point to the run log (and a
+    failed point's whole error, where the row holds it cut)."""
     entry = {"point": row.get("point"), "mode": row.get("mode"),
              "repetition": row.get("repetition"), "status": row.get("status"),
              "wall_s": round(seconds, 4),
              "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    if error is not None:
+        entry["error"] = error
     with open(outdir / RUN_LOG, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry) + "\n")
 
@@ -589,11 +720,14 @@ def _run_points(
                file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
 
     def record(point: Point, ok: bool, result: Any, seconds: float) -> None:
+        # A failed point's error in the row and the summary is cut to a readable length;
+        # the run log keeps it whole.
+        error = "" if ok else cut(str(result), ERROR_CELL_CHARS)
         row: dict[str, Any] = {"experiment": exp.name, "kind": exp.kind, "mode": point.mode,
                                "point": point.name,
                                "repetition": point.params.get("repetition", 0),
                                "status": "ok" if ok else "failed",
-                               "error": "" if ok else result}
+                               "error": error}
         row.update({k: v for k, v in public(point.params).items() if k not in row})
         if ok:
             files = result.pop("_files", None)
@@ -605,9 +739,9 @@ def _run_points(
             summary.ok += 1
         else:
             summary.failed += 1
-            summary.failures.append((point.name, str(result)))
+            summary.failures.append((point.name, error))
         store.append(row)
-        log_run(outdir, row, seconds)
+        log_run(outdir, row, seconds, error=None if ok or error == result else str(result))
         if on_row is not None:
             on_row(row)
         bar.update(1)
@@ -636,7 +770,8 @@ def _run_pool(
 ) -> None:
     pending = list(batches)
     while pending:
-        with make_executor(executor, jobs) as pool:
+        pool = make_executor(executor, jobs)
+        try:
             futures = {pool.submit(_execute_batch, kind, [p.params for p in batch]): batch
                        for batch in pending}
             broken: list[Point] | None = None
@@ -658,6 +793,30 @@ def _run_pool(
                 pending = [b for b in pending if b is not broken]
                 for f in futures:
                     f.cancel()
+        except BaseException:
+            _abandon(pool)  # Ctrl-C: the rows recorded so far stay, nothing waits
+            raise
+        pool.shutdown(wait=True)
+
+
+def _abandon(pool: cf.Executor) -> None:
+    """Stop ``pool`` at once: cancel what has not started and end its worker processes.
+
+    ``shutdown(wait=True)``, which leaving a ``with`` block calls, would first run every
+    queued point to its end (8-12 s after a Ctrl-C); the points in flight are lost instead
+    (they run again next time), the rows already recorded are kept.
+    """
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.terminate()
+    deadline = time.monotonic() + 1.0
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
 
 
 def iter_failures(summary: RunSummary) -> Iterable[str]:

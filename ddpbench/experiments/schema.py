@@ -229,7 +229,7 @@ def validation_error(
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     given = first.get("input")
-    if not isinstance(given, (dict, list)):
+    if not isinstance(given, (dict, list)) and ", got " not in msg:
         msg = f"{msg} (got {given!r})"
     return ExperimentError(file, line, _field_name(full), msg)
 

@@ -26,16 +26,19 @@ __all__ = ["Measurement", "build_model", "compare_tensors", "group_times", "impo
 
 def profile(spec: str, *, batch_size: int, device: str = "cpu",
             input_shape: tuple[int, ...] | None = None, warmup: int = 2, repeats: int = 5,
-            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+            progress: Callable[[str], None] | None = None,
+            allow_large: bool = False) -> dict[str, Any]:
     """Build the model named by ``spec``, time it, and return its workload profile mapping.
 
     Raises:
-        ValueError: torch missing, an unknown model, or an input shape that does not fit.
+        ValueError: torch missing, an unknown model, an input shape that does not fit, or
+            steps past this machine's memory (:func:`ddpbench.profiling.profiler.step_cost`;
+            ``allow_large`` runs them anyway).
     """
     model, name = build_model(spec)
     shape = input_shape or default_input_shape(name)
     m = measure(model, name, batch_size=batch_size, input_shape=shape, device=device,
-                warmup=warmup, repeats=repeats, progress=progress)
+                warmup=warmup, repeats=repeats, progress=progress, allow_large=allow_large)
     modules = dict(model.named_modules())
     kinds = [matmul_like(modules.get(lname, model)) for lname, _k, _i in m.layers]
     return to_profile(m, kinds)

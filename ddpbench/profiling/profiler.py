@@ -133,9 +133,68 @@ def _loss(out: Any) -> Any:
     return total
 
 
+def step_cost(model: Any, *, batch_size: int, input_shape: tuple[int, ...],
+              device: str = "cpu", steps: int = 12) -> Any:
+    """Return what ``steps`` training steps of ``model`` at ``batch_size`` will take (a
+    :class:`ddpbench.sizes.Cost`), measured on two small steps before any large one.
+
+    Memory: the parameters and their gradients, plus what autograd saves for the backward
+    pass, counted by ``torch.autograd.graph.saved_tensors_hooks`` at batches 1 and 2: the
+    difference is one sample's activations, the rest is what every batch saves (weights).
+    Time: the batch-2 step's time per sample times the samples of every step (an
+    overestimate: small batches carry more overhead per sample). Returns None when the
+    small steps fail (the measurement then reports why).
+    """
+    from ddpbench import sizes
+
+    torch = import_torch()
+    model = model.to(device).train()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    saved_by, took = {}, 0.0
+    for batch in (1, 2):
+        total = 0
+
+        def pack(t: Any) -> Any:
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        x = torch.randn(batch, *input_shape, device=device)
+        try:
+            start = time.perf_counter()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = _loss(model(x))
+            if loss is None:
+                return None
+            loss.backward()
+            took = time.perf_counter() - start
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            return None
+        finally:
+            model.zero_grad(set_to_none=True)
+        saved_by[batch] = total + x.numel() * x.element_size()
+    per_sample = max(0, saved_by[2] - saved_by[1])
+    fixed = max(0, saved_by[1] - per_sample)
+    memory = 2 * params + fixed + batch_size * per_sample
+    seconds = took / 2 * batch_size * steps
+    over: tuple[str, ...] = ()
+    host = memory
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+        over = sizes.overs((memory > free, f"more than the GPU's {sizes.gib(free)} free"))
+        host = 2 * params
+    return sizes.Cost("this profile", f"{steps} steps at batch {batch_size:,} "
+                      f"({per_sample / 2**20:,.1f} MiB of activations a sample)", host,
+                      seconds, over) if device != "cuda" else sizes.Cost(
+        "this profile", f"{steps} steps at batch {batch_size:,} "
+        f"({per_sample / 2**20:,.1f} MiB of activations a sample, "
+        f"~{sizes.gib(memory)} of GPU memory)", host, seconds, over)
+
+
 def measure(model: Any, name: str, *, batch_size: int, input_shape: tuple[int, ...],
             device: str = "cpu", warmup: int = 2, repeats: int = 5,
-            progress: Callable[[str], None] | None = None) -> Measurement:
+            progress: Callable[[str], None] | None = None,
+            allow_large: bool = False) -> Measurement:
     """Time forward and backward of ``model`` on random input; return per-layer medians.
 
     Args:
@@ -147,15 +206,24 @@ def measure(model: Any, name: str, *, batch_size: int, input_shape: tuple[int, .
         warmup: untimed steps first.
         repeats: timed steps with hooks, and as many without.
         progress: called with one line per step.
+        allow_large: run even when :func:`step_cost` passes this machine's memory.
 
     Raises:
         ValueError: a batch or repeat count < 1, CUDA asked for but absent, an input shape
             that the model does not accept, or a model without parameters or floating
             outputs.
+        ddpbench.sizes.TooLarge: the steps would not fit in memory (a ValueError).
     """
+    from ddpbench import sizes
+
     torch = import_torch()
     _check_arguments(torch, batch_size=batch_size, device=device, warmup=warmup,
                      repeats=repeats)
+    if not allow_large:
+        cost = step_cost(model, batch_size=batch_size, input_shape=tuple(input_shape),
+                         device=device, steps=warmup + 2 * repeats)
+        if cost is not None:
+            sizes.check(cost, advice="profile a smaller --batch-size")
     model = model.to(device).train()
     subject = _subject(torch, model, name, batch_size=batch_size, input_shape=input_shape,
                        device=device)

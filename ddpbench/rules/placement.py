@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["P3_HASH", "Part", "byteps_parts", "declaration_order", "declared_keys", "djb2",
-           "even_split", "hashed_server",
-           "kvstore_parts", "mxnet_split", "p3_parts", "tensorflow_parts"]
+           "even_split", "hashed_server", "kvstore_parts", "mxnet_split", "p3_parts",
+           "part_count", "tensorflow_parts"]
 
 
 @dataclass(frozen=True)
@@ -173,3 +173,24 @@ def declared_keys(backend: str, names: Sequence[str], frontend: str = "torch") -
     if backend == "byteps" and frontend == "mxnet":
         keys = [2 * k + 1 for k in keys]
     return keys
+
+
+def part_count(rule: str, numel: int, *, servers: int = 1, bigarray_bound: int = 1,
+               slice_params: int = 1, partition_elems: int = 1) -> int:
+    """Return how many non-empty parts ``rule``'s placement cuts an array of ``numel``
+    elements into, without building them (a size estimate's count: the parts of an array
+    of 10^12 elements cut into slices of one would not fit in memory).
+
+    ``rule`` is ``"kvstore"`` (:func:`kvstore_parts`), ``"p3"`` (:func:`p3_parts`),
+    ``"byteps"`` (:func:`byteps_parts`) or ``"tensorflow"`` (:func:`tensorflow_parts`);
+    the count is ``len`` of that function's parts with ``count > 0``.
+    """
+    if rule == "tensorflow":
+        return 1
+    if rule == "kvstore":
+        return 1 if numel < bigarray_bound else min(numel, servers)
+    if rule == "p3":
+        return 1 if numel < slice_params else -(-numel // slice_params)
+    if rule == "byteps":
+        return -(-numel // partition_elems)
+    raise ValueError(f"unknown placement rule {rule!r}; known: byteps, kvstore, p3, tensorflow")

@@ -160,6 +160,47 @@ def test_store_drops_a_torn_last_line_and_unions_columns(tmp_path):
     assert not list(tmp_path.glob(".tmp*"))
 
 
+def test_store_sets_aside_a_row_that_does_not_parse(tmp_path, capsys):
+    # A row cut short in the middle of the file, one with a cut JSON list, one whose cut
+    # quote would run into the rows below it, one with an unknown status: none is counted
+    # as finished, each is reported with its line, all go to results.rejected.csv as they
+    # were, and the good rows around them stay.
+    path = tmp_path / "results.csv"
+    store = runner.ResultsStore(path)
+    for i in range(6):
+        store.append({"mode": "simulate", "point": f"a[x={i}]", "repetition": 0,
+                      "status": "ok", "t": i + 0.5, "samples": [i, i]})
+    lines = path.read_text().split("\n")
+    bad = {2: lines[2][:12], 3: lines[3].replace("[2,2]", "[2,"),
+           4: lines[4].replace('"[3,3]"', '"[3,3]'), 5: lines[5].replace(",ok,", ",okay,")}
+    for i, text in bad.items():
+        lines[i] = text
+    path.write_text("\n".join(lines))
+    store = runner.ResultsStore(path)
+    assert [r["point"] for r in store.rows] == ["a[x=0]", "a[x=5]"]
+    assert store.done() == {("simulate", "a[x=0]", "0"), ("simulate", "a[x=5]", "0")}
+    err = capsys.readouterr().err
+    assert "4 row(s) of" in err and "set aside in results.rejected.csv beside it" in err
+    for number in (3, 4, 5, 6):
+        assert f"  line {number}: " in err, err
+    assert "cut short or run together" in err and "is not valid JSON" in err
+    assert "a quoted cell is not closed" in err
+    assert "status 'okay' is neither ok nor failed" in err
+    aside = (tmp_path / runner.REJECTED).read_text().split("\n")
+    assert aside[0] == lines[0] and aside[1:5] == [bad[i] for i in (2, 3, 4, 5)]
+    # The file now holds the good rows only, and a second read finds nothing to set aside.
+    assert [r["point"] for r in runner.ResultsStore(path).rows] == ["a[x=0]", "a[x=5]"]
+    assert "does not parse" not in capsys.readouterr().err
+
+
+def test_store_writes_one_line_per_row(tmp_path):
+    path = tmp_path / "results.csv"
+    runner.ResultsStore(path).append({"mode": "simulate", "point": "a[x=1]", "repetition": 0,
+                                      "status": "failed", "error": "two\nlines"})
+    assert path.read_text().count("\n") == 2
+    assert runner.ResultsStore(path).rows[0]["error"] == "two lines"
+
+
 def test_store_puts_rows_and_columns_in_the_sweeps_order(tmp_path):
     # Points finish in any order under parallel jobs; the file ends in the sweep's order,
     # with columns as they first appear along it, whatever order the rows came in.

@@ -30,10 +30,17 @@ def test_ps_backends_are_the_ones_with_servers():
 
 
 @pytest.mark.parametrize(("name", "knobs", "message"), [
-    ("p3", {"slice_params": 0}, "knob 'slice_params' of backend 'p3' must be >= 1, got 0"),
-    ("p3", {"slice_params": -5}, "must be >= 1, got -5"),
+    ("p3", {"slice_params": 0},
+     "knob 'slice_params' of backend 'p3' must be >= 1 elements, got 0"),
+    ("p3", {"slice_params": -5}, "must be >= 1 elements, got -5"),
     ("collective", {"nrings": 65}, "knob 'nrings' of backend 'collective' must be <= 64"),
-    ("horovod", {"fusion_threshold": True}, "must be a number, got True"),
+    ("horovod", {"fusion_threshold": True}, "must be an integer, got True (a boolean"),
+    # strict types and physical bounds, with the unit
+    ("horovod", {"cycle_time": 1e300}, "knob 'cycle_time' of backend 'horovod' must be "
+                                       "<= 10000 ms, got 1e+300"),
+    ("p3", {"slice_params": "4e4"}, "must be an integer, got the string '4e4' (YAML reads "
+                                    "4e4 as text: write 40000)"),
+    ("p3", {"priority": 1}, "knob 'priority' of backend 'p3' must be true or false, got 1"),
     ("horovod", {"fusion": 1}, "unknown knob 'fusion' of backend 'horovod'; valid knobs:"),
     ("nccl", {}, "unknown backend 'nccl'; available: ["),
 ])
@@ -56,7 +63,7 @@ def test_same_bounds_in_the_simulator_the_schema_and_the_contract():
         ddpbench.simulator.simulate("resnet50", "p3", workers=2, bandwidth_gbps=10,
                                     slice_params=0)
     with pytest.raises(schema.ExperimentError, match=r"x.yaml:3: field 'backends.p3.slice_params'"
-                       r": knob 'slice_params' of backend 'p3' must be >= 1, got -5"):
+                       r": knob 'slice_params' of backend 'p3' must be >= 1 elements, got -5"):
         schema.parse_experiment("name: x\nworkloads: [resnet50]\nbackends: {p3: "
                                 "{slice_params: [40000, -5]}}\n", "x.yaml")
     for axis, bad in [("workers", 0), ("bandwidth_gbps", -1.0), ("size_scale", 2.0),

@@ -18,7 +18,7 @@ def test_every_registered_kind_is_an_experiment_kind(name):
 
 
 def test_required_members_are_the_protocols_without_defaults():
-    optional = {"prepare", "check", "key_params", "batch_key"}
+    optional = {"prepare", "check", "key_params", "batch_key", "size"}
     members = {m for m in dir(kinds.ExperimentKind) if not m.startswith("_")}
     assert set(kinds.REQUIRED) | optional == members
 

@@ -28,9 +28,11 @@ import ddpbench
 # a name without ".*" is that module only. A module takes the exact entry, else the
 # longest package entry that holds it.
 FLOORS: dict[int, tuple[str, tuple[str, ...]]] = {
-    0: ("the knob contract, the hardware presets and the staging buffers: no other "
-        "ddpbench module",
-        ("ddpbench.contract", "ddpbench.hardware", "ddpbench.staging")),
+    0: ("the knob contract, the hardware presets, the staging buffers, the size check, "
+        "bounded messages and the launcher's watchdog (run by path, standard library only): "
+        "no other ddpbench module",
+        ("ddpbench.contract", "ddpbench.hardware", "ddpbench.staging", "ddpbench.sizes",
+         "ddpbench.messages", "ddpbench.watchdog")),
     1: ("building blocks: the API and its registry (and the package's front door), the MPI "
         "world and engine, the launcher, the per-rank runner, kernels, CuPy helpers, the "
         "numerics emulator, the optimizer, the trace writer, the profiler, the rules the "

@@ -96,7 +96,7 @@ def test_fix_holds_a_knob_for_every_backend_that_has_it_or_for_one():
     (["horovod.slice_params=5"], r"unknown knob 'slice_params' for backend 'horovod'"),
     (["kvstore.bigarray_bound=5"], r"backend 'kvstore' is not searched"),
     (["tf.x=1"], r"unknown backend 'tf'"),
-    (["fusion_threshold=-1"], r"fusion_threshold.*>= 0, got -1"),
+    (["fusion_threshold=-1"], r"fusion_threshold.*>= 0 bytes, got -1"),
     (["gpu_transport=host"], r"only applies to real runs"),
     (["fusion_threshold"], r"expects KNOB=VALUE"),
 ])

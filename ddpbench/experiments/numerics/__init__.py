@@ -33,11 +33,13 @@ from ddpbench.experiments.numerics.run import (
     point_name,
     run_point,
     run_sweep,
+    size,
 )
 from ddpbench.experiments.numerics.spec import Spec
 
 KIND: ExperimentKind[Spec] = Kind(Spec=Spec, expand=expand, point_name=point_name,
-                                  run_point=run_point, render=render, batch_key=batch_key)
+                                  run_point=run_point, render=render, batch_key=batch_key,
+                                  size=size)
 
 __all__ = ["KIND", "Spec", "batch_key", "expand", "point_name", "render", "run_point",
-           "run_sweep"]
+           "run_sweep", "size"]

@@ -80,6 +80,20 @@ def batch_key(params: dict[str, Any]) -> Hashable | None:
             float(params["scale"]), int(params["world_size"]))
 
 
+def size(params: dict[str, Any]) -> Any:
+    """Return what a map point's cell will take (:func:`ddpbench.numerics.emulation_cost`:
+    one emulation, single-threaded, at all the cell's factors); None for a training run or a
+    point whose values its run refuses anyway."""
+    if params.get("task") == "train":
+        return None
+    factors = len(json.loads(params["_factors"])) if "_factors" in params else 1
+    try:
+        return nm.emulation_cost(int(params["world_size"]), int(params["elements"]),
+                                 params["dtype"], factors, threads=1)
+    except (ValueError, TypeError):
+        return None
+
+
 def run_point(params: dict[str, Any]) -> dict[str, Any]:
     """Emulate one point (its whole cell once per process) or run one training run."""
     if params.get("task") == "train":
@@ -131,7 +145,7 @@ def _train_row(params: dict[str, Any]) -> dict[str, Any]:
 
 def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = None,
               description: str = "", source: str = "<flags>", progress: bool = True,
-              force: bool = False) -> RunSummary:
+              force: bool = False, allow_large: bool = False) -> RunSummary:
     """Run every point of ``spec`` through the runner into ``outdir``, then render.
 
     ``ddpbench numerics sweep`` builds the experiment from flags (or a file) and runs it as
@@ -140,7 +154,8 @@ def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = Non
     Cells (all factors of one dtype, distribution, scale and N) run in ``jobs`` processes.
 
     Raises:
-        ValueError: ``outdir`` is a file or holds another experiment.
+        ValueError: ``outdir`` is a file or holds another experiment, or a cell passes this
+            machine's limits (:func:`size`; ``allow_large`` runs it anyway).
     """
     from ddpbench.experiments import runner
     from ddpbench.experiments.schema import Experiment
@@ -148,4 +163,4 @@ def run_sweep(spec: Spec, outdir: Path, *, jobs: int = 2, name: str | None = Non
     exp = Experiment(name=name or outdir.name, kind="numerics", description=description,
                      spec=spec, path=source)
     return runner.run_experiment(exp, outdir, jobs=max(1, jobs), force=force,
-                                 progress=progress)
+                                 progress=progress, allow_large=allow_large)

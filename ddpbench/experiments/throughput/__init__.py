@@ -10,7 +10,13 @@ spans) and :mod:`.report` (the report, from :mod:`.aggregate`'s one row per poin
 from __future__ import annotations
 
 from ddpbench.experiments.kinds import ExperimentKind, Kind
-from ddpbench.experiments.throughput.points import expand, key_params, point_name, run_point
+from ddpbench.experiments.throughput.points import (
+    expand,
+    key_params,
+    point_name,
+    run_point,
+    size,
+)
 from ddpbench.experiments.throughput.report import render
 from ddpbench.experiments.throughput.spec import ThroughputSpec, check, prepare
 
@@ -18,7 +24,7 @@ Spec = ThroughputSpec
 
 KIND: ExperimentKind[ThroughputSpec] = Kind(
     Spec=ThroughputSpec, expand=expand, point_name=point_name, run_point=run_point,
-    render=render, prepare=prepare, check=check, key_params=key_params)
+    render=render, prepare=prepare, check=check, key_params=key_params, size=size)
 
 __all__ = ["KIND", "Spec", "ThroughputSpec", "check", "expand", "key_params", "point_name",
-           "prepare", "render", "run_point"]
+           "prepare", "render", "run_point", "size"]

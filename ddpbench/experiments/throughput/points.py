@@ -21,7 +21,7 @@ from ddpbench.experiments.naming import format_value, make_name, public
 from ddpbench.experiments.throughput.spec import ThroughputSpec
 from ddpbench.experiments.throughput.timeline import compact_timeline, span_dict, timeline_file
 
-__all__ = ["expand", "key_params", "point_name", "run_point"]
+__all__ = ["expand", "key_params", "point_name", "run_point", "size"]
 
 
 # Run settings left out of a point's name while they hold their default value, so names
@@ -137,6 +137,35 @@ def run_point(params: dict[str, Any]) -> dict[str, Any]:
     return _run_simulated(params)
 
 
+def size(params: dict[str, Any]) -> Any:
+    """Return what one point will take (:class:`ddpbench.sizes.Cost`), before it runs: a
+    simulated point's events and memory (:func:`ddpbench.simulator.estimate.estimate`), a
+    real point's ranks on this host (:func:`ddpbench.launch.job_cost`); None for a point
+    whose values its run will refuse anyway (it says why)."""
+    if params.get("mode", "simulate") == "real":
+        from ddpbench.emulation import real_job_size
+
+        return real_job_size(params)
+    est = _estimate(params)
+    return est.cost() if est is not None else None
+
+
+def _estimate(params: dict[str, Any]) -> Any:
+    from ddpbench.emulation import load_workload
+    from ddpbench.simulator import estimate
+
+    try:
+        workload = load_workload(params["workload"])
+        cluster = contract.Cluster.from_point(_cluster_params(params))
+        schedule = contract.Schedule.from_point(params)
+    except (ValueError, TypeError):
+        return None
+    fields = {k: v for k, v in cluster.model_dump().items() if v is not None}
+    return estimate.estimate(workload, params["backend"], **fields,
+                             **{k: v for k, v in schedule.model_dump().items()
+                                if v is not None}, **_knobs(params))
+
+
 def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
     from ddpbench import simulator
     from ddpbench.emulation import load_workload
@@ -145,12 +174,10 @@ def _run_simulated(params: dict[str, Any]) -> dict[str, Any]:
     workload = load_workload(params["workload"])
     cluster = contract.Cluster.from_point(_cluster_params(params))
     schedule = contract.Schedule.from_point(params)
-    # A point past the event limit fails at once with the estimate, not after hours.
-    fields = {k: v for k, v in cluster.model_dump().items() if v is not None}
-    estimate.check(estimate.estimate(
-        workload.resized(schedule.size_scale), params["backend"], **fields,
-        iterations=schedule.iterations, compute_scale=schedule.compute_scale,
-        **_knobs(params)))
+    # A point past the limits fails at once with the estimate, not after hours (a run
+    # refuses it before any point; run_point called alone refuses it here).
+    if not params.get("_allow_large"):
+        estimate.check(_estimate(params))
     res = simulator.simulate(workload, params["backend"], cluster=cluster, schedule=schedule,
                              **_knobs(params))
     sent = dict(getattr(res, "bytes_sent", {}) or {})

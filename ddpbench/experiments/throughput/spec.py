@@ -30,9 +30,9 @@ is loaded, before any point runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator
 
 from ddpbench import contract
 from ddpbench.contract import COMMON_AXES
@@ -42,6 +42,27 @@ __all__ = ["GanttOptions", "RealOptions", "ReportOptions", "ThroughputSpec", "ch
 
 BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16", "resnet101",
                      "inception_v3", "transformer_big", "bert_large", "gpt2_xl", "sockeye")
+
+
+def _strict(kind: type) -> BeforeValidator:
+    """Return a validator that refuses the scalars pydantic would convert into ``kind``: a
+    bool or a number-like string for a number (YAML's ``true``, or ``1e9``, which YAML 1.1
+    reads as text), anything but a bool for a bool. Other strings go on to pydantic, which
+    names them (``'many'`` is not a valid integer), with the item's index in the location."""
+
+    def check(value: Any) -> Any:
+        try:
+            contract.reject_loose(value, kind, "the value")
+        except TypeError as err:
+            if isinstance(value, str) and kind is not bool and "YAML reads" not in str(err):
+                return value  # not a number at all (or 'colocated'): pydantic decides
+            raise ValueError(str(err).removeprefix("the value ")) from None
+        return value
+
+    return BeforeValidator(check)
+
+
+_STRICT_INT, _STRICT_FLOAT, _STRICT_BOOL = _strict(int), _strict(float), _strict(bool)
 
 
 class RealOptions(Frozen):
@@ -118,41 +139,41 @@ class ThroughputSpec(Frozen):
 
     mode: Literal["simulate", "real", "both"] = "simulate"
     workloads: tuple[str, ...]
-    workers: tuple[int, ...] = ()
-    hosts: tuple[int, ...] = ()
-    gpus_per_host: tuple[int, ...] = (1,)
-    servers: tuple[int | Literal["colocated"], ...] = ("colocated",)
-    bandwidth_gbps: tuple[float, ...] = (10.0,)
-    latency_us: tuple[float, ...] = (5.0,)
-    iterations: tuple[int, ...] = (3,)
-    warmup: tuple[int, ...] = (1,)
-    compute_scale: tuple[float, ...] = (1.0,)
-    size_scale: tuple[float, ...] = (1.0,)
-    oversubscription: tuple[float, ...] = (1.0,)
-    rack_size: tuple[int, ...] = (8,)
-    ecmp_paths: tuple[int, ...] = (1,)
+    workers: tuple[Annotated[int, _STRICT_INT], ...] = ()
+    hosts: tuple[Annotated[int, _STRICT_INT], ...] = ()
+    gpus_per_host: tuple[Annotated[int, _STRICT_INT], ...] = (1,)
+    servers: tuple[Annotated[int | Literal["colocated"], _STRICT_INT], ...] = ("colocated",)
+    bandwidth_gbps: tuple[Annotated[float, _STRICT_FLOAT], ...] = (10.0,)
+    latency_us: tuple[Annotated[float, _STRICT_FLOAT], ...] = (5.0,)
+    iterations: tuple[Annotated[int, _STRICT_INT], ...] = (3,)
+    warmup: tuple[Annotated[int, _STRICT_INT], ...] = (1,)
+    compute_scale: tuple[Annotated[float, _STRICT_FLOAT], ...] = (1.0,)
+    size_scale: tuple[Annotated[float, _STRICT_FLOAT], ...] = (1.0,)
+    oversubscription: tuple[Annotated[float, _STRICT_FLOAT], ...] = (1.0,)
+    rack_size: tuple[Annotated[int, _STRICT_INT], ...] = (8,)
+    ecmp_paths: tuple[Annotated[int, _STRICT_INT], ...] = (1,)
     intra_link: tuple[str, ...] = ("pcie",)
     transport: tuple[str, ...] = ("ideal",)
     device: tuple[str | None, ...] = (None,)
     nccl_proto: tuple[str | None, ...] = (None,)
     nccl_algo: tuple[str | None, ...] = (None,)
     nccl_version: tuple[str | None, ...] = (None,)
-    nccl_channels: tuple[int | None, ...] = (None,)
-    nccl_socket_flows: tuple[int | None, ...] = (None,)
-    overlap_slowdown: tuple[float | None, ...] = (None,)
-    server_sum_gbps: tuple[float, ...] = (80.0,)
-    server_update_gbps: tuple[float | None, ...] = (None,)
-    per_message_us: tuple[float | None, ...] = (None,)
-    socket_gbps: tuple[float | None, ...] = (None,)
-    page_fault_us: tuple[float | None, ...] = (None,)
-    jitter: tuple[float, ...] = (0.0,)
-    stragglers: tuple[int, ...] = (0,)
-    straggler_slowdown: tuple[float, ...] = (2.0,)
-    seed: tuple[int, ...] = (0,)
-    batch_size: tuple[int | None, ...] = (None,)
+    nccl_channels: tuple[Annotated[int | None, _STRICT_INT], ...] = (None,)
+    nccl_socket_flows: tuple[Annotated[int | None, _STRICT_INT], ...] = (None,)
+    overlap_slowdown: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
+    server_sum_gbps: tuple[Annotated[float, _STRICT_FLOAT], ...] = (80.0,)
+    server_update_gbps: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
+    per_message_us: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
+    socket_gbps: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
+    page_fault_us: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
+    jitter: tuple[Annotated[float, _STRICT_FLOAT], ...] = (0.0,)
+    stragglers: tuple[Annotated[int, _STRICT_INT], ...] = (0,)
+    straggler_slowdown: tuple[Annotated[float, _STRICT_FLOAT], ...] = (2.0,)
+    seed: tuple[Annotated[int, _STRICT_INT], ...] = (0,)
+    batch_size: tuple[Annotated[int | None, _STRICT_INT], ...] = (None,)
     precision: tuple[str, ...] = ("fp32",)
     machine: tuple[str | None, ...] = (None,)
-    paced: tuple[bool, ...] = (False,)
+    paced: tuple[Annotated[bool, _STRICT_BOOL], ...] = (False,)
     repetitions: int = Field(1, ge=1)
     backends: dict[str, dict[str, tuple[Any, ...]]]
     zip: tuple[tuple[str, ...], ...] = ()
