@@ -283,7 +283,7 @@ class PSKnobs(Knobs):
 
 
 class KvstoreKnobs(PSKnobs):
-    """``kvstore``: MXNet's parameter server."""
+    """``kvstore``: MXNet's parameter server, optionally under ByteScheduler."""
 
     bigarray_bound: int = knob(
         1_000_000, ge=1, unit="elements", source="src/kvstore/kvstore_dist.h, MXNET_KVSTORE_BIGARRAY_BOUND",
@@ -313,11 +313,44 @@ class KvstoreKnobs(PSKnobs):
             "PCIe switch's uplink, summed by the CPU, the pulled value copied back to each "
             "GPU); 'device' = dist_device_sync (CommDevice: reduced among the GPUs over the "
             "intra-host link)")
+    scheduler: Literal["none", "bytescheduler"] = knob(
+        "none", tune="categorical",
+        source="bytescheduler/mxnet/kvstore.py (ScheduledKVStore), mxnet/kvstore_task.py, "
+               "common/bytecore.py",
+        tune_source="MXNet's kvstore alone or under ByteScheduler",
+        doc="'none': MXNet's kvstore as it is; 'bytescheduler': ByteScheduler over it: every "
+            "array cut into partitions of at most partition_params, each its own MXNet key; "
+            "rank 0 starts them by priority while credit_params of credit is left and gets "
+            "it back once a partition's push and pull are done; every partition's push "
+            "waits for a one-element barrier key that the servers answer once every worker "
+            "has pushed it, so the other workers follow rank 0's order")
+    partition_params: int = knob(
+        1_000_000, ge=1, unit="elements",
+        source="bytescheduler/common/bytecore.py, BYTESCHEDULER_PARTITION",
+        tune=(1_000_000, 32_000_000, "log"), tune_when={"scheduler": "bytescheduler"},
+        tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, partition in [2, 32] M parameters), down to its default of 1 M",
+        doc="scheduler 'bytescheduler': parameters per partition")
+    credit_params: int = knob(
+        4_000_000, ge=1, unit="elements",
+        source="bytescheduler/common/bytecore.py, BYTESCHEDULER_CREDIT",
+        tune=(1_000_000, 16_000_000, "log"), tune_when={"scheduler": "bytescheduler"},
+        tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, credit for 'ps' in [1, 16] M parameters)",
+        doc="scheduler 'bytescheduler': parameters rank 0 has started and not yet pushed "
+            "and pulled")
     grpc_gbps: float = knob(
         1.3, ge=1e-6, le=1e6, allow_inf_nan=False, side="sim", unit="Gbit/s",
         source="tensorflow/tensorflow issues #4498 and #6116",
         doc="system 'tensorflow': what one gRPC connection carries (about 1.3 Gbit/s up to "
             "TensorFlow 1.3; 6.4 after gRPC's upgrade of August 2017)")
+
+
+    @model_validator(mode="after")
+    def _bytescheduler_over_mxnet(self) -> KvstoreKnobs:
+        if self.scheduler == "bytescheduler" and (self.merged_push_pull
+                                                  or self.system != "mxnet"):
+            raise ValueError("scheduler 'bytescheduler' runs over MXNet's kvstore round "
+                             "trip: it needs system='mxnet' and merged_push_pull=false")
+        return self
 
 
 class P3Knobs(PSKnobs):
@@ -367,19 +400,22 @@ class BytepsKnobs(PSKnobs):
         tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, partition in [2, 32] M parameters: up to "
                     "128 MB of fp32), down to a quarter of BytePS's default",
         doc="bytes per partition")
-    scheduler: Literal["byteps", "bytescheduler", "window"] = knob(
-        "byteps", source="byteps/common/scheduled_queue.cc; bytescheduler/common/bytecore.py",
+    scheduler: Literal["byteps", "credit", "window"] = knob(
+        "byteps", source="byteps/common/scheduled_queue.cc",
         tune="categorical", tune_source="the three schedulers",
-        tune_original=("byteps", "bytescheduler"),
+        tune_original=("byteps",),
         doc="'byteps': FIFO to the network (BytePS's credit orders only the local reduce "
-            "stage); 'bytescheduler': ByteScheduler's credit; 'window': ddpbench's own byte "
-            "window released on arrival, not an original's")
+            "stage); 'credit': ddpbench's own, ByteScheduler's credit loop on every worker "
+            "over BytePS's partitions, credit back on the push's acknowledgement "
+            "(ByteScheduler itself runs over MXNet's kvstore: kvstore "
+            "scheduler='bytescheduler'); 'window': ddpbench's own byte window released on "
+            "arrival")
     credit_params: int = knob(
         4_000_000, ge=1, unit="elements",
         source="bytescheduler/common/bytecore.py, BYTESCHEDULER_CREDIT",
-        tune=(1_000_000, 16_000_000, "log"), tune_when={"scheduler": "bytescheduler"},
+        tune=(1_000_000, 16_000_000, "log"), tune_when={"scheduler": "credit"},
         tune_source="bytescheduler/common/tuner.py (ByteScheduler's tuner, credit for 'ps' in [1, 16] M parameters)",
-        doc="scheduler 'bytescheduler': parameters pushed and not yet acknowledged")
+        doc="scheduler 'credit': parameters pushed and not yet acknowledged")
     credit_bytes: int = knob(
         4_096_000, ge=1, unit="bytes", tune=(4_000_000, 64_000_000, "log"),
         tune_when={"scheduler": "window"},
@@ -398,8 +434,8 @@ class BytepsKnobs(PSKnobs):
 
     @model_validator(mode="after")
     def _credit_needs_acknowledged_pushes(self) -> BytepsKnobs:
-        if self.scheduler == "bytescheduler" and self.merged_push_pull:
-            raise ValueError("scheduler 'bytescheduler' returns credit when a push is "
+        if self.scheduler == "credit" and self.merged_push_pull:
+            raise ValueError("scheduler 'credit' returns credit when a push is "
                              "acknowledged, so it needs merged_push_pull=false")
         return self
 
@@ -425,11 +461,12 @@ BACKENDS: dict[str, BackendContract] = {
                         "fusion, prescale/postscale on the fused buffer",
                         "ddpbench.backends.horovod"),
         BackendContract("kvstore", KvstoreKnobs, "MXNet-style parameter server, server-side "
-                        "optimizer", "ddpbench.backends.ps.kvstore", uses_servers=True),
+                        "optimizer, optionally under ByteScheduler",
+                        "ddpbench.backends.ps.kvstore", uses_servers=True),
         BackendContract("p3", P3Knobs, "priority-based slicing, P3's placement, ps-lite's "
                         "blocking sockets", "ddpbench.backends.ps.p3", uses_servers=True),
         BackendContract("byteps", BytepsKnobs, "partitioned push then pull, djb2 placement, "
-                        "FIFO or ByteScheduler's credit",
+                        "FIFO",
                         "ddpbench.backends.ps.byteps", uses_servers=True),
         BackendContract("collective", CollectiveKnobs, "sum/max/min/prod, parallel rings, "
                         "local SGD", "ddpbench.backends.collective"),

@@ -646,6 +646,18 @@ class _Part:
         self.summed: set[int] = set()  # workers whose sum is ready, no pull request yet
 
 
+class _BsTask:
+    """One of ByteScheduler's push-pull tasks (a partition of a tensor, its own MXNet key):
+    its parts on the servers, its size, its priority (smaller first) and its barrier key."""
+
+    __slots__ = ("pid", "parts", "numel", "priority", "barrier")
+
+    def __init__(self, pid: int, parts: list[_Part], numel: int, priority: int,
+                 barrier: _Part) -> None:
+        self.pid, self.parts, self.numel = pid, parts, numel
+        self.priority, self.barrier = priority, barrier
+
+
 _MX = hardware.MXNET_SERVER_BYTES
 
 
@@ -991,7 +1003,7 @@ class KvstoreStrategy(_PSBase):
         # MXNet's round trip: a key's pull is an engine operation after its whole push
         # (src/kvstore/kvstore_dist.h, "pull always happens after the previous push").
         self._whole_key = self.round_trip == "ack_round" and not self._tf
-        ntensors = len(self.sim.workload.tensors)
+        ntensors = 1 + max((p.tensor for x in self.parts for p in x), default=-1)
         self._key_parts: list[list[_Part]] = [[] for _ in range(ntensors)]
         for layer_parts in self.parts:
             for p in layer_parts:
@@ -1002,6 +1014,9 @@ class KvstoreStrategy(_PSBase):
                              if not (self._local and p.host == w and not self._mx))
                          for parts in self._key_parts] for w in range(self.sim.workers)]
         self._answered = [[0] * ntensors for _ in range(self.sim.workers)]
+        if self._bs:
+            self._bs_start()
+            return
         if self._tf:
             rate = self.sim.server_thread  # the server CPU's memory traffic, 0 = free
             self._tf_cost = (_TF_BYTES / rate) if rate else 0.0
@@ -1015,6 +1030,108 @@ class KvstoreStrategy(_PSBase):
                 self.net.cap_receivers(self.knobs.grpc_gbps * 1e9 / 8)
         self.use_fifo_ports()  # pushes and replies alike carry priority 0
 
+    # -- ByteScheduler over MXNet's kvstore (scheduler="bytescheduler") --------------------
+    def _bs_parts(self) -> list[_Part]:
+        """Cut every tensor into ByteScheduler's partitions, each its own MXNet key placed by
+        MXNet's rule, with the one-element barrier key each partition's push waits for
+        (:func:`~ddpbench.rules.placement.bytescheduler_keys`)."""
+        sim = self.sim
+        s, bound = sim.num_servers, self.knobs.bigarray_bound
+        tensors = sim.workload.tensors
+        sizes = [placement.bytescheduler_partitions(t.numel, self.knobs.partition_params)
+                 for t in tensors]
+        keys, barriers = placement.bytescheduler_keys(sizes)
+        parts: list[_Part] = []
+        self._bs_tasks: list[_BsTask] = []
+        self._bs_of_layer: list[list[_BsTask]] = [[] for _ in sim.workload.layers]
+        for ti, t in enumerate(tensors):
+            for i, (n, key, bkey) in enumerate(zip(sizes[ti], keys[ti], barriers[ti])):
+                pid = len(self._bs_tasks)
+                mine = []
+                for pp in placement.kvstore_parts(key, n, bound, s):
+                    if pp.count:
+                        part = _Part(len(parts), t.layer, pp.count, pp.server, 0,
+                                     sim.server_host(pp.server), pp.count * sim.itemsize, pid)
+                        parts.append(part)
+                        mine.append(part)
+                bserver = placement.kvstore_parts(bkey, 1, bound, s)[0].server
+                barrier = _Part(-1, t.layer, 1, bserver, 0, sim.server_host(bserver),
+                                sim.itemsize, -1 - pid)
+                # ByteTask: a task's priority is its key index x 1000, a partition's + i
+                task = _BsTask(pid, mine, n, ti * 1000 + i, barrier)
+                self._bs_tasks.append(task)
+                self._bs_of_layer[t.layer].append(task)
+        return parts
+
+    def _bs_start(self) -> None:
+        self._bs_heap: list[tuple[int, int]] = []
+        self._bs_credit = float(self.knobs.credit_params)
+        self._bs_left = [0] * len(self._bs_tasks)  # rank 0's parts not yet back
+
+    def grad_ready(self, w: int, layer: int) -> None:
+        if not self._bs:
+            super().grad_ready(w, layer)
+            return
+        if w != 0:  # the other ranks' tasks are immediate: their barriers go at once
+            for task in self._bs_of_layer[layer]:
+                self.post(w, task.barrier)
+            return
+        for task in self._bs_of_layer[layer]:
+            heapq.heappush(self._bs_heap, (task.priority, task.pid))
+        self._bs_run()
+
+    def _bs_run(self) -> None:
+        """Rank 0's ByteCore loop: start the best task while credit is left (bytecore.py
+        ``_loop``: a task starts while the credit is positive, whatever its size)."""
+        while self._bs_heap and self._bs_credit > 0:
+            _, pid = heapq.heappop(self._bs_heap)
+            task = self._bs_tasks[pid]
+            self._bs_credit -= task.numel
+            self._bs_left[pid] = len(task.parts)
+            self.post(0, task.barrier)
+
+    def _bs_back(self, part: _Part) -> None:
+        """One of rank 0's parts is pushed and pulled: once its task's last one is, the
+        task's parameters return to the credit (its end op), at most the limit."""
+        pid = part.tensor
+        self._bs_left[pid] -= 1
+        if self._bs_left[pid] == 0:
+            limit = float(self.knobs.credit_params)
+            self._bs_credit = min(limit, self._bs_credit + self._bs_tasks[pid].numel)
+            self._bs_run()
+
+    def _reply(self, part: _Part) -> None:
+        if part.index == -1:  # a barrier key: every worker has pushed it
+            order, part.arrived = part.arrived, []
+            latency = self.sim.latency
+            for w in order:
+                if self._local and w == part.host:
+                    self._barrier_answered((part, w))
+                else:
+                    self._later(latency, self._barrier_answered, (part, w))
+            return
+        beside_rank0 = self._bs and self._local and not self._mx and part.host == 0
+        super()._reply(part)
+        if beside_rank0:  # rank 0's part beside its server that only sums is back
+            self._bs_back(part)
+
+    def _barrier_answered(self, value: tuple[_Part, int]) -> None:
+        """Worker ``w``'s barrier push is answered: it pushes the task's partition."""
+        barrier, w = value
+        for part in self._bs_tasks[-1 - barrier.tensor].parts:
+            self.post(w, part)
+
+    def _on_pull(self, msg: Message) -> None:
+        super()._on_pull(msg)
+        if self._bs and msg.dst == 0:
+            self._bs_back(msg.data[0])
+
+    def _local_pulled_part(self, value: tuple[_Part, int]) -> None:
+        part, w = value
+        self._local_unit(w, part.layer)
+        if self._bs and w == 0:
+            self._bs_back(part)
+
     def _key_answered(self, part: _Part, w: int) -> bool:
         """Count ``part``'s answered push for worker ``w``; return whether every part of its
         key is now answered (MXNet pulls a key once its whole push has completed)."""
@@ -1027,7 +1144,7 @@ class KvstoreStrategy(_PSBase):
 
     def _push_answered(self, value: tuple[_Part, int]) -> None:
         part, w = value
-        if not self._whole_key or self._expect[w][part.tensor] == 1:
+        if not self._whole_key or (self._expect[w][part.tensor] == 1 and not self._bs):
             super()._push_answered(value)
             return
         self.pushed(w, part)
@@ -1035,7 +1152,7 @@ class KvstoreStrategy(_PSBase):
             self._pull_key(part, w)
 
     def _local_answer(self, part: _Part, w: int) -> None:
-        if not self._whole_key or self._expect[w][part.tensor] == 1:
+        if not self._whole_key or (self._expect[w][part.tensor] == 1 and not self._bs):
             super()._local_answer(part, w)
         elif self._key_answered(part, w):
             self._pull_key(part, w)
@@ -1048,11 +1165,14 @@ class KvstoreStrategy(_PSBase):
             if not (self._local and p.host == w):
                 self._later(latency, self._pull_request, (p, w))
             elif self._mx:
-                self._on_thread(p, w, self._local_pulled, (w, p.layer))
+                self._on_thread(p, w, self._local_pulled_part, (p, w))
             # (else: a part beside a server that only sums is back already)
 
     def make_parts(self) -> list[_Part]:
         s, bound = self.sim.num_servers, self.knobs.bigarray_bound
+        self._bs = self.knobs.scheduler == "bytescheduler"
+        if self._bs:
+            return self._bs_parts()
         if self.knobs.system == "tensorflow":
             return self.placed_parts(lambda key, n: placement.tensorflow_parts(key, n, s),
                                      prioritised=False)
@@ -1149,14 +1269,14 @@ class BytepsStrategy(_PSBase):
     """``byteps``: partitions placed by BytePS's hash, pushed, acknowledged, then pulled.
 
     ``scheduler="byteps"`` (BytePS's default): partitions go to the network in the order
-    they are ready (FIFO). ``"bytescheduler"``: ByteScheduler's core
-    (bytescheduler/common/bytecore.py) holds them in a priority queue (-layer first) and
-    starts the best one while its credit of ``credit_params`` parameters is positive, never
-    skipping it; a push's parameters return to the credit when the server has acknowledged
-    it (BytePS's push response, on arrival; ByteScheduler on MXNet's synchronous push waits
-    for every worker's push instead, which deadlocks when workers have started different
-    partitions, so ddpbench does not model that). ``"window"`` is ddpbench's own: at most
-    ``credit_bytes`` bytes on the wire, released on arrival, priority order with skipping.
+    they are ready (FIFO). ``"credit"`` is ddpbench's own: ByteScheduler's core loop
+    (bytescheduler/common/bytecore.py) on every worker over BytePS's partitions, a priority
+    queue (-layer first) that starts the best one while its credit of ``credit_params``
+    parameters is positive, never skipping it; a push's parameters return to the credit
+    when the server has acknowledged it (BytePS's push response, on arrival). ByteScheduler
+    itself runs over MXNet's kvstore (``kvstore`` with ``scheduler="bytescheduler"``).
+    ``"window"`` is ddpbench's own too: at most ``credit_bytes`` bytes on the wire,
+    released on arrival, priority order with skipping.
     """
 
     name = "byteps"
@@ -1165,7 +1285,7 @@ class BytepsStrategy(_PSBase):
     def start(self) -> None:
         k = self.knobs
         self.round_trip = "merged" if k.merged_push_pull else "ack_arrival"
-        if k.scheduler == "bytescheduler":
+        if k.scheduler == "credit":
             self._cores = [_ByteSchedulerCore(self, w, k.credit_params)
                            for w in range(self.sim.workers)]
         if k.scheduler != "window":  # only the window sends by priority on the wire
@@ -1185,7 +1305,7 @@ class BytepsStrategy(_PSBase):
             for _ in self.parts[layer]:
                 self.sim.unit_done(w, layer)
             return
-        if self.knobs.scheduler != "bytescheduler":
+        if self.knobs.scheduler != "credit":
             super().grad_ready(w, layer)
             return
         for part in self.parts[layer]:
@@ -1198,11 +1318,11 @@ class BytepsStrategy(_PSBase):
         return part.priority if self.knobs.scheduler == "window" else 0
 
     def pushed(self, w: int, part: _Part) -> None:
-        if self.knobs.scheduler == "bytescheduler":
+        if self.knobs.scheduler == "credit":
             self._cores[w].finished(part)  # the server acknowledged this worker's push
 
     def _arrive_push(self, part: _Part, w: int) -> None:
-        if self.knobs.scheduler == "bytescheduler" and part.host == w and self._local:
+        if self.knobs.scheduler == "credit" and part.host == w and self._local:
             # the colocated server's answer comes back over loopback like any other
             self._later(self.sim.latency, self._pushed_local, (part, w))
         super()._arrive_push(part, w)

@@ -15,13 +15,12 @@ Scheduling (``scheduler``):
   BytePS's own credit (``BYTEPS_SCHEDULING_CREDIT``, byteps/common/scheduled_queue.cc)
   orders only the local reduce stage of a multi-GPU host, which one process per host
   does not have; the network queue stays FIFO.
-- ``"bytescheduler"``: ByteScheduler's core (bytescheduler/common/bytecore.py): a priority
-  queue (the caller's priority, larger first) that starts the best partition while
-  ``credit_params`` parameters of credit are left (never skipping it), and returns a
-  partition's parameters to the credit when the server has acknowledged its push
-  (BytePS's push response). ByteScheduler on MXNet's synchronous push waits for every
-  worker's push instead, which deadlocks once workers have started different partitions;
-  ddpbench does not model that.
+- ``"credit"``: ddpbench's own: ByteScheduler's core loop (bytescheduler/common/bytecore.py)
+  on every worker over BytePS's partitions: a priority queue (the caller's priority, larger
+  first) that starts the best partition while ``credit_params`` parameters of credit are
+  left (never skipping it), and returns a partition's parameters to the credit when the
+  server has acknowledged its push (BytePS's push response). ByteScheduler itself runs over
+  MXNet's kvstore, rank 0 alone scheduling (``kvstore`` with ``scheduler="bytescheduler"``).
 - ``"window"``: ddpbench's own, not an original's: at most ``credit_bytes`` bytes on the
   wire, released when a push arrives, priority order skipping what does not fit.
 
@@ -45,12 +44,12 @@ __all__ = ["BytePSStore"]
 
 @register("byteps")
 class BytePSStore(PSStore):
-    """Partitioned push and pull, FIFO (BytePS) or scheduled (ByteScheduler, a window).
+    """Partitioned push and pull, FIFO (BytePS) or scheduled (a credit loop, a window).
 
     Options:
         partition_bytes: bytes per partition (default 4,096,000).
-        scheduler: "byteps" (default, FIFO), "bytescheduler" or "window".
-        credit_params: ByteScheduler's credit in parameters (default 4,000,000).
+        scheduler: "byteps" (default, FIFO), "credit" or "window" (ddpbench's own).
+        credit_params: the credit loop's parameters in flight (default 4,000,000).
         credit_bytes: the window's bytes in flight (ddpbench's own).
         merged_push_pull: one merged message each way (ddpbench's own; default False).
         servers, bandwidth_gbps, latency_us, trace: see :class:`ddpbench.contract.PSKnobs`.
@@ -77,7 +76,7 @@ class BytePSStore(PSStore):
     def schedule(self, priority: int, part: Part, nbytes: int) -> tuple[int, Gate | None, float]:
         if self.options.scheduler == "byteps":
             return 0, None, 1.0
-        if self.options.scheduler == "bytescheduler":
+        if self.options.scheduler == "credit":
             return priority, None, 1.0  # the scheduler's queue order (:meth:`dispatch`)
         return priority, self.gate("credit", self.options.credit_bytes), float(nbytes)
 
@@ -85,17 +84,17 @@ class BytePSStore(PSStore):
         return self.options.scheduler == "window"
 
     def dispatch(self, msg: Msg, part: Part) -> None:
-        if self.options.scheduler != "bytescheduler":
+        if self.options.scheduler != "credit":
             super().dispatch(msg, part)
             return
-        # ByteScheduler's loop: queue by priority, start while the credit is positive.
+        # ByteScheduler's core loop: queue by priority, start while the credit is positive.
         self._seq += 1
         heapq.heappush(self._waiting, (-msg.priority, self._seq, msg, part))
         msg.priority = 0  # on the wire a ps-lite push is FIFO
         self._run_scheduler()
 
     def pushed(self, part: Part) -> None:
-        if self.options.scheduler == "bytescheduler":
+        if self.options.scheduler == "credit":
             self._credit = min(self._credit + part.count, float(self.options.credit_params))
             self._run_scheduler()
 

@@ -33,7 +33,7 @@ GRID: dict[str, dict[str, tuple[float, float, str]]] = {
     "byteps": {"partition_bytes": (1_024_000, 128_000_000, "int"),
                "credit_params": (1_000_000, 16_000_000, "int")},
 }
-GRID_FIXED: dict[str, dict[str, Any]] = {"byteps": {"scheduler": "bytescheduler"},
+GRID_FIXED: dict[str, dict[str, Any]] = {"byteps": {"scheduler": "credit"},
                                         "p3": {"water_mark": 0}}
 GRID_VALUES = 5
 

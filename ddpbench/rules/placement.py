@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 __all__ = ["P3_HASH", "Part", "byteps_parts", "declaration_order", "declared_keys", "djb2",
            "even_split", "hashed_server", "kvstore_parts", "mxnet_split", "p3_parts",
-           "part_count", "tensorflow_parts"]
+           "part_count", "tensorflow_parts", "bytescheduler_keys", "bytescheduler_partitions"]
 
 
 @dataclass(frozen=True)
@@ -194,3 +194,47 @@ def part_count(rule: str, numel: int, *, servers: int = 1, bigarray_bound: int =
     if rule == "byteps":
         return -(-numel // partition_elems)
     raise ValueError(f"unknown placement rule {rule!r}; known: byteps, kvstore, p3, tensorflow")
+
+
+# -- ByteScheduler over MXNet's kvstore -----------------------------------------------------
+def bytescheduler_partitions(numel: int, partition: int) -> list[int]:
+    """Return the sizes ByteScheduler cuts an array of ``numel`` elements into: one task up to
+    ``partition`` elements, else ``ceil(numel / partition)`` partitions of nearly equal size,
+    the last ones one element longer (ByteCore.post, KVStoreTask._partition_single_tensor,
+    which cuts by rows; here by elements, the array taken as one row per element)."""
+    if numel <= partition:
+        return [numel]
+    number = -(-numel // partition)
+    base, extra = divmod(numel, number)
+    return [base + (1 if i >= number - extra else 0) for i in range(number)]
+
+
+def bytescheduler_keys(partitions: Sequence[Sequence[int]], start: int = 0
+                       ) -> tuple[list[list[int]], list[list[int]]]:
+    """Return MXNet's integer key of every partition and of its barrier key, for arrays whose
+    partitions (:func:`bytescheduler_partitions`) come in declaration order.
+
+    MXNet numbers string keys in the order they are initialised (KVStoreDist's string key
+    map), and ScheduledKVStore.init initialises, per array: its own barrier key (the task's,
+    in ``_additional_init``), then, for an array cut into several partitions, every
+    partition's barrier key (each child task's ``_additional_init``) before the partitions'
+    own keys (each child's init); an uncut array's barrier is its own
+    (bytescheduler/mxnet/kvstore.py, kvstore_task.py). ``start`` is the number of keys
+    initialised before the first of these arrays.
+    """
+    keys: list[list[int]] = []
+    barriers: list[list[int]] = []
+    k = start
+    for sizes in partitions:
+        own = k
+        k += 1
+        if len(sizes) == 1:
+            barriers.append([own])
+            keys.append([k])
+            k += 1
+            continue
+        barriers.append(list(range(k, k + len(sizes))))
+        k += len(sizes)
+        keys.append(list(range(k, k + len(sizes))))
+        k += len(sizes)
+    return keys, barriers

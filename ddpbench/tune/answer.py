@@ -198,7 +198,7 @@ def own_mechanisms(request: Mapping[str, Any], row: Any) -> list[str]:
     """Return ``knob=value`` of a trial's knobs set to a mechanism of ddpbench's own.
 
     A space entry's ``original`` lists the values the original system offers (BytePS's
-    schedulers ``byteps`` and ``bytescheduler``, not ``window``); any other value is
+    scheduler ``byteps``, not ``credit`` or ``window``); any other value is
     ddpbench's own, a prediction for a system that does not exist as such.
     """
     backend = str(row["backend"])

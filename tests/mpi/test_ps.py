@@ -57,9 +57,17 @@ def test_colocated_three_workers():
     assert one(out, "byteps_placement")["servers"] == 3
     assert one(out, "sum_order")["workers"] == 3
     assert one(out, "byteps_average")["workers"] == 3
-    for tag in ("byteps", "kvstore colocated", "byteps credit", "bytescheduler",
+    for tag in ("byteps", "kvstore colocated", "byteps credit", "credit scheduler",
                 "byteps merged"):
         assert one(out, "sums", tag=tag)["workers"] == 3
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_bytescheduler_over_the_kvstore_sums_exactly_without_deadlock(workers):
+    # rank 0 schedules, the others follow at the barrier keys, posting in another order
+    out = run_mpi(workers, SCRIPT, "bytescheduler", timeout=90)
+    assert one(out, "sums", tag="bytescheduler")["workers"] == workers
+    assert one(out, "bytescheduler")["workers"] == workers
 
 
 @pytest.mark.parametrize("backend", ["kvstore", "byteps"])

@@ -275,15 +275,43 @@ def case_colocated():
                          bandwidth_gbps=0.2)
     check_sums(bc, [(0, 1000, np.float32), (1, 77, np.float32)], "byteps credit")
     bc.close()
-    # ByteScheduler's credit (100 parameters = one partition in flight) and the merged
-    # variant: the same sums
-    bs = ddpbench.create("byteps", partition_bytes=400, scheduler="bytescheduler",
+    # ByteScheduler's credit loop over BytePS (100 parameters = one partition in flight) and
+    # the merged variant: the same sums
+    bs = ddpbench.create("byteps", partition_bytes=400, scheduler="credit",
                          credit_params=100, bandwidth_gbps=0.2)
-    check_sums(bs, [(0, 1000, np.float32), (1, 77, np.float32)], "bytescheduler")
+    check_sums(bs, [(0, 1000, np.float32), (1, 77, np.float32)], "credit scheduler")
     bs.close()
     bm = ddpbench.create("byteps", partition_bytes=400, merged_push_pull=True)
     check_sums(bm, [(0, 1000, np.float32), (1, 77, np.float32)], "byteps merged")
     bm.close()
+
+
+def case_bytescheduler():
+    """ByteScheduler over MXNet's kvstore at any world size: rank 0 starts the partitions
+    (300 elements, 600 of credit: two in flight), the others wait at the barrier keys; sums
+    exact, whatever order each rank posts its arrays in (rank 0 one way, the others the
+    other), with and without the servers' optimizer."""
+    kv = ddpbench.create("kvstore", scheduler="bytescheduler", partition_params=300,
+                         credit_params=600, bigarray_bound=500, bandwidth_gbps=0.2)
+    keys = [("a", 1000, np.float32), ("b", 77, np.float32), ("c", 2501, np.float32)]
+    check_sums(kv, keys, "bytescheduler")
+    w, r = kv.num_workers, kv.rank
+    tri = w * (w + 1) // 2
+    mine = keys if r == 0 else keys[::-1]
+    for _ in range(3):
+        hs = [(kv.push_pull_async(k, pattern(n, dt) * dt(r + 1), priority=-j), n, dt)
+              for j, (k, n, dt) in enumerate(mine)]
+        for h, n, dt in hs:
+            assert np.array_equal(h.wait(), pattern(n, dt) * dt(tri))
+    # the servers' SGD (MXNet's: rescale_grad on the summed gradient) under ByteScheduler
+    w0 = np.full(1000, 1.0, np.float32)
+    kv.broadcast("w", w0.copy())
+    kv.set_optimizer(ddpbench.SGD(lr=0.5, rescale_grad=1.0 / w))
+    out = kv.push_pull("w", np.full(1000, r + 1.0, np.float32))
+    assert np.allclose(out, 1.0 - 0.5 * tri / w), out[:3]
+    kv.set_optimizer(None)
+    say(kv, "bytescheduler", workers=w)
+    kv.close()
 
 
 def case_die():

@@ -21,7 +21,7 @@ from ddpbench.simulator.workload import load_workload
     ("resnet50", "mpi", {"workers": 24}),
     ("bert_base", "p3", {"hosts": 6, "transport": "tcp"}),
     ("resnet50", "collective", {"hosts": 4, "gpus_per_host": 4, "nrings": 4}),
-    ("vgg19", "byteps", {"workers": 8, "servers": 2, "scheduler": "bytescheduler"}),
+    ("vgg19", "byteps", {"workers": 8, "servers": 2, "scheduler": "credit"}),
     ("resnet50", "p3", {"workers": 4, "slice_params": 4000}),  # small knob, many parts
     ("resnet50", "kvstore", {"workers": 4, "system": "tensorflow"}),
 ])

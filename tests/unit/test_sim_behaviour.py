@@ -216,11 +216,11 @@ def test_byteps_is_fifo_and_the_schedulers_let_priority_overtake():
     assert push_layers(window).index(0) < 20  # layer 0 overtakes queued layer-1 partitions
     # ByteScheduler: credit of 3000 parameters = 3 partitions of 1000 in flight; layer 0
     # becomes ready at 20 us, when the first credit has come back.
-    bs = simulate(wl, "byteps", scheduler="bytescheduler", credit_params=3000, **kw)
+    bs = simulate(wl, "byteps", scheduler="credit", credit_params=3000, **kw)
     assert push_layers(bs).index(0) < 20
 
 
-def test_bytescheduler_credit_returns_when_the_push_is_acknowledged():
+def test_credit_scheduler_returns_credit_when_the_push_is_acknowledged():
     # One layer of 4 partitions (1000 parameters, 4 us on the wire each), credit 2000: two
     # go at once (0-4, 4-8 us on the uplink); the third waits for the first push's answer.
     # The server's downlink carries worker 0's first push 0-4 us and worker 1's 4-8 us;
@@ -230,7 +230,7 @@ def test_bytescheduler_credit_returns_when_the_push_is_acknowledged():
     wl = Workload.from_dict({"name": "one", "batch_size": 1, "layers": [
         {"name": "l0", "fwd_ms": 0, "bwd_ms": 0, "tensors": [{"name": "a", "numel": 4000}]}]})
     r = simulate(wl, "byteps", workers=2, servers=1, bandwidth_gbps=8, latency_us=1,
-                 partition_bytes=4000, scheduler="bytescheduler", credit_params=2000,
+                 partition_bytes=4000, scheduler="credit", credit_params=2000,
                  iterations=1, warmup=0, summation_gbps=math.inf)
     starts = [round(s.start / US, 6) for s in r.timeline if s.kind == "push" and s.host == "worker0"]
     assert starts == [0.0, 4.0, 8.0, 14.0]
@@ -297,7 +297,7 @@ def test_deterministic():
     (dict(backend="p3", water_mark=-1), "water_mark"),
     (dict(backend="p3", send_hwm=0), "send_hwm"),
     (dict(backend="byteps", credit_bytes=0), "credit_bytes"),
-    (dict(backend="byteps", scheduler="bytescheduler", merged_push_pull=True),
+    (dict(backend="byteps", scheduler="credit", merged_push_pull=True),
      "merged_push_pull"),
     (dict(backend="p3", fusion_threshold=1), "fusion_threshold"),
     (dict(backend="nccl"), "backend"),
@@ -325,7 +325,9 @@ def test_strategies_table_matches_contract():
         "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False,
                     "coordinator": "cache"},
         "kvstore": {"bigarray_bound": 1_000_000, "merged_push_pull": False,
-                    "system": "mxnet", "local_reduce": "cpu", "grpc_gbps": 1.3},
+                    "system": "mxnet", "local_reduce": "cpu", "scheduler": "none",
+                    "partition_params": 1_000_000, "credit_params": 4_000_000,
+                    "grpc_gbps": 1.3},
         "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0, "priority": True,
                "local_reduce": "cpu"},
         "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",
@@ -614,3 +616,43 @@ def test_horovod_on_a_gpu_goes_on_cycling_while_its_allreduces_run():
     starts = [start for start, _ in gpu.fusion_groups]
     big_done = cpu.fusion_groups[1][0]  # the CPU's second cycle starts when big is done
     assert starts[1] < big_done and starts[2] < big_done  # planned while big was reduced
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_bytescheduler_over_the_kvstore_follows_rank_0s_priority_order(workers):
+    # Three layers of one 1M-element tensor (one ByteScheduler partition each), ready at
+    # once in backward order (l2, l1, l0), one partition of credit: rank 0 starts l2, then,
+    # when its push and pull are done, l0 (the best) before l1; every worker pushes in that
+    # order, the barrier keys holding them until rank 0 has started each partition. Without
+    # ByteScheduler MXNet pushes in the order the gradients came (FIFO).
+    wl = simulator.Workload.from_dict({"name": "three", "batch_size": 1, "layers": [
+        {"name": f"l{i}", "fwd_ms": 0, "bwd_ms": 0,
+         "tensors": [{"name": f"t{i}", "numel": 1_000_000}]} for i in range(3)]})
+    kw = dict(workers=workers, bandwidth_gbps=10, transport="rdma", iterations=1, warmup=0)
+    bs = simulate(wl, "kvstore", scheduler="bytescheduler", credit_params=1_000_000, **kw)
+    plain = simulate(wl, "kvstore", **kw)
+
+    def order(r, w):
+        pushes = sorted((s.start, s.layer) for s in r.timeline
+                        if s.kind == "push" and s.host == f"worker{w}" and s.bytes > 4)
+        return list(dict.fromkeys(layer for _, layer in pushes))
+
+    for w in range(workers):
+        assert order(bs, w) == [2, 0, 1], w
+        assert order(plain, w) == [2, 1, 0], w
+    # each partition's barrier (one element) went to its server from every worker
+    barriers = [s for s in bs.timeline if s.kind == "push" and s.bytes == 4]
+    assert len(barriers) <= 3 * workers
+
+
+def test_bytescheduler_cuts_arrays_and_numbers_keys_as_its_kvstore_wrapper_inits_them():
+    from ddpbench.rules import placement
+
+    assert placement.bytescheduler_partitions(1_000_000, 1_000_000) == [1_000_000]
+    assert placement.bytescheduler_partitions(2_500_001, 1_000_000) == [833_333, 833_334,
+                                                                        833_334]
+    # per array: its own barrier, its partitions' barriers (when cut), then the partitions
+    keys, barriers = placement.bytescheduler_keys([[10], [3, 3, 4], [5]])
+    assert keys == [[1], [6, 7, 8], [10]]
+    assert barriers == [[0], [3, 4, 5], [9]]
+    assert placement.bytescheduler_keys([[10]], start=4) == ([[5]], [[4]])

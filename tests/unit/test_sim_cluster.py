@@ -255,7 +255,7 @@ def test_loopback_follows_the_transport_and_dedicated_servers():
 @pytest.mark.parametrize("backend,knobs", [
     ("kvstore", {}), ("kvstore", {"merged_push_pull": True}), ("p3", {}),
     ("p3", {"water_mark": 4}), ("p3", {"priority": False}), ("byteps", {}),
-    ("byteps", {"scheduler": "bytescheduler"}), ("byteps", {"scheduler": "window"})])
+    ("byteps", {"scheduler": "credit"}), ("byteps", {"scheduler": "window"})])
 def test_every_ps_mode_finishes_over_the_loopback_with_the_nics_bytes_unchanged(backend, knobs):
     # Every round trip (acknowledgements, pull requests, ByteScheduler's credit, P3's
     # sockets) completes for the local parts too; they add no NIC bytes.

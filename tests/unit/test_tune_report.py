@@ -317,8 +317,8 @@ def test_own_mechanisms_are_marked() -> None:
 
     request = {"space": {"byteps.scheduler": {
         "backend": "byteps", "knob": "scheduler", "kind": "categorical",
-        "choices": ["byteps", "bytescheduler", "window"],
-        "original": ["byteps", "bytescheduler"]}}}
+        "choices": ["byteps", "credit", "window"],
+        "original": ["byteps"]}}}
     rows = pd.DataFrame([
         {"trial": 0, "backend": "byteps", "is_default": True, "scheduler": "byteps",
          "iteration_time_s": 0.5, "throughput": 2.0, "status": "ok"},

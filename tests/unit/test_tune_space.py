@@ -46,9 +46,9 @@ def test_the_space_follows_the_contract_and_the_cluster():
                                                  "hierarchical"]
     assert s.of("mpi") == []
     sched = next(p for p in s.of("byteps") if p.knob == "scheduler")
-    assert sched.choices == ("byteps", "bytescheduler", "window")
+    assert sched.choices == ("byteps", "credit", "window")
     credit = next(p for p in s.of("byteps") if p.knob == "credit_params")
-    assert credit.when == {"scheduler": "bytescheduler"}
+    assert credit.when == {"scheduler": "credit"}
     assert credit.name == "byteps.credit_params"
     # one GPU per host: hierarchical cannot change anything, and says so
     s1 = build_space(["horovod"], ONE_GPU)
@@ -122,7 +122,7 @@ def test_range_narrows_a_number_or_a_choice():
     (["cycle_time=5:5"], r"the range is empty"),
     (["cycle_time=5"], r"expected LOW:HIGH"),
     (["nrings=1.5:4"], r"takes integers"),
-    (["scheduler=fifo"], r"choices must come from \['byteps', 'bytescheduler', 'window'\]"),
+    (["scheduler=fifo"], r"choices must come from \['byteps', 'credit', 'window'\]"),
     (["nosuch=1:2"], r"unknown knob 'nosuch'"),
     (["hierarchical=true"], r"not searched here \(needs several hosts"),
     (["coordinator=cache"], r"not a tunable knob"),
@@ -166,8 +166,7 @@ def test_the_space_records_log_scales_for_tune_json():
 def test_originals_only_leaves_out_ddpbenchs_own_mechanisms():
     s = build_space(["p3", "byteps"], ONE_GPU, originals_only=True)
     assert "p3.water_mark" not in [p.name for p in s.params]
-    assert next(p for p in s.params if p.knob == "scheduler").choices == ("byteps",
-                                                                            "bytescheduler")
+    assert next(p for p in s.params if p.knob == "scheduler").choices == ("byteps",)
     # credit_bytes is only searched under the 'window' scheduler, which is gone
     assert ("byteps", "credit_bytes") in [(b, k) for b, k, _ in s.dropped]
     full = build_space(["p3", "byteps"], ONE_GPU)
