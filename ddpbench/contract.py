@@ -200,9 +200,9 @@ class HorovodKnobs(Knobs):
         source="horovod/common/response_cache.cc, HOROVOD_CACHE_CAPACITY",
         doc="tensors the response cache holds; 0 negotiates every tensor")
     algorithm: Literal["mpi", "ring"] = knob(
-        "mpi", side="real", source="horovod/common/ops/mpi_operations.cc (MPI_Allreduce)",
-        doc="CPU data path: the MPI library's MPI_Allreduce (Horovod's), or the "
-            "point-to-point ring that the simulator and the numerics emulator model")
+        "mpi", source="horovod/common/ops/mpi_operations.cc (MPI_Allreduce)",
+        doc="CPU data path: the MPI library's MPI_Allreduce (Horovod's; simulated as MPICH "
+            "runs it), or ddpbench's point-to-point ring (the numerics emulator's)")
     gpu_transport: Literal["nccl", "host"] = knob("nccl", side="real", doc=_GPU_TRANSPORT_DOC)
     gpu_half_scaling: Literal["half", "float"] = knob(
         "half", side="real", source="horovod/common/ops/cuda/cuda_kernels.cu (ScaleBufferCudaImpl)",

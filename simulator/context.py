@@ -53,6 +53,7 @@ class SimContext(Protocol):
     nccl_release: tuple[int, int, int]  # the NCCL release (hardware.nccl_release)
     nccl_algo: dict[str, int]  # the allreduce algorithms NCCL may use (hardware.nccl_algorithms)
     nccl_channels: int  # NCCL's channels through a host's NIC
+    mpich: bool  # the MPI library's allreduce runs MPICH's algorithm (a real transport)
     negotiation: float
     summation: float
     update: float

@@ -221,6 +221,9 @@ class _Sim:
         self.nccl_proto = hardware.nccl_protocols(c.nccl_proto)
         self.nccl_release = hardware.nccl_release(c.nccl_version)
         self.nccl_algo = hardware.nccl_algorithms(c.nccl_algo, self.nccl_release)
+        # MPI_Allreduce as MPICH runs it over a real transport; the ideal network and a
+        # calibrated machine (its fitted cost is a call's) keep the ring's closed form.
+        self.mpich = tr.name not in ("ideal", "machine")
 
     def _init_servers(self, c: contract.Cluster, tr: hardware.Transport,
                       summation: float) -> None:

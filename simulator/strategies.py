@@ -260,6 +260,94 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
         sim.add_sent_hosts(2 * (p - 1) / p * n * itemsize)
 
 
+MPICH_SHORT_MSG_BYTES = 2048
+"""MPICH's ``MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE``: allreduces up to this many bytes go by
+recursive doubling (src/mpi/coll/allreduce, the ch4 shared-memory and OFI selections)."""
+
+
+def mpich_allreduce_steps(p: int, n: int, itemsize: int) -> list[tuple[int, float]]:
+    """Return MPICH's ``MPI_Allreduce`` of ``n`` elements over ``p`` ranks as its steps, each
+    ``(partner distance, bytes each rank sends)`` (see :func:`mpich_allreduce`)."""
+    nbytes = n * itemsize
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    rounds = pof2.bit_length() - 1
+    steps: list[tuple[int, float]] = [(1, nbytes)] if rem else []
+    if nbytes <= MPICH_SHORT_MSG_BYTES or n < pof2:
+        steps += [(1 << k, nbytes) for k in range(rounds)]
+    else:
+        halves = [(1 << k, nbytes / (2 << k)) for k in range(rounds)]
+        steps += halves + halves[::-1]
+    if rem:
+        steps.append((1, nbytes))
+    return steps
+
+
+def mpich_allreduce(sim: SimContext, n: int, itemsize: int,
+                    layer: int) -> Generator[simpy.Event, Any, None]:
+    """Generator: one ``MPI_Allreduce`` of ``n`` elements as MPICH runs it (all ranks alike).
+
+    MPICH's choice (the ch4 selections of MPIR_Allreduce: ``count * size <=
+    MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE`` (2048 bytes) or ``count < pof2`` -> recursive
+    doubling, else reduce-scatter then allgather): with ``pof2`` the largest power of two up
+    to the ranks and ``rem`` the rest, the first ``2 rem`` ranks fold pairwise into ``pof2``
+    (one exchange of the whole message), then recursive doubling exchanges the whole message
+    ``log2 pof2`` times, or Rabenseifner's reduce-scatter halves it ``log2 pof2`` times at
+    partner distances 1, 2, 4, ... and the allgather doubles it back, then the folded ranks
+    get the result (one more exchange). A step whose partner (rank 0's, at that distance)
+    lies on the same host crosses the intra-host link; one across hosts pays the network's
+    latency and per-message cost, every rank of the host exchanging at once through the NIC
+    (each over one connection of its own). Not modelled: MPICH's SMP-aware compositions.
+    """
+    p = sim.workers
+    if p == 1:
+        return
+    env = sim.env
+    steps = mpich_allreduce_steps(p, n, itemsize)
+    g = sim.gpus
+    nic = sim.latency + sim.per_message
+    record = sim.timeline.append if sim.trace_steps else None
+    sent = 0.0
+    sim.comm_begin()
+    for distance, size in steps:
+        start = env.now
+        if distance < g or sim.num_hosts == 1:
+            yield env.timeout(sim.intra_latency + size / sim.intra_bandwidth)
+            peer: int | str = 0
+        else:
+            yield env.timeout(nic + max(g * size / sim.ring_bandwidth,
+                                        size / sim.flow_bandwidth))
+            sent += g * size
+            peer = (distance // g) % sim.num_hosts
+        if record is not None:
+            record(sim.span(0, "allreduce", layer, start, env.now, int(size), peer))
+    sim.comm_end()
+    if sent:
+        sim.add_sent_hosts(sent)
+
+
+def mpi_call_allreduce_cpu(sim: SimContext, n: int, itemsize: int,
+                           layer: int) -> Generator[simpy.Event, Any, None]:
+    """Generator: an ``MPI_Allreduce`` of host memory (Horovod's cross-host phase): MPICH's
+    algorithm over a real transport, the ring's closed form otherwise."""
+    if sim.mpich:
+        yield from mpich_allreduce(sim, n, itemsize, layer)
+    else:
+        yield from ring_allreduce(sim, n, itemsize, layer)
+
+
+def mpi_call_allreduce(sim: SimContext, n: int, itemsize: int,
+                       layer: int) -> Generator[simpy.Event, Any, None]:
+    """Generator: an allreduce through the MPI library (``mpi``, Horovod's CPU path): NCCL's
+    on a named GPU over a real transport, MPICH's algorithm over a real transport
+    (:func:`mpich_allreduce`), the ring of the closed forms on the ideal network and on a
+    calibrated machine (whose fitted cost is a call's, spread over its ring steps)."""
+    if sim.nccl is None and sim.mpich:
+        yield from mpich_allreduce(sim, n, itemsize, layer)
+    else:
+        yield from ring_allreduce(sim, n, itemsize, layer)
+
+
 def nccl_tree_allreduce(sim: SimContext, nbytes: int, layer: int, choice: hardware.NcclChoice,
                         uplink: Link | None = None) -> Generator[simpy.Event, Any, None]:
     """Generator: one allreduce of ``nbytes`` on NCCL's double binary trees (all ranks alike).
@@ -326,11 +414,13 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     transport the intra-host phases are NCCL's (``ncclReduceScatter``, ``ncclAllGather`` on
     one host: :func:`ddpbench.hardware.nccl_ring`); the cross-host phase stays an MPI
     allreduce over the transport (Horovod copies the shard to host memory for
-    ``MPI_Allreduce``), ``a + c`` a step.
+    ``MPI_Allreduce``), ``a + c`` a step: over a real transport as MPICH runs it
+    (:func:`mpich_allreduce_steps` over ``h`` ranks, the ``g`` local ranks' allreduces
+    sharing the NIC at once), the ring above on the ideal network and a calibrated machine.
     """
     g, h = sim.gpus, sim.num_hosts
-    if g == 1:
-        yield from ring_allreduce(sim, n, itemsize, layer)
+    if g == 1:  # no local phases: the MPI allreduce alone
+        yield from mpi_call_allreduce_cpu(sim, n, itemsize, layer)
         return
     env = sim.env
     record = sim.timeline.append if sim.trace_steps else None
@@ -347,7 +437,18 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     yield env.timeout(local)  # reduce-scatter: g-1 steps, one event
     if record is not None:
         record(sim.span(0, "reduce_scatter", layer, start, env.now, shard * (g - 1)))
-    if h > 1:
+    if h > 1 and sim.mpich:  # g MPI_Allreduces of a shard, one per local rank, at once
+        nic = sim.latency + sim.per_message
+        sent = 0.0
+        for _, size in mpich_allreduce_steps(h, -(-n // g), itemsize):
+            start = env.now
+            yield env.timeout(nic + max(g * size / sim.ring_bandwidth,
+                                        size / sim.flow_bandwidth))
+            sent += g * size
+            if record is not None:
+                record(sim.span(0, "allreduce", layer, start, env.now, int(g * size), 1 % h))
+        sim.add_sent_hosts(sent)
+    elif h > 1:
         chunk = -(-n // (g * h)) * itemsize
         step = sim.latency + sim.per_message + max(g * chunk / sim.ring_bandwidth,
                                                    chunk / sim.flow_bandwidth)
@@ -377,10 +478,11 @@ class _AllreduceBase(Strategy):
 
 
 class _FifoComm:
-    """A communication thread: a FIFO of tensors, each allreduced alone, one at a time."""
+    """A communication thread: a FIFO of tensors, each allreduced alone, one at a time
+    (through the MPI library with ``mpi``, on the thread's own ring otherwise)."""
 
-    def __init__(self, sim: SimContext, uplink: Link | None = None) -> None:
-        self.sim, self.uplink = sim, uplink
+    def __init__(self, sim: SimContext, uplink: Link | None = None, mpi: bool = False) -> None:
+        self.sim, self.uplink, self.mpi = sim, uplink, mpi
         self.queue: list = []
         self._wake = None
         sim.env.process(self._run())
@@ -400,22 +502,22 @@ class _FifoComm:
                 yield self._wake
             t = self.queue[i]
             i += 1
-            yield from ring_allreduce(sim, t.numel, sim.itemsize, t.layer, self.uplink)
+            if self.mpi:
+                yield from mpi_call_allreduce(sim, t.numel, sim.itemsize, t.layer)
+            else:
+                yield from ring_allreduce(sim, t.numel, sim.itemsize, t.layer, self.uplink)
             sim.unit_done(0, t.layer)
 
 
 @register
 class MpiStrategy(_AllreduceBase):
-    """``mpi``: one blocking allreduce per tensor as its gradient becomes ready (no fusion).
-
-    MPI's own algorithm choice is modelled as a ring (the bandwidth-optimal choice for large
-    messages: the same bytes as Rabenseifner's algorithm, 2(p-1)/p n).
-    """
+    """``mpi``: one blocking allreduce per tensor as its gradient becomes ready (no fusion),
+    as the MPI library runs it (:func:`mpi_call_allreduce`)."""
 
     name = "mpi"
 
     def start(self) -> None:
-        self._comm = _FifoComm(self.sim)
+        self._comm = _FifoComm(self.sim, mpi=True)
 
     def grad_ready(self, w: int, layer: int) -> None:
         for t in self._tensors[layer]:
@@ -513,6 +615,8 @@ class HorovodStrategy(_AllreduceBase):
                     continue
                 if hierarchical:
                     yield from hierarchical_allreduce(sim, n, sim.itemsize, buf[0].layer)
+                elif self.knobs.algorithm == "mpi":
+                    yield from mpi_call_allreduce(sim, n, sim.itemsize, buf[0].layer)
                 else:
                     yield from ring_allreduce(sim, n, sim.itemsize, buf[0].layer)
                 for t in buf:

@@ -323,7 +323,7 @@ def test_strategies_table_matches_contract():
     assert simulator.STRATEGIES == {
         "mpi": {},
         "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False,
-                    "coordinator": "cache"},
+                    "coordinator": "cache", "algorithm": "mpi"},
         "kvstore": {"bigarray_bound": 1_000_000, "merged_push_pull": False,
                     "system": "mxnet", "local_reduce": "cpu", "scheduler": "none",
                     "partition_params": 1_000_000, "credit_params": 4_000_000,

@@ -51,6 +51,26 @@ def _bytes_per_server(backend: str, servers: int) -> list[int]:
     return on
 
 
+SIZE = {t.name: t.numel for t in TINY.tensors}
+
+
+def _mpich_nic_bytes(numel: int, p: int, g: int) -> float:
+    """Bytes one host's NIC sends for MPICH's allreduce of ``numel`` elements over ``p``
+    ranks, ``g`` per host: recursive doubling up to 2048 bytes (or fewer elements than the
+    largest power of two up to p), else Rabenseifner's halving and doubling, with a fold to
+    that power of two and back; a step at partner distance d crosses hosts when d >= g."""
+    nbytes = numel * ITEMSIZE
+    pof2 = 1 << (p.bit_length() - 1)
+    k = pof2.bit_length() - 1
+    fold = [(1, nbytes)] if p > pof2 else []
+    if nbytes <= 2048 or numel < pof2:
+        core = [(1 << i, nbytes) for i in range(k)]
+    else:
+        halves = [(1 << i, nbytes / 2 ** (i + 1)) for i in range(k)]
+        core = halves + halves[::-1]
+    return sum(g * size for d, size in fold + core + fold if d >= g)
+
+
 def _run(backend: str, hosts: int, gpus: int, transport: str, **kw):
     return simulate(TINY, backend, hosts=hosts, gpus_per_host=gpus, transport=transport,
                     bandwidth_gbps=10, iterations=2, warmup=1, **kw)
@@ -68,7 +88,18 @@ def test_every_backend_finishes_on_every_grid_point_with_the_closed_form_nic_byt
             assert r.hosts == hosts and r.gpus_per_host == gpus, where
             sent, recv = r.bytes_sent, r.bytes_received
             assert len(sent) == hosts, where  # colocated servers: no server hosts
-            if backend in ALLREDUCE:
+            if backend in ("mpi", "horovod") and transport != "ideal":
+                # MPI_Allreduce as MPICH runs it: every step whose partner lies on another
+                # host sends each of the host's ranks' share through its NIC.
+                p = hosts * gpus
+                msgs = ([t.numel for t in TINY.tensors] if backend == "mpi" else
+                        [sum(SIZE[name] for name in names) for _, names in r.fusion_groups])
+                per_iteration = len(msgs) / (1 if backend == "mpi" else 2)
+                want = sum(_mpich_nic_bytes(m, p, gpus) for m in msgs) / len(msgs) \
+                    * per_iteration if hosts > 1 else 0.0
+                for v in sent.values():
+                    assert v == pytest.approx(want, rel=1e-12), where
+            elif backend in ALLREDUCE:
                 # A flat ring over p = hosts x gpus ranks: each host's one cross-host edge
                 # carries 2 (p-1)/p of the gradients; one host has no cross-host edge.
                 p = hosts * gpus
@@ -119,17 +150,24 @@ def test_training_on_one_host_does_not_depend_on_the_nic(backend, gpus, transpor
     assert run(1) == run(100)
 
 
-def test_mpi_on_one_host_with_one_tensor_is_compute_plus_the_intra_host_ring():
-    # One tensor: the ring starts when backward ends and the next forward waits for it.
+def test_mpi_on_one_host_with_one_tensor_is_compute_plus_mpichs_allreduce_in_the_host():
+    # One tensor: the allreduce starts when backward ends and the next forward waits for it.
+    # MPICH's Rabenseifner at 4 ranks: halves of 1/2 and 1/4 of the message at distances 1
+    # and 2, then back, every partner on the host (its link); the ideal network's ring.
     one = Workload(name="one", batch_size=8, layers=(Layer(name="a", fwd_s=1e-3, bwd_s=2e-3),),
                    tensors=(Tensor(name="a.w", numel=3_000_001, layer=0),))
     g = 4
     link = hardware.intra_link("pcie")
-    ring = 2 * (g - 1) * (link.latency_us * 1e-6
-                          + math.ceil(3_000_001 / g) * ITEMSIZE / (link.bandwidth_gbps * 1e9 / 8))
+    a, bw = link.latency_us * 1e-6, link.bandwidth_gbps * 1e9 / 8
+    nbytes = 3_000_001 * ITEMSIZE
+    mpich = 4 * a + 2 * (nbytes / 2 + nbytes / 4) / bw
     r = simulate(one, "mpi", hosts=1, gpus_per_host=g, bandwidth_gbps=10, transport="tcp",
                  iterations=3, warmup=1)
-    assert r.iteration_time_s == pytest.approx(3e-3 + ring, rel=1e-12)
+    assert r.iteration_time_s == pytest.approx(3e-3 + mpich, rel=1e-12)
+    ring = 2 * (g - 1) * (a + math.ceil(3_000_001 / g) * ITEMSIZE / bw)
+    ideal = simulate(one, "mpi", hosts=1, gpus_per_host=g, bandwidth_gbps=10,
+                     iterations=3, warmup=1)
+    assert ideal.iteration_time_s == pytest.approx(3e-3 + ring, rel=1e-12)
 
 
 @pytest.mark.parametrize("backend", ALLREDUCE)
@@ -167,3 +205,17 @@ def test_a_parameter_server_host_reduces_its_gpus_without_crossing_the_switches(
     r = simulate(one, "byteps", hosts=1, gpus_per_host=8, bandwidth_gbps=10, iterations=2,
                  summation_gbps=math.inf)
     assert r.iteration_time_s == pytest.approx(2 * each, rel=1e-12)
+
+
+@pytest.mark.parametrize("hosts,steps", [(2, 1), (3, 3), (4, 2), (5, 4), (8, 3)])
+def test_a_small_mpi_allreduce_across_hosts_goes_by_mpichs_recursive_doubling(hosts, steps):
+    # 500 elements (2000 bytes, within MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE): log2(pof2)
+    # exchanges of the whole message, plus a fold and an unfold when the ranks are not a
+    # power of two; each step a latency, the transport's message cost and the bytes.
+    one = Workload(name="one", batch_size=8, layers=(Layer(name="a", fwd_s=0.0, bwd_s=0.0),),
+                   tensors=(Tensor(name="a.w", numel=500, layer=0),))
+    r = simulate(one, "mpi", hosts=hosts, bandwidth_gbps=10, latency_us=5, transport="rdma",
+                 iterations=3, warmup=1)
+    tr = hardware.transport("rdma")
+    step = 5e-6 + tr.per_message_us * 1e-6 + 2000 / (10e9 / 8 * tr.efficiency * tr.duplex)
+    assert r.iteration_time_s == pytest.approx(steps * step, rel=1e-12)
