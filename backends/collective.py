@@ -35,7 +35,7 @@ disagreement raises the same error on every rank instead of hanging.
 
 Buckets (``fuse_grad_size_mb`` > 0, mode ``grad_allreduce``): the gradients are fused into
 Paddle fleet's buckets (:func:`ddpbench.rules.buckets.coalesce_buckets`: whole layers, a
-layer being a name up to its first ``.``, until a bucket holds at least that many MB or more
+layer being a name up to its last ``.``, until a bucket holds at least that many MB or more
 than 50 gradients), one ring allreduce per bucket, the k-th bucket on ring ``k % nrings``.
 Paddle plans its buckets from the program before the first step; ddpbench learns the
 program from the first step: the names in the order of their first use, unfused, until a

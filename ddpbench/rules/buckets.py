@@ -13,7 +13,11 @@ python/paddle/distributed/fleet/base/distributed_strategy.py). The grouping is
 1. **By layer.** The gradients, in the order the backward pass makes them, are gathered by
    layer: a parameter's layer is its name up to the first ``.`` (``fc_0.w_0`` and
    ``fc_0.b_0`` are layer ``fc_0``). A layer's gradients stay together, at the place of the
-   layer's first gradient (``SetGroupAccordingToLayers``).
+   layer's first gradient (``SetGroupAccordingToLayers``). Paddle names every parameter
+   ``<layer>.<param>``; :func:`layer_key` takes the name up to its *last* ``.``, the same
+   layer on Paddle's names, and a module of a dotted path (PyTorch's
+   ``layer1.0.conv1.weight`` is in ``layer1.0.conv1``, where the first ``.`` would gather
+   the whole stage ``layer1``).
 2. **By size.** Whole layers go into a bucket one after another; after adding a layer the
    bucket closes when it holds more than ``max_tensors`` gradients or at least
    ``limit_mb`` MiB (1 MB = 1,048,576 bytes): the layer that crosses the limit is still in
@@ -50,9 +54,10 @@ T = TypeVar("T")
 
 
 def layer_key(name: Any) -> Hashable:
-    """Return the layer of a gradient named ``name``: a str up to its first ``.``, any other
-    name itself (``SetGroupAccordingToLayers``)."""
-    return name.split(".", 1)[0] if isinstance(name, str) else name
+    """Return the layer of a gradient named ``name``: a str up to its last ``.`` (Paddle's
+    ``fc_0.w_0`` is in ``fc_0``, as ``SetGroupAccordingToLayers`` has it), any other name
+    itself."""
+    return name.rsplit(".", 1)[0] if isinstance(name, str) else name
 
 
 def coalesce_buckets(items: Sequence[T], limit_mb: float, *, nbytes: Callable[[T], int],

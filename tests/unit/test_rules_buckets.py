@@ -44,6 +44,7 @@ def test_a_layer_keeps_its_gradients_together_where_its_first_one_came():
     grads = [("fc_1.w_0", 10), ("fc_0.w_0", 10), ("fc_1.b_0", 10)]
     assert plan(grads, limit_mb=15 / MB) == [["fc_1.w_0", "fc_1.b_0"], ["fc_0.w_0"]]
     assert layer_key("conv2d_0.w_0") == "conv2d_0" and layer_key(7) == 7
+    assert layer_key("layer1.0.conv1.weight") == "layer1.0.conv1"  # a module, not the stage
 
 
 def test_a_bucket_closes_past_fifty_gradients_and_splits_by_dtype():
