@@ -229,8 +229,9 @@ class MismatchError(ValueError):
 class Request:
     """One queued call: its metadata, the caller's arrays and the handle to complete.
 
-    ``queued_at`` is when the engine took it (``time.monotonic()``; 0.0: run on the
-    caller's thread at once), for the timeline.
+    ``waited`` says that the caller waits on it at once (a synchronous call); ``queued_at``
+    is when the engine took it (``time.monotonic()``; 0.0: run on the caller's thread at
+    once), for the timeline.
     """
 
     meta: Meta
@@ -238,6 +239,7 @@ class Request:
     output: Any
     handle: Handle
     priority: int = 0
+    waited: bool = False
     queued_at: float = 0.0
 
 
@@ -437,7 +439,7 @@ class RequestStore(EngineStore):
         once) the backend may run it on this thread instead (:meth:`_run_inline`)."""
         check_dtype(meta.name, meta.dtype)
         handle = self._track(Handle(meta.name))
-        req = Request(meta, tensor, output, handle, priority)
+        req = Request(meta, tensor, output, handle, priority, inline)
         if not (inline and self._run_inline(req)):
             self._enqueue(req)
         return handle

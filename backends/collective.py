@@ -38,10 +38,11 @@ Paddle fleet's buckets (:func:`ddpbench.rules.buckets.coalesce_buckets`: whole l
 layer being a name up to its last ``.``, until a bucket holds at least that many MB or more
 than 50 gradients), one ring allreduce per bucket, the k-th bucket on ring ``k % nrings``.
 Paddle plans its buckets from the program before the first step; ddpbench learns the
-program from the first step: the names in the order of their first use, unfused, until a
-name comes again. From then on a bucket goes as soon as all of its tensors are submitted;
-a synchronous ``push_pull``, ``synchronize()`` and ``close()`` send an incomplete one as it
-is (a handle's ``wait()`` does not: it waits for the rest). A bucket whose tensors differ in
+program from the first step: the names of the asynchronous calls in the order of their
+first use, unfused, until a name comes again. From then on a bucket goes as soon as all of
+its tensors are submitted; a synchronous ``push_pull`` (never fused itself),
+``synchronize()`` and ``close()`` send an incomplete one as it is (a handle's ``wait()``
+does not: it waits for the rest). A bucket whose tensors differ in
 dtype, op, factors or device runs them one by one on its ring. Names first used after the
 plan is made, and broadcasts, are not fused. The default, 0, is the transpiler's
 ``GradAllReduce``: one ``c_allreduce_sum`` per gradient.
@@ -169,7 +170,7 @@ class _CollectiveProtocol(Protocol):
         if self.timeline is not None:
             item.queued_at = time.monotonic()
         name = item.meta.name
-        if self.fuse_mb > 0 and item.meta.kind == "allreduce":
+        if self.fuse_mb > 0 and item.meta.kind == "allreduce" and not item.waited:
             if self.bucket_of is None:
                 if name not in self.seen:
                     self.seen[name] = item
@@ -551,13 +552,19 @@ class CollectiveStore(RequestStore):
             self._flush()
         return handle
 
-    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale,
+                         waited=False):
         if op is ReduceOp.AVERAGE and self.options.average_scaling == "before_sum":
             # Paddle divides before the sum (it scales the loss gradient by 1/n); the size
             # is read at call time, as for AVERAGE everywhere.
             prescale, op = prescale / self.num_workers, ReduceOp.SUM
-        return super()._push_pull_async(name, tensor, output, priority=priority, op=op,
-                                        prescale=prescale, postscale=postscale)
+        return self._submit(self._allreduce_meta(name, tensor, op, prescale, postscale),
+                            tensor, output, priority, inline=waited)
+
+    def _push_pull_now(self, name, tensor, output, *, priority, op, prescale, postscale):
+        """A synchronous call: marked as waited on, so it is never held for a bucket."""
+        return self._push_pull_async(name, tensor, output, priority=priority, op=op,
+                                     prescale=prescale, postscale=postscale, waited=True)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _release(self) -> None:

@@ -172,11 +172,14 @@ def check_buckets() -> None:
     kv.synchronize()
     assert np.array_equal(xs[3], pattern[3] * total)
     x = pattern[2] * (r + 1)
-    kv.push_pull("l2.w", x)  # a bucket of one, synchronous
+    kv.push_pull("l2.w", x)  # synchronous calls are never fused: on its own ring
     assert np.array_equal(x, pattern[2] * total)
-    x = pattern[5] * (r + 1)
-    kv.push_pull("l0.w", x)  # synchronous: its bucket goes without l1.w and l1.b
-    assert np.array_equal(x, pattern[5] * total)
+    w = pattern[5] * (r + 1)
+    h = kv.push_pull_async("l0.w", w)  # waits in its bucket for l1.w and l1.b ...
+    x = pattern[1] * (r + 1)
+    kv.push_pull("l3.b", x)  # ... until a synchronous call sends it as it is
+    h.wait()
+    assert np.array_equal(x, pattern[1] * total) and np.array_equal(w, pattern[5] * total)
     h = kv.push_pull_async("l1.w", pattern[3] * (r + 1))
     again = kv.push_pull_async("l1.w", pattern[3] * (r + 1))
     try:
