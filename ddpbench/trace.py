@@ -170,7 +170,7 @@ class TraceFile:
     first time a span of its host comes. Not thread-safe: one writer at a time.
 
     Args:
-        path: the file (its folder must exist).
+        path: the file (its folder is made if missing).
         t0: the time that becomes zero (seconds, the spans' clock).
         lanes: tid -> name of each process's lanes (default: compute, send, server sum).
         meta: put under ``otherData``.
@@ -186,6 +186,7 @@ class TraceFile:
                            "traceEvents": []}).encode()
         if not head.endswith(b"]}"):  # pragma: no cover - json.dumps keeps key order
             raise RuntimeError("unexpected trace header")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         _replace(self.path, head)
         self._fd: int | None = os.open(self.path, os.O_WRONLY)
         self._end = len(head) - 2  # where the closing "]}" starts

@@ -75,7 +75,7 @@ def test_resnet50_at_fleets_default():
 
 
 def test_trace_file_is_valid_json_after_every_flush(tmp_path):
-    path = tmp_path / "t.json"
+    path = tmp_path / "made" / "t.json"  # the folder is made
     f = trace.TraceFile(path, t0=1.0, lanes={0: "timeline"}, meta={"backend": "x"})
     assert json.loads(path.read_text()) == {"displayTimeUnit": "ms",
                                             "otherData": {"backend": "x"}, "traceEvents": []}
