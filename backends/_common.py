@@ -1,15 +1,20 @@
-"""Pieces every real backend shares: request metadata and cross-rank consistency checks."""
+"""Pieces every real backend shares: request metadata, cross-rank consistency checks and the
+per-tensor timeline."""
 
 from __future__ import annotations
 
 import abc
 import functools
+import os
+import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ddpbench import trace
 from ddpbench.api import Handle, KVStore, ReduceOp, is_cupy
 from ddpbench.comm import Protocol, engine, world
 from ddpbench.tensor_ops import BFLOAT16, HALF_DTYPES, byte_view, reduce_ufunc
@@ -222,13 +227,137 @@ class MismatchError(ValueError):
 
 @dataclass
 class Request:
-    """One queued call: its metadata, the caller's arrays and the handle to complete."""
+    """One queued call: its metadata, the caller's arrays and the handle to complete.
+
+    ``waited`` says that the caller waits on it at once (a synchronous call); ``queued_at``
+    is when the engine took it (``time.monotonic()``; 0.0: run on the caller's thread at
+    once), for the timeline.
+    """
 
     meta: Meta
     tensor: Any
     output: Any
     handle: Handle
     priority: int = 0
+    waited: bool = False
+    queued_at: float = 0.0
+
+
+def _tensor_label(name: Any) -> str:
+    return name if isinstance(name, str) else repr(name)
+
+
+class Timeline:
+    """Horovod's timeline: per tensor, its negotiation, its operation and the operation's
+    activities, as Chrome-trace spans (``horovod/common/timeline.cc``).
+
+    Each tensor is a process of the trace, named by the tensor, as Horovod's writer lays it
+    out. A tensor goes through Horovod's states: ``negotiate_start`` opens a
+    ``NEGOTIATE_<KIND>`` span (a second call while it is open does nothing: the first
+    takes precedence), ``negotiate_rank_ready`` marks a rank's request inside it as a
+    zero-length span named by the rank, ``negotiate_end`` closes it; ``start`` opens the
+    top-level span of the operation (``ALLREDUCE``, ``BROADCAST``, ``ERROR``: Horovod's
+    response types), ``activity_start_all``/``activity_end_all`` nest the operation's
+    steps in it (``MEMCPY_IN_FUSION_BUFFER``, ``MPI_ALLREDUCE``, ...: one span per tensor,
+    the same times for every tensor of a fused group, as ``Timeline::ActivityStartAll``
+    writes them), ``end`` closes the operation with the tensor's dtype and shape as args.
+    Spans reach the file through :class:`ddpbench.trace.TraceFile` at each :meth:`flush`,
+    so the file is valid JSON whenever the process stops between two flushes.
+
+    Only the ranks that write a timeline make one (Horovod: the coordinator). Not
+    thread-safe: the backend calls it from one thread at a time.
+    """
+
+    LANES = {0: "timeline"}
+
+    def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any]) -> None:
+        self.t0 = time.monotonic()
+        meta = {**meta, "start_time_since_epoch_in_micros": int(time.time() * 1e6)}
+        self.file = trace.TraceFile(path, t0=self.t0, lanes=self.LANES, meta=meta)
+        self._negotiating: dict[Any, tuple[str, float]] = {}
+        self._top: dict[Any, tuple[str, float, int]] = {}
+        self._activity: dict[Any, tuple[str, float]] = {}
+
+    def _span(self, name: Any, kind: str, start: float, end: float, nbytes: int = 0,
+              args: dict[str, Any] | None = None) -> None:
+        self.file.add(trace.Span(_tensor_label(name), kind, 0, start, end, nbytes,
+                                 args=args, name=kind, lane=0))
+
+    # -- negotiation (Horovod's controller) ---------------------------------------------
+    def negotiate_start(self, name: Any, kind: str, now: float | None = None) -> None:
+        if name not in self._negotiating:
+            label = f"NEGOTIATE_{kind.upper()}"
+            self._negotiating[name] = (label, time.monotonic() if now is None else now)
+
+    def negotiate_rank_ready(self, name: Any, rank: int, now: float | None = None) -> None:
+        if name in self._negotiating:
+            t = time.monotonic() if now is None else now
+            self._span(name, str(rank), t, t)
+
+    def negotiate_end(self, name: Any, now: float | None = None) -> None:
+        opened = self._negotiating.pop(name, None)
+        if opened is not None:
+            label, start = opened
+            self._span(name, label, start, time.monotonic() if now is None else now)
+
+    # -- the operation (PerformOperation) and its activities ------------------------------
+    def start(self, name: Any, kind: str, nbytes: int = 0, now: float | None = None) -> None:
+        self._top[name] = (kind.upper(), time.monotonic() if now is None else now, nbytes)
+
+    def activity_start_all(self, names: Iterable[Any], activity: str,
+                           now: float | None = None) -> None:
+        t = time.monotonic() if now is None else now
+        for name in names:
+            self._activity[name] = (activity, t)
+
+    def activity_end_all(self, names: Iterable[Any], now: float | None = None,
+                         args: dict[str, Any] | None = None) -> None:
+        t = time.monotonic() if now is None else now
+        for name in names:
+            opened = self._activity.pop(name, None)
+            if opened is not None:
+                self._span(name, opened[0], opened[1], t, args=args)
+
+    def end(self, name: Any, meta: Meta | None = None, now: float | None = None) -> None:
+        t = time.monotonic() if now is None else now
+        self.activity_end_all([name], t)
+        opened = self._top.pop(name, None)
+        if opened is None:
+            return
+        kind, start, nbytes = opened
+        args = None if meta is None else {"dtype": meta.dtype, "shape": str(meta.shape)}
+        self._span(name, kind, start, t, nbytes, args)
+
+    def flush(self) -> None:
+        """Write the finished spans to the file (it stays valid JSON)."""
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class Activity:
+    """``with owner.act("MPI_ALLREDUCE"):`` records an activity of ``owner.group_names`` on
+    ``owner.timeline`` (nothing while that is None); one object, reused, per owner."""
+
+    __slots__ = ("owner", "name")
+
+    def __init__(self, owner: Any) -> None:
+        self.owner, self.name = owner, ""
+
+    def __call__(self, name: str) -> Activity:
+        self.name = name
+        return self
+
+    def __enter__(self) -> None:
+        tl = self.owner.timeline
+        if tl is not None:
+            tl.activity_start_all(self.owner.group_names, self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        tl = self.owner.timeline
+        if tl is not None:
+            tl.activity_end_all(self.owner.group_names)
 
 
 class EngineStore(KVStore):
@@ -310,7 +439,7 @@ class RequestStore(EngineStore):
         once) the backend may run it on this thread instead (:meth:`_run_inline`)."""
         check_dtype(meta.name, meta.dtype)
         handle = self._track(Handle(meta.name))
-        req = Request(meta, tensor, output, handle, priority)
+        req = Request(meta, tensor, output, handle, priority, inline)
         if not (inline and self._run_inline(req)):
             self._enqueue(req)
         return handle

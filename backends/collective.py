@@ -32,25 +32,57 @@ program was built, without a cross-rank check, and so does this backend by defau
 ``check_consistency=True`` (ddpbench's own) first compares a fingerprint of each
 operation's metadata across the ranks (a nonblocking 16-byte allreduce on its ring), so a
 disagreement raises the same error on every rank instead of hanging.
+
+Buckets (``fuse_grad_size_mb`` > 0, mode ``grad_allreduce``): the gradients are fused into
+Paddle fleet's buckets (:func:`ddpbench.rules.buckets.coalesce_buckets`: whole layers, a
+layer being a name up to its last ``.``, until a bucket holds at least that many MB or more
+than 50 gradients), one ring allreduce per bucket, the k-th bucket on ring ``k % nrings``.
+Paddle plans its buckets from the program before the first step; ddpbench learns the
+program from the first step: the names of the asynchronous calls in the order of their
+first use, unfused, until a name comes again. From then on a bucket goes as soon as all of
+its tensors are submitted; a synchronous ``push_pull`` (never fused itself),
+``synchronize()`` and ``close()`` send an incomplete one as it is (a handle's ``wait()``
+does not: it waits for the rest). A bucket whose tensors differ in
+dtype, op, factors or device runs them one by one on its ring. Names first used after the
+plan is made, and broadcasts, are not fused. The default, 0, is the transpiler's
+``GradAllReduce``: one ``c_allreduce_sum`` per gradient.
+
+``timeline`` makes rank 0 write a timeline in Horovod's layout and names
+(:class:`ddpbench.backends._common.Timeline`): per tensor its operation (``ALLREDUCE``,
+``BROADCAST``) holding ``QUEUE`` (waiting for its ring, or for the rest of its bucket),
+``CONSISTENCY_CHECK`` (with ``check_consistency``), ``MEMCPY_IN_FUSION_BUFFER`` and
+``MEMCPY_OUT_FUSION_BUFFER`` around a bucket's reduction, and the reduction under Paddle's
+operator name (``c_allreduce_sum``, ``c_allreduce_max``, ``c_allreduce_min``,
+``c_allreduce_prod``, ``c_broadcast``) with its ring as an argument.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
 
-from ddpbench.api import ReduceOp, register
-from ddpbench.backends._common import MismatchError, Request, RequestStore, mismatch_message
+from ddpbench.api import Handle, ReduceOp, register
+from ddpbench.backends._common import (
+    MismatchError,
+    Request,
+    RequestStore,
+    Timeline,
+    mismatch_message,
+)
 from ddpbench.comm import POLL_TESTS, Protocol
 from ddpbench.contract import CollectiveKnobs
+from ddpbench.rules.buckets import coalesce_buckets, layer_key
 from ddpbench.rules.ring import Scratch, ring_steps
-from ddpbench.tensor_ops import byte_view, reduce_ufunc, scale_
+from ddpbench.tensor_ops import adjacent_span, byte_view, reduce_ufunc, scale_, scale_into
 
 TAG_RING = 21
 MODES = ("grad_allreduce", "local_sgd")
+_PADDLE_OPS = {"sum": "c_allreduce_sum", "max": "c_allreduce_max", "min": "c_allreduce_min",
+               "product": "c_allreduce_prod"}
 
 
 _Options = CollectiveKnobs  # knobs and bounds: ddpbench.contract
@@ -78,33 +110,116 @@ def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int],
         yield reqs
 
 
+class _Bucket:
+    """The requests of one bucket that go as one fused allreduce (in the bucket's order)."""
+
+    __slots__ = ("index", "reqs")
+
+    def __init__(self, index: int, reqs: list[Request]) -> None:
+        self.index, self.reqs = index, reqs
+
+
+class _Flush:
+    """Engine item: send every incomplete bucket as it is, then complete ``handle``."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self) -> None:
+        self.handle = Handle("flush")
+
+
 class _Ring:
     """One duplicated communicator and the FIFO of operations striped onto it."""
 
     def __init__(self, index: int, comm: Any) -> None:
         self.index, self.comm = index, comm
-        self.queue: collections.deque[Request] = collections.deque()
-        self.current: Request | None = None
+        self.queue: collections.deque[Request | _Bucket] = collections.deque()
+        self.current: Request | _Bucket | None = None
         self.steps: _Steps | None = None
         self.reqs: list = []
         self.stats: dict[str, Any] = {"ops": 0, "bytes_sent": 0, "names": []}
         self.scratch = Scratch()  # the ring's receive buffer (one op at a time)
+        self.fusion = np.empty(0, np.uint8)  # a bucket's buffer, grown to the largest
 
 
 class _CollectiveProtocol(Protocol):
     """Stripes requests round-robin over the rings and advances all rings on every poll."""
 
-    def __init__(self, comms: Sequence[Any], validate: bool) -> None:
+    def __init__(self, comms: Sequence[Any], validate: bool, fuse_mb: float = 0.0,
+                 timeline: str | None = None) -> None:
         self.rings = [_Ring(i, c) for i, c in enumerate(comms)]
         self.validate = validate
         self.ring_of: dict[Any, int] = {}
         self.max_active = 0
+        # Buckets: the program's names learnt from the first step, then Paddle's plan.
+        self.fuse_mb = fuse_mb
+        self.seen: dict[Any, Request] = {}  # first use of each name, in order
+        self.bucket_of: dict[Any, int] | None = None  # None: still learning
+        self.buckets: list[list[Any]] = []
+        self.waiting: dict[int, dict[Any, Request]] = {}
+        self.timeline = (Timeline(timeline, {"backend": "collective",
+                                             "ranks": comms[0].size if comms else 1})
+                         if timeline is not None and comms and comms[0].rank == 0 else None)
 
-    def accept(self, item: Request) -> None:
+    def accept(self, item: Request | _Flush) -> None:
+        if isinstance(item, _Flush):
+            for b in sorted(self.waiting):
+                self._launch(b)
+            item.handle.set_result(None)
+            return
+        if self.timeline is not None:
+            item.queued_at = time.monotonic()
+        name = item.meta.name
+        if self.fuse_mb > 0 and item.meta.kind == "allreduce" and not item.waited:
+            if self.bucket_of is None:
+                if name not in self.seen:
+                    self.seen[name] = item
+                else:
+                    self._plan()
+            k = None if self.bucket_of is None else self.bucket_of.get(name)
+            if k is not None:
+                waiting = self.waiting.setdefault(k, {})
+                if name in waiting:
+                    item.handle.set_error(RuntimeError(
+                        f"collective: {name!r} was submitted again while its bucket still "
+                        f"waits for {sorted(set(self.buckets[k]) - set(waiting), key=str)!r}; "
+                        f"a bucket goes when all of its tensors are submitted (or at "
+                        f"synchronize())"))
+                    return
+                waiting[name] = item
+                if len(waiting) == len(self.buckets[k]):
+                    self._launch(k)
+                return
         # Paddle's transpiler gives each gradient its ring once, when it builds the program
         # (ring_id = (ring_id + 1) % nrings over the gradients): a name keeps its ring.
-        index = self.ring_of.setdefault(item.meta.name, len(self.ring_of) % len(self.rings))
+        index = self.ring_of.setdefault(name, len(self.ring_of) % len(self.rings))
         self.rings[index].queue.append(item)
+
+    def _plan(self) -> None:
+        """Make Paddle's buckets over the names of the first step, in their order."""
+        plan = coalesce_buckets(list(self.seen.values()), self.fuse_mb,
+                                nbytes=lambda r: r.meta.nbytes,
+                                layer=lambda r: layer_key(r.meta.name),
+                                dtype=lambda r: r.meta.dtype)
+        self.buckets = [[r.meta.name for r in b] for b in plan]
+        self.bucket_of = {n: i for i, b in enumerate(self.buckets) for n in b}
+        self.seen.clear()
+
+    def _launch(self, b: int) -> None:
+        """Queue bucket ``b`` (what has come of it, in its order) on ring ``b % nrings``: as
+        one fused allreduce when its tensors agree in dtype, op, factors and device, else
+        one by one."""
+        waiting = self.waiting.pop(b)
+        reqs = [waiting[n] for n in self.buckets[b] if n in waiting]
+        ring = self.rings[b % len(self.rings)]
+        first = reqs[0].meta
+        if len(reqs) > 1 and all(
+                (r.meta.dtype, r.meta.op, r.meta.prescale, r.meta.postscale, r.meta.device)
+                == (first.dtype, first.op, first.prescale, first.postscale, "cpu")
+                for r in reqs):
+            ring.queue.append(_Bucket(b, reqs))
+        else:
+            ring.queue.extend(reqs)
 
     def busy(self) -> bool:
         return any(r.current is not None or r.queue for r in self.rings)
@@ -135,7 +250,9 @@ class _CollectiveProtocol(Protocol):
                     if not ring.queue:
                         break
                     req = ring.queue.popleft()
-                    ring.current, ring.steps, ring.reqs = req, self._run(ring, req), []
+                    ring.current, ring.reqs = req, []
+                    ring.steps = (self._run_bucket(ring, req) if isinstance(req, _Bucket)
+                                  else self._run(ring, req))
                     self.max_active = max(self.max_active,
                                           sum(r.current is not None for r in self.rings))
                 if ring.reqs and not MPI.Request.Testall(ring.reqs):
@@ -150,44 +267,131 @@ class _CollectiveProtocol(Protocol):
         return did
 
     def _finish(self, ring: _Ring, error: BaseException | None) -> None:
-        req, ring.current, ring.steps, ring.reqs = ring.current, None, None, []
-        assert req is not None
-        if error is None:
-            req.handle.set_result(req.output)
-        else:
-            req.handle.set_error(error)
+        item, ring.current, ring.steps, ring.reqs = ring.current, None, None, []
+        assert item is not None
+        reqs = item.reqs if isinstance(item, _Bucket) else [item]
+        tl = self.timeline
+        if tl is not None:  # on disk before the handles complete
+            for req in reqs:
+                tl.end(req.meta.name, req.meta if error is None else None)
+            tl.flush()
+        for req in reqs:
+            if error is None:
+                req.handle.set_result(req.output)
+            else:
+                req.handle.set_error(error)
 
-    def _run(self, ring: _Ring, req: Request) -> _Steps:
+    def _start_timeline(self, ring: _Ring, reqs: list[Request]) -> list[Any]:
+        """Open the reqs' operations on the timeline, with the time they queued."""
+        names = [r.meta.name for r in reqs]
+        tl = self.timeline
+        if tl is not None:
+            now = time.monotonic()
+            for r in reqs:
+                tl.start(r.meta.name, r.meta.kind, r.meta.nbytes, now=r.queued_at or now)
+                tl.activity_start_all([r.meta.name], "QUEUE", r.queued_at or now)
+            tl.activity_end_all(names, now)
+        return names
+
+    def _activity(self, names: list[Any], activity: str, ring: _Ring | None = None,
+                  end: bool = False) -> None:
+        tl = self.timeline
+        if tl is None:
+            return
+        if end:
+            tl.activity_end_all(names, args=None if ring is None else {"ring": ring.index})
+        else:
+            tl.activity_start_all(names, activity)
+
+    def _check(self, ring: _Ring, meta: Any, names: list[Any]) -> _Steps:
+        """ddpbench's consistency check: a 16-byte allreduce of ``meta``'s fingerprint."""
         from mpi4py import MPI
 
+        comm = ring.comm
+        self._activity(names, "CONSISTENCY_CHECK")
+        sig = meta.signature()
+        pair = np.array([sig, -sig], dtype=np.int64)
+        yield [comm.Iallreduce(MPI.IN_PLACE, pair, op=MPI.MAX)]
+        self._activity(names, "", end=True)
+        if pair[0] != -pair[1]:  # every rank sees this, so all reach the allgather
+            message = mismatch_message(comm.allgather(meta))
+            raise MismatchError(message or f"ranks disagree on the call for {meta.name!r}")
+
+    def _run(self, ring: _Ring, req: Request) -> _Steps:
         meta, comm = req.meta, ring.comm
         ring.stats["ops"] += 1
         ring.stats["names"].append(meta.name)
+        names = self._start_timeline(ring, [req])
         if self.validate and comm.size > 1:
-            sig = meta.signature()
-            pair = np.array([sig, -sig], dtype=np.int64)
-            yield [comm.Iallreduce(MPI.IN_PLACE, pair, op=MPI.MAX)]
-            if pair[0] != -pair[1]:  # every rank sees this, so all reach the allgather
-                message = mismatch_message(comm.allgather(meta))
-                raise MismatchError(message or f"ranks disagree on the call for {meta.name!r}")
+            yield from self._check(ring, meta, names)
         if meta.kind == "broadcast":
             if comm.size > 1:
+                self._activity(names, "c_broadcast")
                 yield [comm.Ibcast(byte_view(req.tensor), root=meta.root)]
+                self._activity(names, "", ring, end=True)
             return
         buf = req.output
         if buf is not req.tensor:
             buf[...] = req.tensor
         flat = buf.reshape(-1)
         scale_(flat, meta.prescale)
+        self._activity(names, _PADDLE_OPS[meta.op])
         yield from _ring_steps(comm, flat, ReduceOp(meta.op), ring.stats, ring.scratch)
+        self._activity(names, "", ring, end=True)
         scale_(flat, meta.postscale)
+
+    def _run_bucket(self, ring: _Ring, bucket: _Bucket) -> _Steps:
+        """Reduce a bucket's tensors as one: back to back in the ring's buffer (or where
+        they lie, when they already do), prescale in the copy in, postscale in the copy out."""
+        reqs = bucket.reqs
+        first = reqs[0].meta
+        ring.stats["ops"] += 1
+        ring.stats["names"].append([r.meta.name for r in reqs])
+        names = self._start_timeline(ring, reqs)
+        if self.validate and ring.comm.size > 1:
+            yield from self._check(ring, first, names)
+        dtype = reqs[0].tensor.dtype
+        src = adjacent_span([r.tensor for r in reqs])
+        out = adjacent_span([r.output for r in reqs]) if src is not None else None
+        if src is not None and out is not None:  # already one buffer: reduce it there
+            flat = out
+            scale_into(src, first.prescale, flat)
+        else:
+            total = sum(r.tensor.size for r in reqs) * dtype.itemsize
+            if ring.fusion.nbytes < total:
+                ring.fusion = np.empty(total, np.uint8)
+            flat = ring.fusion[:total].view(dtype)
+            self._activity(names, "MEMCPY_IN_FUSION_BUFFER")
+            off = 0
+            for r in reqs:
+                scale_into(r.tensor.reshape(-1), first.prescale, flat[off:off + r.tensor.size])
+                off += r.tensor.size
+            self._activity(names, "", end=True)
+        self._activity(names, _PADDLE_OPS[first.op])
+        yield from _ring_steps(ring.comm, flat, ReduceOp(first.op), ring.stats, ring.scratch)
+        self._activity(names, "", ring, end=True)
+        if out is not None:
+            scale_(flat, first.postscale)
+            return
+        self._activity(names, "MEMCPY_OUT_FUSION_BUFFER")
+        off = 0
+        for r in reqs:
+            scale_into(flat[off:off + r.tensor.size], first.postscale, r.output.reshape(-1))
+            off += r.tensor.size
+        self._activity(names, "", end=True)
 
     def fail(self, error: BaseException) -> None:
         for ring in self.rings:
             if ring.current is not None:
                 self._finish(ring, error)
             while ring.queue:
-                ring.queue.popleft().handle.set_error(error)
+                item = ring.queue.popleft()
+                for req in item.reqs if isinstance(item, _Bucket) else [item]:
+                    req.handle.set_error(error)
+        for waiting in self.waiting.values():
+            for req in waiting.values():
+                req.handle.set_error(error)
+        self.waiting.clear()
 
 
 @register("collective")
@@ -204,6 +408,10 @@ class CollectiveStore(RequestStore):
         local_sgd_begin_step: steps 1..this all average (1).
         check_consistency: compare each call's metadata across ranks first (False,
             as Paddle; True is ddpbench's check).
+        fuse_grad_size_mb: fuse gradients into Paddle fleet's buckets of this many MB
+            (fleet's default 32; 0, the default: the transpiler's one allreduce per
+            gradient). Mode ``grad_allreduce`` only.
+        timeline: a file for rank 0's timeline (Chrome-trace JSON), or None.
 
     Example:
         >>> kv = ddpbench.create("collective", nrings=4)
@@ -219,8 +427,11 @@ class CollectiveStore(RequestStore):
         super().__init__(**options)
         comm, n = self._world.role_comm, self.options.nrings
         comms = self._engine.call(lambda: [comm.Dup() for _ in range(n)]).wait()
-        self._proto = _CollectiveProtocol(comms, self.options.check_consistency)
+        fuse = self.options.fuse_grad_size_mb if self.options.mode == "grad_allreduce" else 0
+        self._proto = _CollectiveProtocol(comms, self.options.check_consistency, fuse,
+                                          self.options.timeline)
         self._engine.register(self._proto)
+        self._released = False
         self._snapshots: dict[Any, np.ndarray] = {}
         self._local_steps = 0
         self._last_sync = self.options.local_sgd_begin_step
@@ -321,16 +532,50 @@ class CollectiveStore(RequestStore):
         self.syncs += 1
         return True
 
-    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
+    def synchronize(self) -> None:
+        """Send incomplete buckets as they are, then wait for every operation started here."""
+        self._flush()
+        super().synchronize()
+
+    def _flush(self) -> None:
+        if self._proto.fuse_mb > 0 and not self._released:
+            flush = _Flush()
+            self._engine.submit(self._proto, flush)
+            flush.handle.wait()
+
+    def _start_push_pull(self, name: Any, tensor: Any, output: Any, priority: int,
+                         op: ReduceOp | str, prescale_factor: float, postscale_factor: float,
+                         now: bool) -> Handle:
+        handle = super()._start_push_pull(name, tensor, output, priority, op, prescale_factor,
+                                          postscale_factor, now)
+        if now:  # the caller waits on it at once: its bucket cannot wait for the rest
+            self._flush()
+        return handle
+
+    def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale,
+                         waited=False):
         if op is ReduceOp.AVERAGE and self.options.average_scaling == "before_sum":
             # Paddle divides before the sum (it scales the loss gradient by 1/n); the size
             # is read at call time, as for AVERAGE everywhere.
             prescale, op = prescale / self.num_workers, ReduceOp.SUM
-        return super()._push_pull_async(name, tensor, output, priority=priority, op=op,
-                                        prescale=prescale, postscale=postscale)
+        return self._submit(self._allreduce_meta(name, tensor, op, prescale, postscale),
+                            tensor, output, priority, inline=waited)
+
+    def _push_pull_now(self, name, tensor, output, *, priority, op, prescale, postscale):
+        """A synchronous call: marked as waited on, so it is never held for a bucket."""
+        return self._push_pull_async(name, tensor, output, priority=priority, op=op,
+                                     prescale=prescale, postscale=postscale, waited=True)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _release(self) -> None:
+        self._released = True
         self._engine.unregister(self._proto)
-        rings = self._proto.rings
-        self._engine.call(lambda: [r.comm.Free() for r in rings]).wait()
+        rings, tl = self._proto.rings, self._proto.timeline
+
+        def free() -> None:
+            for r in rings:
+                r.comm.Free()
+            if tl is not None:
+                tl.close()
+
+        self._engine.call(free).wait()

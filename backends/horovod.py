@@ -46,7 +46,23 @@ memory (``"host"``, which also runs several ranks on one GPU).
 order); ``"mpi"`` reduces in the MPI library's own order, which the emulator does not
 model (at 3 ranks MPICH's fp16 sums differ from the ring's in the last bit).
 Knobs default to Horovod's and read ``HOROVOD_FUSION_THRESHOLD`` (bytes),
-``HOROVOD_CYCLE_TIME`` (ms) and ``HOROVOD_CACHE_CAPACITY`` when not given.
+``HOROVOD_CYCLE_TIME`` (ms), ``HOROVOD_CACHE_CAPACITY`` and ``HOROVOD_TIMELINE`` when not
+given.
+
+``timeline`` (``HOROVOD_TIMELINE``) makes the coordinator write Horovod's timeline
+(``horovod/common/timeline.cc`` and its callers): per tensor a ``NEGOTIATE_ALLREDUCE``
+span from the coordinator's first sight of a request to the tensor being ready on every
+rank, with a zero-length span per rank as its request is counted (``IncrementTensorCount``
+in ``controller.cc``; for a cached tensor, from the cycle in which some rank has it queued
+to the cycle in which all do, found as Horovod does with a second half of the bit vector,
+``CacheCoordinator::sync``), then the operation (``ALLREDUCE``, ``BROADCAST``) holding its
+activities: ``INIT_FUSION_BUFFER`` when the buffer grows, ``MEMCPY_IN_FUSION_BUFFER``,
+``MPI_ALLREDUCE``, ``MEMCPY_OUT_FUSION_BUFFER`` for a fused group (a single tensor has the
+allreduce alone, as ``MPIAllreduce::Execute``), ``MPI_BCAST``; on a GPU
+``NCCL_ALLREDUCE``/``NCCL_BCAST`` (``INIT_NCCL`` once), or through pinned memory
+``MEMCPY_IN_HOST_BUFFER``, ``MPI_ALLREDUCE``, ``MEMCPY_OUT_HOST_BUFFER``; GPU times are
+taken on the host. ddpbench's own paths name their own activities: ``RING_ALLREDUCE``
+(``algorithm="ring"``); a group reduced where it lies has no copies.
 """
 
 from __future__ import annotations
@@ -61,10 +77,12 @@ import numpy as np
 
 from ddpbench.api import Handle, ReduceOp, register
 from ddpbench.backends._common import (
+    Activity,
     Meta,
     MismatchError,
     Request,
     RequestStore,
+    Timeline,
     mismatch_message,
     mpi_allreduce,
     mpi_module,
@@ -241,6 +259,15 @@ class _HorovodProtocol(Protocol):
         self.ctrl, self.data = ctrl, data
         self.rank, self.size = ctrl.rank, ctrl.size
         self.is_coordinator = self.rank == 0
+        # Every rank extends its bit vector while a timeline is on; the coordinator writes it
+        # (operations.cc: HOROVOD_TIMELINE opens the file on the coordinator only).
+        self.timeline_on = options.timeline is not None
+        self.timeline: Timeline | None = None
+        if self.timeline_on and self.is_coordinator:
+            self.timeline = Timeline(str(options.timeline),
+                                     {"backend": "horovod", "ranks": self.size})
+        self.group_names: list[Any] = []  # the names of the group being executed
+        self.act = Activity(self)
         # Horovod rounds the threshold up to local_size x 8 x 64 bytes on a homogeneous
         # cluster (Controller::TensorFusionThresholdBytes)
         local_sizes = local_sizes or [1]
@@ -391,6 +418,8 @@ class _HorovodProtocol(Protocol):
                   else fuse_responses(responses, self.threshold, _fusion_bytes, _fusion_key))
         for group in groups:
             self._execute(group)
+        if self.timeline is not None:
+            self.timeline.flush()
         if all_closing and not self.pending:
             self.finished = True
             if self.closed_handle is not None:
@@ -416,9 +445,15 @@ class _HorovodProtocol(Protocol):
         status = ((self.closing << _ALL_CLOSING) | ((not uncached) << _NO_UNCACHED)
                   | ((not invalid) << _NO_INVALID))
         nbits = _NUM_STATUS_BITS + self.cache.num_bits()
-        words = _to_words(status | ((mine & ~invalid) << _NUM_STATUS_BITS), nbits)
+        hits = (mine & ~invalid) << _NUM_STATUS_BITS
+        words = _to_words(status | hits, nbits)
+        n = words.size
+        if self.timeline_on:
+            # Horovod's timeline section (CacheCoordinator::sync): all ones, a hit flips its
+            # bit, so after the AND a zero marks a tensor that some rank has queued.
+            words = np.concatenate([words, _to_words(((1 << 64 * n) - 1) ^ hits, nbits)])
         self.ctrl.Allreduce(MPI.IN_PLACE, words, op=MPI.BAND)
-        agreed = _from_words(words)
+        agreed = _from_words(words[:n] if self.timeline_on else words)
         common = agreed >> _NUM_STATUS_BITS
         gone = 0
         if not agreed >> _NO_INVALID & 1:
@@ -429,6 +464,12 @@ class _HorovodProtocol(Protocol):
             for bit in _bits(gone):
                 self.cache.erase(bit)
             common &= ~gone
+        if self.timeline is not None:
+            some = ~_from_words(words[n:]) >> _NUM_STATUS_BITS & ((1 << self.cache.num_bits()) - 1)
+            for bit in _bits(some & ~gone):  # negotiation starts once some rank has it queued
+                self.timeline.negotiate_start(self.cache.peek(bit).name, "allreduce")
+            for bit in _bits(common):  # and ends when all have
+                self.timeline.negotiate_end(self.cache.peek(bit).name)
         uncached_reqs, requeue = [], []
         for req, (state, bit) in zip(messages, states):
             if state != _ResponseCache.HIT or gone >> bit & 1:  # erased now: negotiate
@@ -450,14 +491,20 @@ class _HorovodProtocol(Protocol):
         if self.is_coordinator:
             now = time.monotonic()
             ready: list[Any] = []
+            tl = self.timeline
             for src, (src_metas, _) in enumerate(gathered):
                 for m in src_metas:
                     entry = self.table.setdefault(m.name, {})
                     if not entry:
                         self.first_seen[m.name] = now
+                    if tl is not None:  # Controller::IncrementTensorCount
+                        tl.negotiate_start(m.name, m.kind)
+                        tl.negotiate_rank_ready(m.name, src)
                     entry[src] = m
                     if len(entry) == self.size:
                         ready.append(m.name)
+                        if tl is not None:
+                            tl.negotiate_end(m.name)
             responses: list[tuple[str, Any]] = [("allreduce", self.cache.peek(b)) for b in hits]
             for name in ready:
                 responses.append(self._construct_response(name))
@@ -497,41 +544,64 @@ class _HorovodProtocol(Protocol):
     # -- every rank ----------------------------------------------------------------------
     def _execute(self, group: list[tuple[str, Any]]) -> None:
         kind = group[0][0]
+        tl = self.timeline
         if kind == "error":
             name, message = group[0][1]
+            if tl is not None:
+                tl.start(name, "error")
+                tl.end(name)
             self.pending.pop(name).handle.set_error(MismatchError(message))
             return
         reqs = [self.pending.pop(meta.name) for _, meta in group]
-        self.group_log.append((self.stats["cycles"], [r.meta.name for r in reqs]))
+        self.group_names = [r.meta.name for r in reqs]
+        self.group_log.append((self.stats["cycles"], self.group_names))
+        if tl is not None:  # PerformOperation: Timeline::Start per tensor
+            for r in reqs:
+                tl.start(r.meta.name, kind, r.meta.nbytes)
         if kind == "broadcast":
             req = reqs[0]
             try:
                 if req.meta.device == "gpu":
                     self._reduce_gpu(req.tensor.reshape(-1), None, root=req.meta.root)
                 else:
-                    self.data.Bcast(byte_view(req.tensor), root=req.meta.root)
+                    with self.act("MPI_BCAST"):
+                        self.data.Bcast(byte_view(req.tensor), root=req.meta.root)
             except Exception as err:
+                self._end_timeline(reqs, ok=False)
                 req.handle.set_error(err)
             else:
+                self._end_timeline(reqs, ok=True)
                 req.handle.set_result(req.tensor)
             return
         try:
             self._allreduce(reqs)
         except Exception as err:  # e.g. a dtype the reduction cannot handle
+            self._end_timeline(reqs, ok=False)
             for req in reqs:
                 req.handle.set_error(err)
         else:
+            self._end_timeline(reqs, ok=True)
             for req in reqs:
                 req.handle.set_result(req.output)
+
+    def _end_timeline(self, reqs: list[Request], ok: bool) -> None:
+        """Timeline::End per tensor (with its dtype and shape when it succeeded), on disk
+        before the handles complete."""
+        if self.timeline is not None:
+            for r in reqs:
+                self.timeline.end(r.meta.name, r.meta if ok else None)
+            self.timeline.flush()
 
     def _reduce(self, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None) -> None:
         """Allreduce the flat ``buf`` with the chosen algorithm (from ``source`` if given)."""
         if self.algorithm == "mpi":
-            mpi_allreduce(self.data, buf, op, source)
+            with self.act("MPI_ALLREDUCE"):
+                mpi_allreduce(self.data, buf, op, source)
             return
         if source is not None:
             buf[...] = source
-        self.stats["bytes_sent"] += _ring_allreduce(self.data, buf, op, self.scratch)
+        with self.act("RING_ALLREDUCE"):
+            self.stats["bytes_sent"] += _ring_allreduce(self.data, buf, op, self.scratch)
 
     def _allreduce(self, reqs: list[Request]) -> None:
         meta = reqs[0].meta
@@ -557,17 +627,20 @@ class _HorovodProtocol(Protocol):
             return
         total = sum(r.tensor.size for r in reqs)
         if self.fusion.nbytes < total * dtype.itemsize:
-            self.fusion = np.empty(total * dtype.itemsize, np.uint8)
+            with self.act("INIT_FUSION_BUFFER"):
+                self.fusion = np.empty(total * dtype.itemsize, np.uint8)
         buf = self.fusion[: total * dtype.itemsize].view(dtype)
         off = 0
-        for r in reqs:  # copy in by offset, prescale folded into the copy
-            scale_into(r.tensor.reshape(-1), meta.prescale, buf[off:off + r.tensor.size])
-            off += r.tensor.size
+        with self.act("MEMCPY_IN_FUSION_BUFFER"):
+            for r in reqs:  # copy in by offset, prescale folded into the copy
+                scale_into(r.tensor.reshape(-1), meta.prescale, buf[off:off + r.tensor.size])
+                off += r.tensor.size
         self._reduce(buf, op)
         off = 0
-        for r in reqs:  # copy out, postscale folded into the copy
-            scale_into(buf[off:off + r.tensor.size], meta.postscale, r.output.reshape(-1))
-            off += r.tensor.size
+        with self.act("MEMCPY_OUT_FUSION_BUFFER"):
+            for r in reqs:  # copy out, postscale folded into the copy
+                scale_into(buf[off:off + r.tensor.size], meta.postscale, r.output.reshape(-1))
+                off += r.tensor.size
 
     def _reduce_run(self, src: np.ndarray, out: np.ndarray, meta: Meta, op: ReduceOp) -> None:
         """Reduce one flat run (a tensor, or a group lying back to back) into ``out``: in
@@ -600,16 +673,19 @@ class _HorovodProtocol(Protocol):
         # batched device copies, gpu_operations.cc MemcpyInFusionBuffer)
         offsets, total = padded_offsets([r.tensor.size * dtype.itemsize for r in reqs])
         if self.gpu_fusion is None or self.gpu_fusion.nbytes < total:
-            self.gpu_fusion = gpu.cupy_or_raise().empty(total, dtype="uint8")
+            with self.act("INIT_FUSION_BUFFER"):
+                self.gpu_fusion = gpu.cupy_or_raise().empty(total, dtype="uint8")
         buf = self.gpu_fusion[:total].view(dtype)
         starts = [off // dtype.itemsize for off in offsets]
-        for r, at in zip(reqs, starts):
-            gpu.scale_copy(r.tensor.reshape(-1), buf[at:at + r.tensor.size], meta.prescale,
-                           self.half_rule)
+        with self.act("MEMCPY_IN_FUSION_BUFFER"):
+            for r, at in zip(reqs, starts):
+                gpu.scale_copy(r.tensor.reshape(-1), buf[at:at + r.tensor.size], meta.prescale,
+                               self.half_rule)
         self._reduce_gpu(buf, ReduceOp(meta.op))
-        for r, at in zip(reqs, starts):
-            gpu.scale_copy(buf[at:at + r.tensor.size], r.output.reshape(-1), meta.postscale,
-                           self.half_rule)
+        with self.act("MEMCPY_OUT_FUSION_BUFFER"):
+            for r, at in zip(reqs, starts):
+                gpu.scale_copy(buf[at:at + r.tensor.size], r.output.reshape(-1),
+                               meta.postscale, self.half_rule)
 
     def _reduce_gpu(self, buf: Any, op: ReduceOp | None, root: int = 0) -> None:
         """Allreduce (``op``) or broadcast (``op`` None, from ``root``) a flat GPU buffer."""
@@ -617,19 +693,25 @@ class _HorovodProtocol(Protocol):
 
         if self.gpu_transport == "host":
             self.stage = self.stage or gpu.HostStage()
-            host = self.stage.to_host(buf)
+            with self.act("MEMCPY_IN_HOST_BUFFER"):
+                host = self.stage.to_host(buf)
             if op is None:
-                self.data.Bcast(byte_view(host), root=root)
+                with self.act("MPI_BCAST"):
+                    self.data.Bcast(byte_view(host), root=root)
             else:
                 self._reduce(host.reshape(-1), op)
-            gpu.HostStage.to_device(host, buf)
+            with self.act("MEMCPY_OUT_HOST_BUFFER"):
+                gpu.HostStage.to_device(host, buf)
             return
         if self.nccl is None:
-            self.nccl = gpu.NcclComm(self.data, buf.device.id)
+            with self.act("INIT_NCCL"):
+                self.nccl = gpu.NcclComm(self.data, buf.device.id)
         if op is None:
-            self.nccl.bcast(buf, root)
+            with self.act("NCCL_BCAST"):
+                self.nccl.bcast(buf, root)
         else:
-            self.nccl.allreduce(buf, op)
+            with self.act("NCCL_ALLREDUCE"):
+                self.nccl.allreduce(buf, op)
 
 
 @register("horovod")
@@ -659,9 +741,17 @@ class HorovodStore(RequestStore):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         comm, local_size = self._world.role_comm, self._world.local_size
-        ctrl, data, local_sizes = self._engine.call(
-            lambda: (comm.Dup(), comm.Dup(), comm.allgather(local_size))).wait()
-        self._proto = _HorovodProtocol(ctrl, data, self.options, local_sizes)
+        mine = (local_size, self.options.timeline is not None)
+        ctrl, data, gathered = self._engine.call(
+            lambda: (comm.Dup(), comm.Dup(), comm.allgather(mine))).wait()
+        on = [r for r, (_, t) in enumerate(gathered) if t]
+        if on and len(on) != len(gathered):
+            off = [r for r in range(len(gathered)) if r not in on]
+            self._engine.call(lambda: (ctrl.Free(), data.Free())).wait()
+            raise ValueError(f"horovod: ranks {on} asked for a timeline and ranks {off} did "
+                             f"not; give timeline (HOROVOD_TIMELINE) on every rank, as the "
+                             f"cycle's bit vector carries it on all of them")
+        self._proto = _HorovodProtocol(ctrl, data, self.options, [ls for ls, _ in gathered])
         self._engine.register(self._proto)
 
     @property
@@ -697,6 +787,13 @@ class HorovodStore(RequestStore):
         done.wait()
         self._engine.unregister(self._proto)
         proto = self._proto
-        self._engine.call(
-            lambda: (proto.nccl and proto.nccl.close(), proto.ctrl.Free(), proto.data.Free())
-        ).wait()
+
+        def free() -> None:
+            if proto.nccl is not None:
+                proto.nccl.close()
+            proto.ctrl.Free()
+            proto.data.Free()
+            if proto.timeline is not None:
+                proto.timeline.close()
+
+        self._engine.call(free).wait()

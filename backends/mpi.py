@@ -9,22 +9,34 @@ Calls are collective and must be made in the same order on every rank. With ``ch
 (default) each call first compares a fingerprint of (name, shape, dtype, op, factors, root)
 across ranks — one tiny extra allreduce — so a disagreement raises the same error on every
 rank instead of hanging or corrupting memory; ``check_consistency=False`` is the bare baseline.
+
+``timeline`` makes rank 0 write a timeline in Horovod's layout and names
+(:class:`ddpbench.backends._common.Timeline`): per tensor its operation (``ALLREDUCE``,
+``BROADCAST``) holding ``QUEUE`` (queued on the engine behind earlier calls; a call run
+on the caller's thread has none), ``CONSISTENCY_CHECK`` (the fingerprint allreduce, with
+``check_consistency``) and the call itself: ``MPI_ALLREDUCE``, ``MPI_BCAST``,
+``NCCL_ALLREDUCE``, ``NCCL_BCAST`` (``INIT_NCCL`` once), or ``MEMCPY_IN_HOST_BUFFER`` and
+``MEMCPY_OUT_HOST_BUFFER`` around the MPI call with pinned-host staging. No negotiation:
+the calls run in program order.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 from ddpbench.api import ReduceOp, register
 from ddpbench.backends._common import (
+    Activity,
     Meta,
     MismatchError,
     Request,
     RequestStore,
+    Timeline,
     mismatch_message,
     mpi_allreduce,
     mpi_module,
@@ -57,10 +69,15 @@ class _MPIProtocol(Protocol):
     program pays no thread hand-off for a call it waits on anyway.
     """
 
-    def __init__(self, comm: Any, validate: bool, gpu_transport: str) -> None:
+    def __init__(self, comm: Any, validate: bool, gpu_transport: str,
+                 timeline: str | None = None) -> None:
         self.comm = comm
         self.validate = validate
         self.gpu_transport = gpu_transport
+        self.timeline = (Timeline(timeline, {"backend": "mpi", "ranks": comm.size})
+                         if timeline is not None and comm.rank == 0 else None)
+        self.group_names: list[Any] = []
+        self.act = Activity(self)
         self.nccl: Any = None  # made on the first GPU tensor (same point on every rank)
         self.stage: Any = None
         self.queue: collections.deque[Request] = collections.deque()
@@ -71,6 +88,8 @@ class _MPIProtocol(Protocol):
         self.finished = 0
 
     def accept(self, item: Request) -> None:
+        if self.timeline is not None:
+            item.queued_at = time.monotonic()
         self.queue.append(item)
 
     def busy(self) -> bool:
@@ -95,21 +114,44 @@ class _MPIProtocol(Protocol):
         return True
 
     def _run(self, req: Request) -> None:
+        tl = self.timeline
+        if tl is not None:
+            self._start_timeline(tl, req)
+        ok = False
         try:
             if self.validate:
-                check_consistent(self.comm, req.meta)
+                with self.act("CONSISTENCY_CHECK"):
+                    check_consistent(self.comm, req.meta)
             if req.meta.device == "gpu":
                 self._gpu(req)
             elif req.meta.kind == "broadcast":
-                self.comm.Bcast(byte_view(req.tensor), root=req.meta.root)
+                with self.act("MPI_BCAST"):
+                    self.comm.Bcast(byte_view(req.tensor), root=req.meta.root)
             else:
                 self._reduce_host(req.tensor, req.output, req.meta)
+            ok = True
         except Exception as err:
+            self._end_timeline(req, ok)
             req.handle.set_error(err)
         else:
+            self._end_timeline(req, ok)
             req.handle.set_result(req.output)
         finally:
             self.finished += 1
+
+    def _start_timeline(self, tl: Timeline, req: Request) -> None:
+        name = req.meta.name
+        self.group_names = [name]
+        now = time.monotonic()
+        tl.start(name, req.meta.kind, req.meta.nbytes, now=req.queued_at or now)
+        if req.queued_at:  # it waited on the engine behind earlier calls
+            tl.activity_start_all(self.group_names, "QUEUE", req.queued_at)
+            tl.activity_end_all(self.group_names, now)
+
+    def _end_timeline(self, req: Request, ok: bool) -> None:
+        if self.timeline is not None:
+            self.timeline.end(req.meta.name, req.meta if ok else None)
+            self.timeline.flush()
 
     def _gpu(self, req: Request) -> None:
         """NCCL on the device, or the host path through pinned memory."""
@@ -118,30 +160,38 @@ class _MPIProtocol(Protocol):
         meta, op = req.meta, ReduceOp(req.meta.op)
         if self.gpu_transport == "host":
             self.stage = self.stage or gpu.HostStage()
-            host = self.stage.to_host(req.tensor)
+            with self.act("MEMCPY_IN_HOST_BUFFER"):
+                host = self.stage.to_host(req.tensor)
             if meta.kind == "broadcast":
-                self.comm.Bcast(byte_view(host), root=meta.root)
+                with self.act("MPI_BCAST"):
+                    self.comm.Bcast(byte_view(host), root=meta.root)
             else:
                 self._reduce_host(host, host, meta)
-            gpu.HostStage.to_device(host, req.output)
+            with self.act("MEMCPY_OUT_HOST_BUFFER"):
+                gpu.HostStage.to_device(host, req.output)
             return
         if self.nccl is None:
-            self.nccl = gpu.NcclComm(self.comm, req.tensor.device.id)
+            with self.act("INIT_NCCL"):
+                self.nccl = gpu.NcclComm(self.comm, req.tensor.device.id)
         if meta.kind == "broadcast":
-            self.nccl.bcast(req.tensor, meta.root)
+            with self.act("NCCL_BCAST"):
+                self.nccl.bcast(req.tensor, meta.root)
             return
         gpu.scale_copy(req.tensor, req.output, meta.prescale)
-        self.nccl.allreduce(req.output.reshape(-1), op)
+        with self.act("NCCL_ALLREDUCE"):
+            self.nccl.allreduce(req.output.reshape(-1), op)
         gpu.scale_(req.output, meta.postscale)
 
     def _reduce_host(self, src: np.ndarray, out: np.ndarray, meta: Meta) -> None:
         op = _OPS[meta.op]
         src, out = src.reshape(-1), out.reshape(-1)
         if meta.prescale == 1.0 and not np.may_share_memory(src, out):
-            mpi_allreduce(self.comm, out, op, source=src)  # out of place: no copy
+            with self.act("MPI_ALLREDUCE"):
+                mpi_allreduce(self.comm, out, op, source=src)  # out of place: no copy
         else:
             scale_into(src, meta.prescale, out)
-            mpi_allreduce(self.comm, out, op)
+            with self.act("MPI_ALLREDUCE"):
+                mpi_allreduce(self.comm, out, op)
         scale_(out, meta.postscale)
 
     def fail(self, error: BaseException) -> None:
@@ -168,7 +218,7 @@ class MPIStore(RequestStore):
         super().__init__(**options)
         self._comm = self._engine.call(self._world.role_comm.Dup).wait()
         self._proto = _MPIProtocol(self._comm, self.options.check_consistency,
-                                   self.options.gpu_transport)
+                                   self.options.gpu_transport, self.options.timeline)
         self._engine.register(self._proto)
 
     _push_pull_now = RequestStore._push_pull_inline
@@ -184,5 +234,13 @@ class MPIStore(RequestStore):
 
     def _release(self) -> None:
         self._engine.unregister(self._proto)
-        nccl = self._proto.nccl
-        self._engine.call(lambda: (nccl and nccl.close(), self._comm.Free())).wait()
+        nccl, tl = self._proto.nccl, self._proto.timeline
+
+        def free() -> None:
+            if nccl is not None:
+                nccl.close()
+            self._comm.Free()
+            if tl is not None:
+                tl.close()
+
+        self._engine.call(free).wait()

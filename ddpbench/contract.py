@@ -117,6 +117,9 @@ def knob(default: Any = None, *, doc: str, side: Side = "both", source: str = ""
     extra: Any = {"side": side, "source": source, "env": env, "cluster": cluster,
                   "sweep": sweep, "unit": unit, "tune": _tune_spec(tune, side, tune_source,
                                                                   tune_when, tune_original)}
+    if env is not None and (default is None or isinstance(default, str)):
+        return Field(default_factory=lambda: os.environ.get(env) or default, description=doc,
+                     json_schema_extra=extra, **bounds)
     if env is not None:
         cast = type(default)
         return Field(default_factory=lambda: _env_number(env, default, cast), description=doc,
@@ -155,12 +158,17 @@ class Knobs(BaseModel):
 _GPU_TRANSPORT_DOC = "CuPy tensors: NCCL, or the CPU path through pinned host memory"
 
 
+_TIMELINE_DOC = ("write rank 0's per-tensor timeline (Chrome-trace JSON, Horovod's layout: "
+                 "each tensor a process) to this file; None = no timeline")
+
+
 class MpiKnobs(Knobs):
     """``mpi``: one native MPI collective per tensor."""
 
     check_consistency: bool = knob(
         True, side="real", doc="check shapes, dtypes, ops and factors across ranks first")
     gpu_transport: Literal["nccl", "host"] = knob("nccl", side="real", doc=_GPU_TRANSPORT_DOC)
+    timeline: str | None = knob(None, side="real", cluster=True, doc=_TIMELINE_DOC)
 
 
 class HorovodKnobs(Knobs):
@@ -220,6 +228,21 @@ class HorovodKnobs(Knobs):
         env="HOROVOD_STALL_CHECK_TIME_SECONDS",
         source="horovod/common/stall_inspector.cc, HOROVOD_STALL_CHECK_TIME_SECONDS",
         doc="warn when some ranks have not submitted a tensor for this long")
+    timeline: str | None = knob(
+        None, side="real", cluster=True, env="HOROVOD_TIMELINE",
+        source="horovod/common/operations.cc (HOROVOD_TIMELINE: the coordinator writes it), "
+               "horovod/common/timeline.cc",
+        doc="write the coordinator's timeline (Chrome-trace JSON: per tensor its "
+            "NEGOTIATE_ALLREDUCE, ALLREDUCE and the activities in it, MEMCPY_IN_FUSION_BUFFER, "
+            "MPI_ALLREDUCE, ...) to this file; None = no timeline")
+
+    @model_validator(mode="after")
+    def _no_dynamic_timeline(self) -> HorovodKnobs:
+        if self.timeline == "DYNAMIC":
+            raise ValueError("timeline 'DYNAMIC' (HOROVOD_TIMELINE=DYNAMIC) starts and stops "
+                             "Horovod's timeline from the program, which ddpbench does not "
+                             "offer; give the file to write")
+        return self
 
 
 class CollectiveKnobs(Knobs):
@@ -252,6 +275,15 @@ class CollectiveKnobs(Knobs):
         doc="false = Paddle's: operations run as the program was built, unchecked; true = "
             "ddpbench's own check (a 16-byte Iallreduce of each call's metadata first, so "
             "a disagreement raises on every rank instead of hanging)")
+    fuse_grad_size_mb: float = knob(
+        0.0, ge=0, allow_inf_nan=False, unit="MB",
+        source="python/paddle/fluid/transpiler/collective.py (GradAllReduce, unfused); "
+               "fleet's 32: distributed_strategy.proto, coalesce_grad_tensor_pass.cc",
+        doc="grad_allreduce: fuse gradients into buckets of this many MB (1 MB = 2^20 bytes) "
+            "by Paddle fleet's rule (whole layers; a bucket closes at this size or past 50 "
+            "gradients); 0 = the transpiler's GradAllReduce, one allreduce per gradient; 32 "
+            "= fleet's default")
+    timeline: str | None = knob(None, side="real", cluster=True, doc=_TIMELINE_DOC)
 
 
 class PSKnobs(Knobs):
@@ -918,6 +950,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "coordinator": "cache", "force_distributed": False, "system": "mxnet",
     "grpc_gbps": 1.3,
     "priority": True, "precision": "fp32", "bind": "none",
+    "fuse_grad_size_mb": 0.0,
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from ddpbench import contract, hardware
 from ddpbench.rules import placement
+from ddpbench.rules.buckets import coalesce_buckets
 from ddpbench.rules.fusion import (
     fuse_responses,
     fusion_threshold_bytes,
@@ -506,7 +507,11 @@ class _FifoComm:
                 yield from mpi_call_allreduce(sim, t.numel, sim.itemsize, t.layer)
             else:
                 yield from ring_allreduce(sim, t.numel, sim.itemsize, t.layer, self.uplink)
-            sim.unit_done(0, t.layer)
+            if isinstance(t, _Bucket):
+                for u in t.tensors:
+                    sim.unit_done(0, u.layer)
+            else:
+                sim.unit_done(0, t.layer)
 
 
 @register
@@ -714,7 +719,10 @@ class CollectiveStrategy(_AllreduceBase):
     (python/paddle/fluid/transpiler/collective.py), so a tensor keeps its ring every
     iteration: the k-th tensor to become ready (in the first iteration) uses ring
     ``k % nrings``. Each ring is its own FIFO communication thread; the rings' steps share
-    the NIC, so two rings in flight each get the link half the time.
+    the NIC, so two rings in flight each get the link half the time. With
+    ``fuse_grad_size_mb`` the gradients go in fleet's buckets instead
+    (:func:`ddpbench.rules.buckets.coalesce_buckets`), each one allreduce once its last
+    gradient is ready, the k-th bucket on ring ``k % nrings``.
     """
 
     name = "collective"
@@ -725,11 +733,41 @@ class CollectiveStrategy(_AllreduceBase):
         uplink = Link(self.sim.env) if nrings > 1 else None
         self._rings = [_FifoComm(self.sim, uplink) for _ in range(nrings)]
         self._ring_of: dict[tuple[int, int], int] = {}
+        self._bucket_of: dict[int, int] = {}
+        if self.knobs.fuse_grad_size_mb > 0:
+            # fleet's buckets, in the order backward makes the gradients (the real
+            # backend's rule, ddpbench.rules.buckets)
+            order = [t for tensors in reversed(self._tensors) for t in tensors]
+            self._buckets = coalesce_buckets(order, self.knobs.fuse_grad_size_mb,
+                                             nbytes=lambda t: t.numel * self.sim.itemsize,
+                                             layer=lambda t: t.layer)
+            self._bucket_of = {id(t): b for b, ts in enumerate(self._buckets) for t in ts}
+            self._left = [len(ts) for ts in self._buckets]
 
     def grad_ready(self, w: int, layer: int) -> None:
+        if self._bucket_of:
+            for t in self._tensors[layer]:
+                b = self._bucket_of[id(t)]
+                self._left[b] -= 1
+                if self._left[b] == 0:  # the bucket's last gradient: one fused allreduce
+                    self._left[b] = len(self._buckets[b])
+                    self._rings[b % len(self._rings)].put(_Bucket(self._buckets[b]))
+            return
         for j, t in enumerate(self._tensors[layer]):
             ring = self._ring_of.setdefault((layer, j), len(self._ring_of) % len(self._rings))
             self._rings[ring].put(t)
+
+
+class _Bucket:
+    """Fused gradients as one allreduce (``numel``, the first's ``layer``) whose tensors
+    are all done when it is."""
+
+    __slots__ = ("tensors", "numel", "layer")
+
+    def __init__(self, tensors: list) -> None:
+        self.tensors = tensors
+        self.numel = sum(t.numel for t in tensors)
+        self.layer = tensors[0].layer
 
 
 # ---------------------------------------------------------------- parameter servers

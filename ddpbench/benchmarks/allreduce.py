@@ -1,13 +1,23 @@
 """``ddpbench bench allreduce``: nccl-tests-style allreduce timings of the real backends.
 
 The command launches its own ranks (``ddpbench.launch``); rank 0 of the job writes one JSON
-row per (backend, size) that the parent prints as a table, CSV or JSON. Timing is OSU-style:
-warm-up iterations, then per iteration a barrier, ``MPI.Wtime`` around one ``push_pull``,
-and the slowest rank's time kept; the row reports the median with min and max. Every
-result is checked against the closed-form reference (#wrong counts differing elements).
-The ratios compare each row (on CPU) with a bare ``comm.Allreduce`` of the same size timed
-right before each of its calls, so both see the same phase of a shared machine; the
-``native`` row is that baseline timed on its own. Above 16 MiB native makes its calls in
+row per (backend, size) that the parent prints as a table, CSV or JSON. Timing is OSU's
+(``osu_allreduce``): warm-up iterations, one barrier, then ``MPI.Wtime`` around each
+``push_pull`` of the timed loop, the slowest rank's time of each call kept; the row reports
+the median with min and max. No barrier between the timed calls: under
+``MPI_THREAD_MULTIPLE`` MPICH completes a barrier on the caller's thread only once a
+blocking call on another thread of the process returns, so with an engine thread that
+cycles (``horovod``: a bit-vector ``MPI_Allreduce`` each cycle) every barrier would end just
+after a cycle began and every timed call would wait for the next one (measured:
+docs/results/2026-12-01-fidelity-round-2.md); for the same reason a cycling backend's calls
+are not paired with bare ones (below). ``--inflight K`` makes each timed call
+``K`` tensors of the size submitted at once and waited for together, as a training step
+has several gradients in flight; the row's time is per call and its bandwidth counts all
+``K``. Every result is checked against the closed-form reference (#wrong counts differing
+elements). The ratios compare each row (on CPU) with a bare ``comm.Allreduce`` of the same
+size timed right before each of its calls, so both see the same phase of a shared machine
+(a cycling backend's rows with the ``native`` row); the ``native`` row is that baseline
+timed on its own. Above 16 MiB native makes its calls in
 the equal chunks the backends make (``backends._common.ALLREDUCE_CHUNK_BYTES``: glibc would
 map MPICH's temporary buffer afresh on every call), so the ratios measure the engines, not
 the allocator; a ``native:one_call`` row, added where a size (or the tensor set) is larger,
@@ -112,7 +122,10 @@ def _inputs(count: int, rank: int, size: int, dtype: np.dtype, op: str) -> tuple
 def _time_one(comm: Any, fn: Any, warmup: int, iters: int, pair: Any = None
               ) -> tuple[list[float], list[float]]:
     """Time ``iters`` calls of ``fn`` (the slowest rank's time each); with ``pair``, time one
-    call of it right before every call of ``fn`` too and return its samples second."""
+    call of it right before every call of ``fn`` too and return its samples second.
+
+    One barrier before the timed loop, as ``osu_allreduce`` has, and none between the calls
+    (the module docstring says why)."""
     from mpi4py import MPI
 
     for _ in range(warmup):
@@ -120,13 +133,12 @@ def _time_one(comm: Any, fn: Any, warmup: int, iters: int, pair: Any = None
         if pair is not None:
             pair()
     samples, paired = [], []
+    comm.Barrier()
     for _ in range(iters):
         if pair is not None:
-            comm.Barrier()
             t0 = MPI.Wtime()
             pair()
             paired.append(MPI.Wtime() - t0)
-        comm.Barrier()
         t0 = MPI.Wtime()
         fn()
         samples.append(MPI.Wtime() - t0)
@@ -356,7 +368,7 @@ def worker(cfg: dict[str, Any]) -> None:
             for spec, nbytes in keys:
                 info = extra[(spec, nbytes)]
                 row = _row(spec, info["nbytes"], info["count"], cfg, samples[(spec, nbytes)],
-                           info["wrong"], comm.size)
+                           info["wrong"], comm.size, info.get("inflight", 1))
                 row.update({k: v for k, v in info.items() if k not in ("nbytes", "count",
                                                                         "wrong")})
                 if "paired_native_us" in info:
@@ -376,25 +388,51 @@ def _to_host(y: Any) -> np.ndarray:
     return y.get() if hasattr(y, "get") and not isinstance(y, np.ndarray) else y
 
 
+def _cycles(kv: Any) -> bool:
+    """Whether ``kv``'s engine keeps making blocking MPI calls while idle (horovod's cycle).
+
+    Then no bare call is paired with its timed calls: under MPI_THREAD_MULTIPLE MPICH ends a
+    blocking call on this thread only once the engine's blocking call returns, so each timed
+    call would start just after a cycle began (its ratio to native uses the native row)."""
+    return getattr(getattr(kv, "options", None), "idle", None) == "cycle"
+
+
 def _one_size(kv, comm, nbytes, cfg, dtype, iters) -> tuple[list[float], dict[str, Any]]:
     count = max(1, nbytes // dtype.itemsize)
     x, ref = _inputs(count, comm.rank, comm.size, dtype, cfg["op"])
     x = _on_device(cfg, x)
-    y = x.copy()
-    name = f"ar{nbytes}"
+    k = max(1, int(cfg.get("inflight", 1)))
+    xs = [x] + [x.copy() for _ in range(k - 1)]
+    ys = [t.copy() for t in xs]
+    names = [f"ar{nbytes}"] if k == 1 else [f"ar{nbytes}_{j}" for j in range(k)]
+
+    def call() -> None:
+        if k == 1 or not hasattr(kv, "push_pull_async"):
+            for n, t, o in zip(names, xs, ys):
+                kv.push_pull(n, t, output=o, op=cfg["op"])
+            return
+        handles = [kv.push_pull_async(n, t, output=o, op=cfg["op"])
+                   for n, t, o in zip(names, xs, ys)]
+        for h in handles:
+            h.wait()
+
     pair = None
-    if cfg.get("device") != "gpu" and not isinstance(kv, _Native):
-        # A bare allreduce timed right before each call: the ratios compare samples taken
+    if cfg.get("device") != "gpu" and not isinstance(kv, _Native) and not _cycles(kv):
+        # Bare allreduces timed right before each call: the ratios compare samples taken
         # seconds apart at most, so the machine's slow and fast phases hit both alike.
         native, x_n, y_n = _Native(comm), x.copy(), x.copy()
-        pair = lambda: native.push_pull_async(name, x_n, y_n, op=cfg["op"])  # noqa: E731
-    samples, paired = _time_one(comm, lambda: kv.push_pull(name, x, output=y, op=cfg["op"]),
-                                cfg["warmup"], iters, pair)
+
+        def pair() -> None:
+            for _ in range(k):
+                native.push_pull_async(names[0], x_n, y_n, op=cfg["op"])
+
+    samples, paired = _time_one(comm, call, cfg["warmup"], iters, pair)
     if pair is not None:
         native.comm.Free()
-    wrong = int(np.count_nonzero(_to_host(y).astype(np.float64) != ref))
+    wrong = sum(int(np.count_nonzero(_to_host(y).astype(np.float64) != ref)) for y in ys)
     wrong = int(allreduce_scalar(comm, wrong, "sum"))
-    info: dict[str, Any] = {"nbytes": count * dtype.itemsize, "count": count, "wrong": wrong}
+    info: dict[str, Any] = {"nbytes": count * dtype.itemsize, "count": count, "wrong": wrong,
+                            "inflight": k}
     if paired:
         info["paired_native_us"] = [t * 1e6 for t in paired]
     return samples, info
@@ -461,14 +499,14 @@ def _tensor_set(kv, comm, label, cfg, dtype, iters) -> tuple[list[float], dict[s
                      "wrong": int(allreduce_scalar(comm, wrong, "sum")), **extra}
 
 
-def _row(label, nbytes, count, cfg, samples, wrong, n) -> dict[str, Any]:
+def _row(label, nbytes, count, cfg, samples, wrong, n, inflight=1) -> dict[str, Any]:
     med = float(np.median(samples))
-    algbw = nbytes / med / 1e9 if med > 0 else float("inf")
+    algbw = nbytes * inflight / med / 1e9 if med > 0 else float("inf")
     return {
         "backend": label, "ranks": n, "size": nbytes, "count": count, "type": cfg["dtype"],
         "device": cfg.get("device", "cpu"), "redop": cfg["op"], "time_us": med * 1e6, "min_us": min(samples) * 1e6,
         "max_us": max(samples) * 1e6, "algbw": algbw, "busbw": algbw * 2 * (n - 1) / n,
-        "wrong": wrong, "samples_us": [s * 1e6 for s in samples],
+        "wrong": wrong, "samples_us": [s * 1e6 for s in samples], "inflight": inflight,
     }
 
 
@@ -494,6 +532,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="open every backend this many times in turn, iters/rounds "
                              "iterations each, so drift of a shared machine hits all rows alike")
+    parser.add_argument("--inflight", type=int, default=1,
+                        help="tensors of each size submitted at once and waited for together "
+                             "in each timed call, as a training step has several gradients in "
+                             "flight (default 1: one synchronous call); bandwidth counts all")
     parser.add_argument("--tensors", default=None, choices=["resnet50", "vgg19"],
                         help="reduce a model's gradient tensors as one set instead of --sizes")
     parser.add_argument("--scale", type=float, default=1.0,
@@ -526,6 +568,9 @@ def main(args: argparse.Namespace) -> int:
                          f"{args.ranks!r}") from None
     if not ranks or min(ranks) < 1 or args.warmup < 0 or args.iters < 1 or args.rounds < 1:
         raise UsageError("need --ranks >= 1, --warmup >= 0, --iters >= 1 and --rounds >= 1")
+    if args.inflight < 1 or (args.inflight > 1 and args.tensors):
+        raise UsageError(f"--inflight must be >= 1 and goes with --sizes, not --tensors; got "
+                         f"{args.inflight}")
     itemsize = np.dtype(args.dtype).itemsize if args.dtype != "bfloat16" else 2
     if not args.tensors and (not sizes or min(sizes) < itemsize):
         raise UsageError(f"--sizes: every size must hold at least one {args.dtype} element "
@@ -582,7 +627,7 @@ def _run_job(args: argparse.Namespace, specs: list[str], sizes: list[int], n: in
             "backends": specs, "sizes": sizes, "dtype": args.dtype, "op": args.op,
             "warmup": args.warmup, "iters": args.iters, "rounds": args.rounds,
             "tensors": args.tensors, "scale": args.scale, "layout": args.layout,
-            "out": str(out),
+            "out": str(out), "inflight": args.inflight,
             "device": args.device, "gpu_transport": args.gpu_transport,
         }
         print(f"# ddpbench bench allreduce: {n} ranks, {', '.join(specs)}",
@@ -641,6 +686,10 @@ def _print_job(rows: list[dict[str, Any]], fmt: str) -> None:
         print(f"{r['backend']:<32} {r['ranks']:>2} {human(r['size']):>9} {r['count']:>10} "
               f"{r['type']:>8} {r['redop']:>7} {r['time_us']:>10.1f} {r['min_us']:>10.1f} "
               f"{r['max_us']:>10.1f} {r['algbw']:>7.3f} {r['busbw']:>7.3f} {r['wrong']:>6}")
+    inflight = max((r.get("inflight", 1) for r in rows), default=1)
+    if inflight > 1:
+        print(f"# each timed call: {inflight} tensors of the size in flight at once; time per "
+              f"call, algbw and busbw over all {inflight}")
     cycles = {r["backend"]: r["cycle_time_ms"] for r in rows if "cycle_time_ms" in r}
     for label, ms in cycles.items():
         print(f"# {label}: cycle_time {ms:g} ms (Horovod's default is 1 ms; set "
@@ -654,7 +703,7 @@ def _print_job(rows: list[dict[str, Any]], fmt: str) -> None:
     print(f"\n# ratios against native (bare comm.Allreduce, above "
           f"{human(ALLREDUCE_CHUNK_BYTES)} in the backends' chunks" + (
           ", timed right before each call of the row, so the machine's slow and fast phases "
-          "hit both alike" if paired else ", same run") + "): busbw ratio >= 1 and "
+          "hit both alike (a backend that cycles: the native row)" if paired else ", same run") + "): busbw ratio >= 1 and "
           "time ratio <= 1 mean as fast as native" + ("; last column: time / gloo's" if gloo
                                                       else ""))
 

@@ -1,4 +1,5 @@
-"""The ``collective`` backend on 1-4 ranks: reduce kinds, ring order, striping over rings."""
+"""The ``collective`` backend on 1-4 ranks: reduce kinds, ring order, striping over rings,
+Paddle fleet's gradient buckets (``fuse_grad_size_mb``, rules/buckets.py)."""
 
 
 import pytest
@@ -21,6 +22,16 @@ def test_collective_ops_ring_order_and_striping(n):
     if n > 1:
         assert one(out, "striping", nrings=3)["max_active_rings"] == 3
         one(out, "mismatch", ranks=n)
+    # Paddle's buckets at 4 KiB: [l3.w l3.b] [l2.w] [l1.w l1.b l0.w] on rings 0, 1, 0 from
+    # the second step on (the first, unfused, puts name k on ring k % 2); then incomplete
+    # buckets sent by synchronize() and by a synchronous call (itself unfused, on its
+    # name's ring)
+    got = one(out, "buckets", ranks=n)
+    assert got["refused"]
+    b0, b2 = ["l3.w", "l3.b"], ["l1.w", "l1.b", "l0.w"]
+    assert got["rings"] == [["l3.w", "l2.w", "l1.b", b0, b2, b0, b2, b0, b2, "l1.w", "l2.w",
+                             "l0.w", "l1.w"],
+                            ["l3.b", "l1.w", "l0.w", "l2.w", "l2.w", "l2.w", "l3.b"]]
 
 
 def test_collective_options_are_validated():

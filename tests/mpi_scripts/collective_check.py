@@ -140,7 +140,61 @@ def check_mismatch() -> None:
     log("mismatch", ranks=p, error="MismatchError")
 
 
+def check_buckets() -> None:
+    """Paddle's buckets: learnt in the first step, one fused ring sum per bucket after it,
+    the same sums as unfused; incomplete buckets go at a synchronous call and at
+    synchronize(); a tensor submitted twice while its bucket waits is refused."""
+    from ddpbench.rules.buckets import MB
+
+    p, r = world().num_workers, world().role_rank
+    kv = ddpbench.create("collective", nrings=2, fuse_grad_size_mb=4096 / MB)
+    names = ["l3.w", "l3.b", "l2.w", "l1.w", "l1.b", "l0.w"]  # [l3] [l2] [l1 l0] at 4 KiB
+    sizes = [900, 124, 1500, 300, 7, 13]
+    pattern = [(np.arange(s) % 7 + 1.0).astype(np.float32) for s in sizes]
+
+    def step(op=ReduceOp.SUM, only=None):
+        picked = [i for i in range(len(names)) if only is None or i in only]
+        xs = {i: pattern[i] * (r + 1) for i in picked}
+        hs = {i: kv.push_pull_async(names[i], xs[i], op=op) for i in picked}
+        return xs, hs
+
+    total = p * (p + 1) / 2
+    for _ in range(3):
+        xs, hs = step()
+        for i, h in hs.items():
+            h.wait()
+            assert np.array_equal(xs[i], pattern[i] * total), names[i]
+    xs, hs = step(ReduceOp.AVERAGE)  # divided before the sum, fused like the sums
+    for i, h in hs.items():
+        h.wait()
+        assert np.allclose(xs[i], pattern[i] * (p + 1) / 2, rtol=1e-6)
+    xs, hs = step(only={3})  # l1.w without l1.b and l0.w: synchronize() sends it alone
+    kv.synchronize()
+    assert np.array_equal(xs[3], pattern[3] * total)
+    x = pattern[2] * (r + 1)
+    kv.push_pull("l2.w", x)  # synchronous calls are never fused: on its own ring
+    assert np.array_equal(x, pattern[2] * total)
+    w = pattern[5] * (r + 1)
+    h = kv.push_pull_async("l0.w", w)  # waits in its bucket for l1.w and l1.b ...
+    x = pattern[1] * (r + 1)
+    kv.push_pull("l3.b", x)  # ... until a synchronous call sends it as it is
+    h.wait()
+    assert np.array_equal(x, pattern[1] * total) and np.array_equal(w, pattern[5] * total)
+    h = kv.push_pull_async("l1.w", pattern[3] * (r + 1))
+    again = kv.push_pull_async("l1.w", pattern[3] * (r + 1))
+    try:
+        again.wait()
+        raise AssertionError("a second l1.w while its bucket waits was accepted")
+    except RuntimeError as err:
+        refused = "submitted again" in str(err)
+    kv.close()  # sends the first l1.w, alone
+    assert h.done()
+    rings = [ring["names"] for ring in kv.stats["rings"]]
+    log("buckets", ranks=p, refused=refused, rings=rings)
+
+
 def main() -> None:
+    check_buckets()
     kv = ddpbench.create("collective")
     check_ops(kv)
     check_average_order(kv)

@@ -48,6 +48,8 @@ def test_cache_bit_vector_round_trip(bits, nbits):
     ("allreduce", ["--tensors", "resnet50", "--scale", "0"],
      "--scale must be a finite number > 0, got 0"),
     ("allreduce", ["--tensors", "resnet50", "--scale", "nan"], "--scale must be a finite number > 0"),
+    ("allreduce", ["--inflight", "0"], "--inflight must be >= 1"),
+    ("allreduce", ["--inflight", "2", "--tensors", "resnet50"], "not --tensors"),
 ])
 def test_a_bench_setting_out_of_range_is_a_usage_error(bench, argv, words):
     import argparse

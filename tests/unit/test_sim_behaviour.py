@@ -333,7 +333,7 @@ def test_strategies_table_matches_contract():
         "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",
                    "credit_params": 4_000_000, "credit_bytes": 4_096_000,
                    "merged_push_pull": False, "force_distributed": False},
-        "collective": {"nrings": 2},
+        "collective": {"nrings": 2, "fuse_grad_size_mb": 0.0},
     }
 
 
@@ -656,3 +656,23 @@ def test_bytescheduler_cuts_arrays_and_numbers_keys_as_its_kvstore_wrapper_inits
     assert keys == [[1], [6, 7, 8], [10]]
     assert barriers == [[0], [3, 4, 5], [9]]
     assert placement.bytescheduler_keys([[10]], start=4) == ([[5]], [[4]])
+
+
+def test_collective_fuses_fleets_buckets_into_one_allreduce_each():
+    # Two layers of small gradients, 32 MB buckets (Paddle fleet's fuse_all_reduce_ops): both
+    # layers fit one bucket, which goes as one ring allreduce of their sum once the last
+    # gradient is ready; unfused, each gradient is its own allreduce (two rings of the same
+    # bytes). On the ideal network the fused iteration is backward plus that one ring.
+    wl = simulator.Workload.from_dict({"name": "two", "batch_size": 1, "layers": [
+        {"name": "l0", "fwd_ms": 1, "bwd_ms": 1, "tensors": [{"name": "l0.w", "numel": 300_000},
+                                                             {"name": "l0.b", "numel": 1000}]},
+        {"name": "l1", "fwd_ms": 1, "bwd_ms": 1, "tensors": [{"name": "l1.w", "numel": 200_000}]},
+    ]})
+    kw = dict(workers=4, bandwidth_gbps=10, iterations=3, warmup=1, nrings=1)
+    fused = simulate(wl, "collective", fuse_grad_size_mb=32.0, **kw)
+    plain = simulate(wl, "collective", **kw)
+    assert fused.bytes_sent == plain.bytes_sent
+    p, n = 4, 501_000
+    ring = 2 * (p - 1) * (5e-6 + math.ceil(n / p) * 4 / (10e9 / 8))
+    assert fused.iteration_time_s == pytest.approx(4e-3 + ring, rel=1e-9)
+    assert plain.iteration_time_s != fused.iteration_time_s
