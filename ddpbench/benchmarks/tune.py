@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 HELP = ("time ddpbench tune (200 trials: ResNet-50 and VGG-19 on 16 x 8 V100 at 25 Gbit/s "
-        "TCP, VGG-19 on P3's 4 x P4000 at 10) and check its best against an exhaustive grid")
+        "TCP, VGG-19 on P3's 4 x P4000 at 10; --baseline: also without the stop rule) and "
+        "check its best against an exhaustive grid")
 
 # V100 servers of eight GPUs join them over NVLink (DGX-1, AWS p3.16xlarge).
 _V100 = {"hosts": 16, "gpus_per_host": 8, "device": "V100", "intra_link": "nvlink",
@@ -33,7 +34,8 @@ GRID: dict[str, dict[str, tuple[float, float, str]]] = {
     "byteps": {"partition_bytes": (1_024_000, 128_000_000, "int"),
                "credit_params": (1_000_000, 16_000_000, "int")},
 }
-GRID_FIXED: dict[str, dict[str, Any]] = {"byteps": {"scheduler": "credit"},
+GRID_FIXED: dict[str, dict[str, Any]] = {"byteps": {"scheduler": "credit",
+                                                   "compression": "none"},
                                         "p3": {"water_mark": 0}}
 GRID_VALUES = 5
 
@@ -47,6 +49,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="wall-time target per case (default 180)")
     parser.add_argument("--only", metavar="TEXT",
                         help="run only the cases whose name holds TEXT ('grid': the grid only)")
+    parser.add_argument("--stop-within", type=float, default=None, metavar="PCT",
+                        help="tune's stop rule: stop once the best is within PCT percent of "
+                             "the job's compute alone (default tune's, "
+                             "commands.tune.STOP_WITHIN_PCT; 0: every trial)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run each case with the stop rule off (the whole budget, "
+                             "as tune did before it), in this same run, and print both")
     parser.add_argument("--keep", type=Path, metavar="FOLDER",
                         help="keep each case's tune folder under FOLDER (default: a temporary "
                              "folder, removed)")
@@ -67,17 +76,19 @@ def _setting(fields: dict[str, Any]) -> tuple[Any, Any]:
 
 def _tune(workload: str, fields: dict[str, Any], folder: Path, trials: int, jobs: int, *,
           backends: list[str] | None = None, fix: list[str] | None = None,
-          ranges: list[str] | None = None) -> tuple[Any, float, float]:
+          ranges: list[str] | None = None, stop_within: float = 0.0
+          ) -> tuple[Any, float, float]:
     from ddpbench import contract
     from ddpbench.tune import search
     from ddpbench.tune.space import build_space
 
     cluster, schedule = _setting(fields)
     space = build_space(backends or list(contract.BACKENDS), cluster, fix=fix or [],
-                        ranges=ranges or [])
+                        ranges=ranges or [], schedule=schedule)
     request = search.Request(workload, cluster, schedule, space, seed=0)
     start, cpu = time.perf_counter(), time.process_time()
-    done = search.run(request, folder, trials=trials, jobs=jobs, progress=False)
+    done = search.run(request, folder, trials=trials, jobs=jobs, progress=False,
+                      stop_within=stop_within)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     # The trials ran in the pool's processes: their own CPU time is in the rows.
     return done, wall, cpu + sum(r.get("cpu_s") or 0.0 for r in done.rows
@@ -95,40 +106,83 @@ def _knobs_text(row: dict[str, Any], names: list[str]) -> str:
     return ", ".join(f"{k}={fmt_value(row[k])}" for k in names if row.get(k) not in (None, ""))
 
 
-def _cases(args: argparse.Namespace, root: Path) -> None:
-    from ddpbench import contract
-    from ddpbench.commands.tune import ITERATIONS, WARMUP
-    from ddpbench.tune.space import build_space
+def _stop_within(args: argparse.Namespace) -> float:
+    """Return the stop rule's fraction: ``--stop-within`` PCT, else tune's default."""
+    from ddpbench.commands.tune import STOP_WITHIN_PCT
 
+    return (STOP_WITHIN_PCT if args.stop_within is None else args.stop_within) / 100
+
+
+def _cases(args: argparse.Namespace, root: Path) -> None:
+    from ddpbench.commands.tune import ITERATIONS, WARMUP
+
+    within = _stop_within(args)
+    runs = [("", within)] + ([("baseline", 0.0)] if args.baseline and within > 0 else [])
     print(f"{args.trials} trials per case, {args.jobs} job(s), {ITERATIONS} iterations a "
-          f"trial ({WARMUP} warm-up); gain = fastest default / best; "
+          f"trial ({WARMUP} warm-up); stop rule: within {within:.2%} of the compute-only "
+          "time" + (" (baseline rows: off, every trial, measured in this run)"
+                    if len(runs) > 1 else "")
+          + "; gain = fastest default / best; "
           "cpu s: this process's and the trials' (wall also waits for a core)")
-    header = (f"{'case':<20}{'trials':>7}{'simulated':>10}{'wall s':>8}{'cpu s':>8}"
-              f"{'target s':>9}"
-              f"{'best ms':>9}{'default ms':>11}{'gain':>7}  best (fastest default)")
+    header = (f"{'case':<20}{'run':<10}{'trials':>7}{'simulated':>10}{'wall s':>8}"
+              f"{'cpu s':>8}{'target s':>9}{'best ms':>9}{'compute ms':>11}{'default ms':>11}"
+              f"{'gain':>7}  best (fastest default)")
     print(header)
     print("-" * len(header))
+    compared: list[tuple[str, tuple[float, float], tuple[float, float]]] = []
     for case, workload, fields in CASES:
         if args.only and args.only not in case:
             continue
-        folder = root / case.replace(" ", "-")
-        done, wall, cpu = _tune(workload, fields, folder, args.trials, args.jobs)
-        rows = [r for r in done.rows if r["status"] == "ok"]
-        best = _best(rows)
-        defaults = [r for r in rows if r["is_default"]]
-        fastest = min(defaults, key=lambda r: r["iteration_time_s"])
-        space = build_space(list(contract.BACKENDS), _setting(fields)[0])
-        names = [p.knob for p in space.of(best["backend"])]
-        note = "  OVER TARGET" if wall > args.target else ""
-        chosen = {k: best[k] for k in names if best.get(k) not in (None, "")}
-        if space.own(best["backend"], chosen):
-            note = " (* ddpbench's own mechanism)" + note
-        print(f"{case:<20}{done.finished:>7}{done.finished - done.reused:>10}{wall:>8.1f}"
-              f"{cpu:>8.1f}{args.target:>9.0f}{best['iteration_time_s'] * 1e3:>9.2f}"
-              f"{fastest['iteration_time_s'] * 1e3:>11.2f}"
-              f"{fastest['iteration_time_s'] / best['iteration_time_s']:>7.3f}  "
-              f"{best['backend']} {_knobs_text(best, names) or '(default)'} "
-              f"({fastest['backend']}){note}")
+        bests: list[tuple[float, float]] = []
+        for label, stop in runs:
+            folder = root / (case.replace(" ", "-") + (f"-{label}" if label else ""))
+            done, wall, cpu = _tune(workload, fields, folder, args.trials, args.jobs,
+                                    stop_within=stop)
+            bests.append(_case_row(case, label or "stop", done, wall, cpu, args, workload,
+                                   fields))
+        if len(bests) == 2:
+            compared.append((case, bests[0], bests[1]))
+    for case, (with_stop, compute), (without, _) in compared:
+        below = [f"{label} {1 - t / compute:.2%} below it" for label, t in
+                 (("with", with_stop), ("without", without)) if t < compute]
+        note = (f"; the compute alone takes {compute * 1e3:.2f} ms"
+                + (f" ({', '.join(below)}: the steady state of a trial's few iterations, not "
+                   "a faster compute)" if below else ""))
+        print(f"{case}: best with the stop rule {with_stop * 1e3:.2f} ms, without "
+              f"{without * 1e3:.2f} ms (ratio {with_stop / without:.4f}){note}")
+
+
+def _case_row(case: str, label: str, done: Any, wall: float, cpu: float,
+              args: argparse.Namespace, workload: str, fields: dict[str, Any]
+              ) -> tuple[float, float]:
+    """Print one case's row; return its best and its compute-only iteration times."""
+    from ddpbench import contract
+    from ddpbench.tune.answer import compute_only_time
+    from ddpbench.tune.space import build_space
+
+    rows = [r for r in done.rows if r["status"] == "ok"]
+    best = _best(rows)
+    defaults = [r for r in rows if r["is_default"]]
+    fastest = min(defaults, key=lambda r: r["iteration_time_s"])
+    cluster, schedule = _setting(fields)
+    compute = done.compute_s or compute_only_time(
+        {"workload": workload, "cluster": cluster.model_dump(),
+         "schedule": schedule.model_dump()})
+    space = build_space(list(contract.BACKENDS), cluster, schedule=schedule)
+    names = [p.knob for p in space.of(best["backend"])]
+    note = "  OVER TARGET" if wall > args.target else ""
+    if done.stopped == "bound":
+        note = " (stopped: within the bound)" + note
+    chosen = {k: best[k] for k in names if best.get(k) not in (None, "")}
+    if space.own(best["backend"], chosen):
+        note = " (* ddpbench's own mechanism)" + note
+    print(f"{case:<20}{label:<10}{len(rows):>7}{done.finished - done.reused:>10}{wall:>8.1f}"
+          f"{cpu:>8.1f}{args.target:>9.0f}{best['iteration_time_s'] * 1e3:>9.2f}"
+          f"{compute * 1e3:>11.2f}{fastest['iteration_time_s'] * 1e3:>11.2f}"
+          f"{fastest['iteration_time_s'] / best['iteration_time_s']:>7.3f}  "
+          f"{best['backend']} {_knobs_text(best, names) or '(default)'} "
+          f"({fastest['backend']}){note}", flush=True)
+    return float(best["iteration_time_s"]), float(compute)
 
 
 def _grid_points() -> list[tuple[str, dict[str, Any]]]:
@@ -164,7 +218,8 @@ def _grid(args: argparse.Namespace, root: Path) -> None:
     fix = [f"{b}.{k}={v}" for b, kv in GRID_FIXED.items() for k, v in kv.items()]
     ranges = [f"{b}.{k}={low}:{high}" for b, kv in GRID.items() for k, (low, high, _) in kv.items()]
     done, wall, _ = _tune(workload, fields, root / "grid-tune", budget, args.jobs,
-                       backends=list(GRID), fix=fix, ranges=ranges)
+                          backends=list(GRID), fix=fix, ranges=ranges,
+                          stop_within=_stop_within(args))
     rows = [r for r in done.rows if r["status"] == "ok"]
     best = _best(rows)
     simulated = done.finished - done.reused + done.failed

@@ -28,6 +28,10 @@ ITERATIONS = 10
 """Iterations a trial simulates by default, warm-up included (see the module's docstring)."""
 WARMUP = 2
 """Leading iterations a trial leaves out by default."""
+STOP_WITHIN_PCT = 1.0
+"""Percent of the compute-only time within which the originals' best stops a tune
+(``--stop-within``): below the 2% at which the report calls a job compute-bound, so a
+stopped tune's answer is one."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +52,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time", type=float, default=None, metavar="SECONDS",
                         help="stop asking for trials after this long (with or instead of "
                              "--trials)")
+    parser.add_argument("--stop-within", type=float, default=STOP_WITHIN_PCT, metavar="PCT",
+                        help="stop before the budget once every backend's default has run and "
+                             "the fastest configuration the original systems offer is within "
+                             "PCT percent of the job's compute alone, which no configuration "
+                             "can beat (default "
+                             f"{STOP_WITHIN_PCT:g}; 0: spend the whole budget)")
     parser.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                         help="trials simulated at once, each in its own process (default 1)")
     parser.add_argument("--executor", choices=["local", "mpi"], default="local",
@@ -233,6 +243,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     if args.search_seed < 0:
         raise UsageError(f"--search-seed must be >= 0, got {args.search_seed}")
+    if not 0 <= args.stop_within < 100:
+        raise UsageError(f"--stop-within must be a percentage in [0, 100), got "
+                         f"{args.stop_within:g}")
     if args.confirm is not None and _confirm_only(args):
         return _confirm(args, args.outdir)
     backends = (list(contract.BACKENDS) if args.backends is None
@@ -240,7 +253,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         cluster, schedule = _setting(args)
         space = build_space(backends, cluster, fix=args.fix, ranges=args.range,
-                            originals_only=args.originals_only)
+                            originals_only=args.originals_only, schedule=schedule)
     except ValueError as err:
         raise UsageError(str(err)) from None
     if args.space:
@@ -259,10 +272,11 @@ def main(args: argparse.Namespace) -> int:
               f"{len(space.backends)} default configuration(s) run", file=sys.stderr)
     try:
         done = search.run(request, folder, trials=trials, seconds=args.time, jobs=args.jobs,
-                          executor=args.executor, progress=not args.no_progress)
+                          executor=args.executor, progress=not args.no_progress,
+                          stop_within=args.stop_within / 100)
     except (ValueError, RuntimeError) as err:
         raise UsageError(str(err)) from None
-    _print_answer(done, space, folder, cluster)
+    _print_answer(done, space, folder, cluster, request.to_dict())
     if not args.no_report:
         _render(folder)
     ok = [r for r in done.rows if r["status"] == "ok"]
@@ -330,7 +344,9 @@ def _describe_cluster(c: Any) -> str:
     return f"{c.num_hosts} hosts x {c.gpus_per_host}{device} GPUs, {net}"
 
 
-def _print_answer(done: Any, space: Any, folder: Path, cluster: Any) -> None:
+def _print_answer(done: Any, space: Any, folder: Path, cluster: Any,
+                  request: dict[str, Any]) -> None:
+    from ddpbench.tune import answer
     from ddpbench.tune.space import fmt_value
 
     rows = [r for r in done.rows if r["status"] == "ok"]
@@ -342,6 +358,8 @@ def _print_answer(done: Any, space: Any, folder: Path, cluster: Any) -> None:
         print("stopped: --time ran out")
     elif done.stopped == "failures":
         print("stopped: too many failed trials (see the error column of results.csv)")
+    elif done.stopped == "bound":
+        print(f"stopped: {done.stop_text()} (--stop-within 0 spends the whole budget)")
     if not rows:
         return
     default = {r["backend"]: r["iteration_time_s"] for r in rows if r["is_default"]}
@@ -355,6 +373,7 @@ def _print_answer(done: Any, space: Any, folder: Path, cluster: Any) -> None:
         if len(top) == 5:
             break
     print(f"{'':3}{'backend':<11}{'iteration ms':>13}{'samples/s':>12}{'vs default':>12}  knobs")
+    safe = [answer.verdict_of(request, r).safe for r, _ in top]
     for i, (r, knobs) in enumerate(top, 1):
         base = default.get(r["backend"])
         gain = f"{base / r['iteration_time_s'] - 1:+.1%}" if base else "-"
@@ -363,15 +382,20 @@ def _print_answer(done: Any, space: Any, folder: Path, cluster: Any) -> None:
         if space.own(r["backend"], dict(knobs)):
             text += " *"
             own = True
+        text += "" if safe[i - 1] else " !"
         print(f"{i:>2} {r['backend']:<11}{r['iteration_time_s'] * 1e3:>13.2f}"
               f"{r['throughput']:>12,.1f}{gain:>12}  {text}")
     if own:
         print("* uses a mechanism of ddpbench's own, not the original's (see the knob's doc; "
               "--originals-only leaves them out)")
+    if not all(safe):
+        print("! its float16 gradient sums are NOT numerically safe at this world size and "
+              "predivide factor (the report's Numerics says why): never recommended")
     if default:
         fastest = min(default, key=lambda b: default[b])
-        best = top[0][0]
-        print(f"best against the fastest default ({fastest}, "
+        best = next((r for (r, _), ok in zip(top, safe) if ok), top[0][0])
+        print(f"best{' numerically safe' if not safe[0] and any(safe) else ''} against the "
+              f"fastest default ({fastest}, "
               f"{default[fastest] * 1e3:.2f} ms): "
               f"{default[fastest] / best['iteration_time_s'] - 1:+.1%}")
     print(f"results: {folder / 'results.csv'}")

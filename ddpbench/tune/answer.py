@@ -10,9 +10,11 @@ A tune folder holds ``tune.json`` (the request), ``results.csv`` (one row per tr
 - :func:`compute_only_time` and :func:`compute_bound`: the iteration time with a free network,
   and whether the best configuration is already within 2% of it (then no communication
   setting can gain anything);
-- :func:`numerics_verdict`: whether the gradients' dtype at this world size and predivide
+- :func:`numerics_verdict`, :func:`verdict_of`: whether a configuration's gradient dtype
+  (float16 under fp16 compression or mixed precision) at this world size and predivide
   factor sums safely, from the numerics emulator (:func:`ddpbench.numerics.predivide_safe_range`,
-  the function behind ``ddpbench numerics query``);
+  the function behind ``ddpbench numerics query``); :func:`recommended`: the fastest
+  configuration that does, and the faster ones that do not (never recommended silently);
 - :func:`experiment_yaml`: the chosen configuration as a ``throughput`` experiment file that
   ``ddpbench run`` accepts, beside the defaults of every backend on the same cluster.
 """
@@ -39,7 +41,9 @@ __all__ = [
     "STUDY_NAME",
     "VALIDATION_RESULTS",
     "ErrorBand",
+    "MAX_VERDICTS",
     "NumericsVerdict",
+    "Recommendation",
     "best_per_backend",
     "compute_bound",
     "compute_only_time",
@@ -56,7 +60,9 @@ __all__ = [
     "own_mechanisms",
     "predivide_factor",
     "ranked",
+    "recommended",
     "summary_lines",
+    "verdict_of",
 ]
 
 REQUEST_FILE = "tune.json"
@@ -430,19 +436,32 @@ def compute_bound(best_time_s: float, compute_time_s: float,
     return best_time_s <= compute_time_s * (1.0 + tolerance)
 
 
-# -- numerics --------------------------------------------------------------------------------
-def gradient_dtype(request: Mapping[str, Any]) -> str:
-    """Return the dtype gradients are summed in: float16 under mixed precision, else float32."""
+# -- numerics ----------------------------------------------------------------------------
+def _cell(row: Any, knob: str) -> Any:
+    """Return a trial's value of ``knob`` (a results.csv row or a dict), None if it has none."""
+    if row is None:
+        return None
+    return _value(row.get(knob)) if hasattr(row, "get") else None
+
+
+def gradient_dtype(request: Mapping[str, Any], row: Any = None) -> str:
+    """Return the dtype gradients are summed in: float16 under mixed precision or where the
+    configuration's ``compression`` (searched or fixed) is ``fp16``, else float32."""
     precision = str((request.get("schedule") or {}).get("precision") or "fp32")
-    return "float16" if precision in ("mixed", "fp16", "float16") else "float32"
+    if precision in ("mixed", "fp16", "float16"):
+        return "float16"
+    compression = _cell(row, "compression")
+    if compression is None and row is not None:
+        compression = _fixed(request, str(row["backend"])).get("compression")
+    return "float16" if compression == "fp16" else "float32"
 
 
 def predivide_factor(request: Mapping[str, Any], row: Any = None) -> float:
     """Return the chosen predivide factor: a searched or fixed knob of that name, else 1."""
     backend = str(row["backend"]) if row is not None else ""
     for knob in PREDIVIDE_KNOBS:
-        if row is not None and knob in row.index and _value(row[knob]) is not None:
-            return float(row[knob])
+        if _cell(row, knob) is not None:
+            return float(_cell(row, knob))
         fixed = _fixed(request, backend) if backend else {}
         if fixed.get(knob) is not None:
             return float(fixed[knob])
@@ -500,18 +519,26 @@ def _factor(f: float) -> str:
 
 def numerics_verdict(request: Mapping[str, Any], factor: float = 1.0, *,
                      scales: Sequence[float] = (1e-2, 1.0, 1e2), dist: str = "layers",
-                     elements: int = 8192) -> NumericsVerdict:
-    """Return the numerics model's verdict for the request's gradient dtype and world size.
+                     elements: int = 8192, dtype: str | None = None) -> NumericsVerdict:
+    """Return the numerics model's verdict for the gradients' dtype and the world size.
 
     Runs :func:`ddpbench.numerics.predivide_safe_range` (``ddpbench numerics query``) at
     each gradient scale on the default factor grid plus ``factor``: a factor is safe when
     it neither overflows nor underflows more than the best and costs at most twice the best
-    factor's error (:func:`ddpbench.numerics.mark_safe`).
+    factor's error (:func:`ddpbench.numerics.mark_safe`). ``dtype`` defaults to the
+    request's (:func:`gradient_dtype`); verdicts are memoised per process.
     """
+    dtype = dtype or gradient_dtype(request)
+    world = int(request["cluster"].get("workers") or 1)
+    return _verdict(dtype, world, float(factor), tuple(float(s) for s in scales), dist,
+                    int(elements))
+
+
+@functools.lru_cache(maxsize=64)
+def _verdict(dtype: str, world: int, factor: float, scales: tuple[float, ...], dist: str,
+             elements: int) -> NumericsVerdict:
     from ddpbench import numerics as nm
 
-    dtype = gradient_dtype(request)
-    world = int(request["cluster"].get("workers") or 1)
     factors = sorted(set(nm.default_factors(world)) | {float(factor)})
     rows = []
     for s in scales:
@@ -528,6 +555,62 @@ def numerics_verdict(request: Mapping[str, Any], factor: float = 1.0, *,
     return NumericsVerdict(dtype, world, float(factor), dist, elements, tuple(rows))
 
 
+def verdict_of(request: Mapping[str, Any], row: Any) -> NumericsVerdict:
+    """Return the numerics verdict of one configuration: its dtype (fp16 compression or
+    mixed precision: float16) and its predivide factor (1 where it has none: BytePS
+    averages after the pull, the parameter servers sum in arrival order, which the ring's
+    order stands in for), over all of the cluster's workers."""
+    return numerics_verdict(request, predivide_factor(request, row),
+                            dtype=gradient_dtype(request, row))
+
+
+MAX_VERDICTS = 25
+"""How far down the ranking :func:`recommended` looks for a numerically safe configuration."""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The configuration an answer recommends and the faster ones it passed over.
+
+    Attributes:
+        index: the recommended row's position in the ranking.
+        verdict: its numerics verdict (None when numerics were not judged).
+        unsafe: ``(position, verdict)`` of every faster configuration the numerics model
+            judged unsafe: marked in every table, never recommended.
+        safe: False when no configuration within :data:`MAX_VERDICTS` is safe; the index
+            is then the fastest's, and it is recommended only with that warning.
+    """
+
+    index: int
+    verdict: NumericsVerdict | None
+    unsafe: tuple[tuple[int, NumericsVerdict], ...] = ()
+    safe: bool = True
+
+
+def recommended(request: Mapping[str, Any], rank: Any, *, numerics: bool = True
+                ) -> Recommendation:
+    """Return the fastest configuration of ``rank`` whose numerics verdict is safe.
+
+    A faster configuration that sums float16 gradients out of range (an fp16 compression
+    with too small a predivide factor at this world size) is passed over and listed, so
+    the answer never recommends it silently. Without ``numerics`` the fastest is returned.
+
+    Raises:
+        ValueError: an empty ranking.
+    """
+    if not len(rank):
+        raise ValueError("no trial finished: there is no configuration to recommend")
+    if not numerics:
+        return Recommendation(0, None)
+    unsafe: list[tuple[int, NumericsVerdict]] = []
+    for i in range(min(len(rank), MAX_VERDICTS)):
+        verdict = verdict_of(request, rank.iloc[i])
+        if verdict.safe:
+            return Recommendation(i, verdict, tuple(unsafe))
+        unsafe.append((i, verdict))
+    return Recommendation(0, unsafe[0][1], tuple(unsafe), safe=False)
+
+
 # -- the experiment file ---------------------------------------------------------------------
 def _relative(path: str, folder: Path) -> str:
     """Return ``path`` (as the tune read it: from the cwd) relative to ``folder``."""
@@ -535,7 +618,7 @@ def _relative(path: str, folder: Path) -> str:
 
 
 def experiment_yaml(request: Mapping[str, Any], df: Any, folder: str | Path,
-                    *, name: str | None = None) -> str:
+                    *, name: str | None = None, choice: int = 0) -> str:
     """Return the chosen configuration as a ``throughput`` experiment file (YAML text).
 
     The file simulates the request's workload and cluster (every field that differs from
@@ -543,6 +626,9 @@ def experiment_yaml(request: Mapping[str, Any], df: Any, folder: str | Path,
     defaults (the knobs that differ zipped, so two points), and every other tuned backend
     at its defaults; the report's baseline is the fastest other backend's default. Paths
     (a profile, a machine) are written relative to ``folder``, where the file goes.
+
+    ``choice`` is the chosen configuration's position in :func:`ranked` (the fastest
+    numerically safe one: :func:`recommended`).
 
     Raises:
         ValueError: no trial finished.
@@ -553,7 +639,7 @@ def experiment_yaml(request: Mapping[str, Any], df: Any, folder: str | Path,
     rank = ranked(request, df)
     if not len(rank):
         raise ValueError("no trial finished: there is no configuration to write")
-    best = rank.iloc[0]
+    best = rank.iloc[choice]
     backend = str(best["backend"])
     chosen = {**{k: _coerce(backend, k, v) for k, v in _fixed(request, backend).items()},
               **config(request, best)}

@@ -20,9 +20,9 @@ from typing import Any
 
 from ddpbench.experiments.naming import format_value
 from ddpbench.experiments.report import Document, pyplot
-from ddpbench.tune import answer
+from ddpbench.tune import answer, search
 
-__all__ = ["importances", "render"]
+__all__ = ["importances", "render", "stop_info"]
 
 log = logging.getLogger(__name__)
 
@@ -51,28 +51,34 @@ def render(folder: Path, *, top: int = 5, validation: str | Path = answer.VALIDA
     rank = answer.ranked(request, df)
     n_ok = len(answer._ok(df))
     n_failed = int((df["status"] == "failed").sum()) if len(df) else 0
+    stop = stop_info(folder)
+    stopped = ("" if stop is None else " The search stopped before its budget: "
+               + search.stop_sentence(stop["best_s"], stop["compute_s"], stop["within"]) + ".")
     doc.text(f"{len(df)} trials in `results.csv`: {n_ok} finished, {n_failed} failed. The search "
              f"is optuna's TPE sampler (seed {request.get('seed', 0)}), its study in `study.db`; "
              "every backend's default configuration is a trial of its own. Times are the "
-             "simulator's predictions.")
+             "simulator's predictions." + stopped)
     written: list[Path] = []
     if not len(rank):
         doc.text("No trial finished: nothing to rank.")
         _request_section(doc, request)
         _failed_section(doc, request, df)
         return doc.write(folder)
-    best = rank.iloc[0]
+    rec = _recommend(request, rank, numerics)
+    best = rank.iloc[rec.index] if rec is not None else rank.iloc[0]
     base = answer.defaults(df)
     imps, imp_notes = importances(folder, request)
-    _answer_section(doc, request, df, rank, base, folder, validation, published, numerics)
+    _answer_section(doc, request, df, rank, base, folder, validation, published, rec)
     _request_section(doc, request)
-    _top_section(doc, rank, base, top)
+    _top_section(doc, request, rank, base, top, rec)
     _backends_section(doc, request, df, rank, base)
     from ddpbench.tune import confirm
 
     confirm.add_section(doc, folder)  # FOLDER/confirm/summary.json, when --confirm ran
     yaml_path = folder / "best.yaml"
-    yaml_path.write_text(answer.experiment_yaml(request, df, folder), encoding="utf-8")
+    yaml_path.write_text(answer.experiment_yaml(request, df, folder,
+                                                choice=rec.index if rec is not None else 0),
+                         encoding="utf-8")
     written.append(yaml_path)
     doc.heading("Plots")
     written += _plot_best_so_far(plt, doc, df, folder)
@@ -82,6 +88,19 @@ def render(folder: Path, *, top: int = 5, validation: str | Path = answer.VALIDA
     written += _plot_importances(plt, doc, imps, imp_notes, folder)
     _failed_section(doc, request, df)
     return doc.write(folder) + written
+
+
+def _recommend(request: Mapping[str, Any], rank: Any,
+               numerics: bool) -> answer.Recommendation | None:
+    """Return the recommendation (the fastest numerically safe configuration), or None when
+    numerics are not judged or the model cannot judge this setting."""
+    if not numerics:
+        return None
+    try:
+        return answer.recommended(request, rank)
+    except (ValueError, TypeError) as err:
+        log.warning("no numerics verdict: %s", err)
+        return None
 
 
 def _title(request: Mapping[str, Any]) -> str:
@@ -100,13 +119,23 @@ def _ms(seconds: Any) -> float:
 # -- the answer ------------------------------------------------------------------------------
 def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: Any,
                     base: Mapping[str, Any], folder: Path, validation: str | Path,
-                    published: str | Path | None, numerics: bool) -> None:
-    best = rank.iloc[0]
+                    published: str | Path | None,
+                    rec: answer.Recommendation | None) -> None:
+    best = rank.iloc[rec.index] if rec is not None else rank.iloc[0]
     backend = str(best["backend"])
     doc.heading("Answer")
-    lines = [f"Fastest: `{best['configuration']}`, predicted {_ms(best['iteration_time_s']):.4g} "
-             f"ms per iteration, {float(best['throughput']):,.1f} samples/s"
+    what = "Fastest" if rec is None or not rec.unsafe or not rec.safe else \
+        "Fastest numerically safe"
+    lines = [f"{what}: `{best['configuration']}`, predicted "
+             f"{_ms(best['iteration_time_s']):.4g} ms per iteration, "
+             f"{float(best['throughput']):,.1f} samples/s"
              + (f" (trial {int(best['trial'])})." if "trial" in best.index else ".")]
+    if rec is not None and rec.unsafe and rec.safe:
+        passed = "; ".join(
+            f"`{rank.iloc[i]['configuration']}`, {_ms(rank.iloc[i]['iteration_time_s']):.4g} "
+            f"ms: {_unsafe_why(v)}" for i, v in rec.unsafe[:3])
+        more = f" (and {len(rec.unsafe) - 3} more)" if len(rec.unsafe) > 3 else ""
+        lines.append(f"Faster, but not numerically safe, so not recommended: {passed}{more}.")
     if base:
         gains = ", ".join(f"{answer.gain(best, d):.3f}x {b}'s" for b, d in base.items())
         lines.append(f"Its throughput over each backend's default configuration: {gains}.")
@@ -124,15 +153,28 @@ def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: An
                              published=published)
     lines.append("How sure: " + _lower_first(band.describe()))
     lines.append(_compute_bound_line(request, best, base))
-    if numerics:
-        try:
-            verdict = answer.numerics_verdict(request, answer.predivide_factor(request, best))
-            lines.append("Numerics: " + verdict.describe())
-        except (ValueError, TypeError) as err:
-            lines.append(f"Numerics: no verdict ({err}).")
+    if rec is not None and rec.verdict is not None:
+        warn = ("" if rec.safe else f"no configuration among the fastest "
+                f"{min(len(rank), answer.MAX_VERDICTS)} is numerically safe, so the fastest "
+                "is shown with its verdict: ")
+        lines.append("Numerics: " + warn + rec.verdict.describe())
     lines.append(f"Run it: `ddpbench run {folder / 'best.yaml'}` simulates the chosen "
                  "configuration beside the defaults (`best.yaml`, an experiment file).")
     doc.bullets(lines)
+
+
+def _unsafe_why(verdict: answer.NumericsVerdict) -> str:
+    """Return in a few words why a configuration's sums are unsafe, with the safe factors."""
+    bad = [r for r in verdict.rows if not r["safe"]]
+    parts = []
+    for r in bad:
+        why = ("overflows" if r["overflow"] else "flushes small values"
+               if r["underflow_frac"] > 0 else "loses accuracy")
+        rng = (f"safe factors {answer._factor(r['safe_low'])} to {answer._factor(r['safe_high'])}"
+               if r["safe_low"] is not None else "no safe factor")
+        parts.append(f"at RMS {r['scale']:g} it {why} ({rng})")
+    return (f"{verdict.dtype} sums over {verdict.world_size} ranks at predivide factor "
+            f"{verdict.factor:.4g}: " + ", ".join(parts))
 
 
 def _lower_first(text: str) -> str:
@@ -230,7 +272,9 @@ def _request_section(doc: Document, request: Mapping[str, Any]) -> None:
         doc.text("Fixed (`--fix`): " + ", ".join(fixed) + ".")
 
 
-def _top_section(doc: Document, rank: Any, base: Mapping[str, Any], top: int) -> None:
+def _top_section(doc: Document, request: Mapping[str, Any], rank: Any,
+                 base: Mapping[str, Any], top: int,
+                 rec: answer.Recommendation | None) -> None:
     import pandas as pd
 
     doc.heading(f"Top {min(top, len(rank))} configurations")
@@ -241,14 +285,21 @@ def _top_section(doc: Document, rank: Any, base: Mapping[str, Any], top: int) ->
                                "throughput": float(r["throughput"])}
         for b, d in base.items():
             row[f"x {b} default"] = answer.gain(r, d)
+        if rec is not None:
+            v = answer.verdict_of(request, r)
+            row["numerics"] = (f"{v.dtype}, f={v.factor:g}: "
+                               + ("safe" if v.safe else "NOT safe"))
         if "trial" in r.index:
             row["trial"] = int(r["trial"])
         rows.append(row)
     own = " `*`: uses a mechanism of ddpbench's own, not the original's." \
         if rank.head(top)["own"].astype(bool).any() else ""
+    judged = (" `numerics`: the gradients' dtype and predivide factor f, and the numerics "
+              "model's verdict on them (a configuration NOT safe is never recommended)."
+              if rec is not None else "")
     doc.table(pd.DataFrame(rows), caption="Predicted iteration time and throughput "
               "(samples/s, whole job); `x B default`: throughput over backend B's default "
-              "configuration (> 1: faster)." + own)
+              "configuration (> 1: faster)." + own + judged)
 
 
 def _backends_section(doc: Document, request: Mapping[str, Any], df: Any, rank: Any,
@@ -281,6 +332,32 @@ def _failed_section(doc: Document, request: Mapping[str, Any], df: Any) -> None:
 
 
 # -- importances -----------------------------------------------------------------------------
+def _load_study(folder: Path) -> Any:
+    """Return the tune's optuna study, or an error text when it cannot be loaded."""
+    db = Path(folder) / answer.STUDY_FILE
+    if not db.is_file():
+        return f"no `{answer.STUDY_FILE}` in the folder"
+    try:
+        import optuna
+    except ImportError:
+        return "optuna is not installed"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=answer.STUDY_NAME, storage=f"sqlite:///{db}")
+    except (KeyError, ValueError, RuntimeError) as err:
+        return f"cannot load the study: {err}"
+
+
+def stop_info(folder: Path) -> dict[str, Any] | None:
+    """Return what the last run recorded when it stopped on the compute-only bound (its
+    ``within``, ``compute_s``, ``best_s``, ``finished``), or None."""
+    study = _load_study(folder)
+    if isinstance(study, str):
+        return None
+    info = study.user_attrs.get("stop")
+    return dict(info) if isinstance(info, Mapping) else None
+
+
 def importances(folder: Path, request: Mapping[str, Any]
                 ) -> tuple[dict[str, dict[str, float]], list[str]]:
     """Return backend -> knob -> importance from the study, and notes on what was skipped.

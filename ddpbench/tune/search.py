@@ -17,6 +17,16 @@ that raises is a failed trial (a row with ``status=failed`` and its error), neve
 as finished. ``results.csv`` is rewritten from the study after every batch (a temporary
 file, then a rename), one row per finished or failed trial; ``tune.json`` records the
 request, and a folder that holds another request is refused.
+
+A tune stops before its budget once the fastest configuration within the original systems'
+mechanisms (no BytePS ``window``, no P3 ``water_mark``: the setting a user can switch on) is
+within ``stop_within`` of the job's compute alone (:func:`ddpbench.tune.answer.compute_only_time`,
+the same job on a free network): an iteration cannot end before its forward and backward
+passes do, whatever the communication does, so no further trial can gain more than that
+configuration's distance to that time. The rule counts the originals' best, not the best
+overall, so that the answer's setting to switch on is as near the bound as its variant to
+build (which often gets there first); it waits for every backend's default, so the answer
+still holds each of them, and it is recorded in the study (user attribute ``stop``).
 """
 
 from __future__ import annotations
@@ -39,7 +49,8 @@ from ddpbench.experiments import manifest
 from ddpbench.experiments.runner import make_executor
 from ddpbench.tune.space import Space
 
-__all__ = ["STUDY_NAME", "Request", "TuneRun", "evaluate", "load_setting", "read_rows", "run"]
+__all__ = ["STUDY_NAME", "Request", "TuneRun", "evaluate", "load_setting", "read_rows", "run",
+           "stop_sentence"]
 
 STUDY_NAME = "ddpbench-tune"
 _RESULT_COLUMNS = ("iteration_time_s", "throughput", "events", "seconds", "cpu_s", "reused",
@@ -79,8 +90,34 @@ class TuneRun:
     reused: int = 0
     seconds: float = 0.0
     stopped: str = ""
-    """Why the run stopped early ("time", "failures"), or ""."""
+    """Why the run stopped early ("time", "failures", "bound"), or ""."""
     rows: list[dict[str, Any]] = field(default_factory=list)
+    compute_s: float | None = None
+    """The job's compute-only iteration time, where ``stop_within`` asked for it."""
+    best_s: float | None = None
+    """The iteration time of the fastest configuration within the originals' mechanisms,
+    when the run stopped on the bound."""
+    stop_within: float = 0.0
+
+    def stop_text(self) -> str:
+        """Return why the run stopped on the bound, in one sentence (or "")."""
+        if self.stopped != "bound" or self.compute_s is None or self.best_s is None:
+            return ""
+        return stop_sentence(self.best_s, self.compute_s, self.stop_within)
+
+
+def stop_sentence(best_s: float, compute_s: float, within: float) -> str:
+    """Return the stop rule's verdict: the best against the compute-only bound."""
+    diff = best_s / compute_s - 1.0
+    where = (f"{diff:.2%} above" if diff >= 0 else
+             f"{-diff:.2%} below (the steady state of a few simulated iterations, not a "
+             "faster compute)")
+    return (f"the fastest configuration within the original systems' mechanisms, "
+            f"{best_s * 1e3:.2f} ms, is {where} the "
+            f"{compute_s * 1e3:.2f} ms the job's compute alone takes on a free network, within "
+            f"the stop rule's {within:.2%}; no configuration computes faster than that, so at "
+            f"most {max(0.0, diff) / (1.0 + max(0.0, diff)):.2%} of the iteration time is left "
+            "to gain by a setting they offer, and no further trial was asked")
 
 
 def load_setting(path: str | Path) -> dict[str, Any]:
@@ -245,7 +282,8 @@ def _write_rows(folder: Path, rows: list[dict[str, Any]], space: Space) -> None:
 
 def run(request: Request, folder: Path, *, trials: int | None = 100,
         seconds: float | None = None, jobs: int = 1, executor: str = "local",
-        progress: bool = True, on_batch: Callable[[TuneRun], None] | None = None) -> TuneRun:
+        progress: bool = True, on_batch: Callable[[TuneRun], None] | None = None,
+        stop_within: float = 0.0) -> TuneRun:
     """Run (or resume) the tune of ``request`` in ``folder`` until it holds ``trials``.
 
     Args:
@@ -258,9 +296,13 @@ def run(request: Request, folder: Path, *, trials: int | None = 100,
         executor: ``"local"`` (processes here) or ``"mpi"`` (``mpi4py.futures``).
         progress: show a tqdm bar on stderr.
         on_batch: called after every batch of trials is told.
+        stop_within: stop asking for trials once every backend's default has run and the
+            fastest configuration within the originals' mechanisms is within this fraction
+            of the job's compute-only time (0.01: 1%); 0 spends the whole budget.
 
     Raises:
-        ValueError: a bad budget or executor, or a folder that holds another request.
+        ValueError: a bad budget, executor or stop_within, or a folder that holds another
+            request.
         RuntimeError: another tune writes the folder.
     """
     if trials is None and seconds is None:
@@ -273,16 +315,40 @@ def run(request: Request, folder: Path, *, trials: int | None = 100,
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     if executor not in ("local", "mpi"):
         raise ValueError(f"unknown executor {executor!r}; valid: ['local', 'mpi']")
+    if not (isinstance(stop_within, (int, float)) and 0 <= stop_within < 1):
+        raise ValueError(f"stop_within must be a fraction in [0, 1) of the compute-only "
+                         f"time, got {stop_within!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
         _check_request(folder, request.to_dict())
-        return _search(request, folder, trials, seconds, jobs, executor, progress, on_batch)
+        return _search(request, folder, trials, seconds, jobs, executor, progress, on_batch,
+                       float(stop_within))
+
+
+def _within_bound(study: Any, state: TuneRun, space: Space) -> bool:
+    """Return whether the stop rule holds: no default waits, and the fastest configuration
+    within the originals' mechanisms is within ``state.stop_within`` of the compute-only
+    time (then ``state`` records it)."""
+    from optuna.trial import TrialState
+
+    if state.compute_s is None or study.get_trials(deepcopy=False,
+                                                   states=(TrialState.WAITING,)):
+        return False
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if not space.own(*space.knobs_of(t.params))]
+    if not done:
+        return False
+    best = min(done, key=lambda t: (t.value, t.number))
+    if best.value > state.compute_s * (1.0 + state.stop_within):
+        return False
+    state.stopped, state.best_s = "bound", float(best.value)
+    return True
 
 
 def _search(request: Request, folder: Path, trials: int | None, seconds: float | None,
             jobs: int, executor: str, progress: bool,
-            on_batch: Callable[[TuneRun], None] | None) -> TuneRun:
+            on_batch: Callable[[TuneRun], None] | None, stop_within: float) -> TuneRun:
     from optuna.trial import TrialState
     from tqdm import tqdm
 
@@ -296,7 +362,11 @@ def _search(request: Request, folder: Path, trials: int | None, seconds: float |
                             skip_if_exists=True)
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     cache = {_config_key(*space.knobs_of(t.params)): t for t in done}
-    state = TuneRun(folder, finished_before=len(done))
+    state = TuneRun(folder, finished_before=len(done), stop_within=stop_within)
+    if stop_within > 0:
+        from ddpbench.tune.answer import compute_only_time
+
+        state.compute_s = compute_only_time(request.to_dict())
     if space.empty:
         waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         trials = min(trials, len(done) + waiting) if trials is not None else len(done) + waiting
@@ -314,6 +384,8 @@ def _search(request: Request, folder: Path, trials: int | None, seconds: float |
                 break
             if state.failed >= max(10, todo or 0):
                 state.stopped = "failures"
+                break
+            if _within_bound(study, state, space):
                 break
             n = jobs if todo is None else min(jobs, todo - state.finished)
             asked = [study.ask() for _ in range(n)]
@@ -347,6 +419,10 @@ def _search(request: Request, folder: Path, trials: int | None, seconds: float |
     state.seconds = time.perf_counter() - start
     state.rows = read_rows(study, space)
     _write_rows(folder, state.rows, space)
+    # The report says why the search stopped; a later run that did not stop clears it.
+    study.set_user_attr("stop", None if state.stopped != "bound" else {
+        "within": state.stop_within, "compute_s": state.compute_s, "best_s": state.best_s,
+        "finished": sum(r["status"] == "ok" for r in state.rows)})
     return state
 
 

@@ -7,6 +7,9 @@ prunes it: a knob that cannot change a result on that cluster is dropped and the
 machine never pushes, so its partitioning and scheduling do nothing, unless
 ``force_distributed``). Parameter-server backends get the servers' placement as a parameter
 when the cluster has dedicated server hosts: colocated, or 1 up to that many of them.
+Horovod's ``gradient_predivide_factor`` runs from 1 to the world size and is searched under
+fp16 compression (or mixed precision, where ``compression`` is not searched: gradients are
+float16 already); it changes no time, only what the answer's numerics verdict judges.
 
 ``--fix`` and ``--range`` narrow the space; both are checked here, before any trial, against
 the contract (:func:`ddpbench.contract.validate_knobs`): an unknown knob lists the valid
@@ -16,8 +19,9 @@ Example:
     >>> from ddpbench import contract
     >>> from ddpbench.tune.space import build_space
     >>> s = build_space(["horovod"], contract.Cluster(hosts=4, gpus_per_host=1))
-    >>> [p.name for p in s.params]
-    ['horovod.fusion_threshold', 'horovod.cycle_time']
+    >>> [p.name for p in s.params]  # doctest: +NORMALIZE_WHITESPACE
+    ['horovod.fusion_threshold', 'horovod.cycle_time', 'horovod.compression',
+     'horovod.gradient_predivide_factor']
 """
 
 from __future__ import annotations
@@ -179,6 +183,8 @@ class Space:
     def describe(self) -> str:
         """Return the space as a table, one backend after another (``tune --space``)."""
         lines = []
+        w = max([18, *(len(p.knob) + 2 for p in self.params),
+                 *(len(k) + 2 for _, k, _ in self.dropped)])
         for b in self.backends:
             lines.append(f"{b}:")
             params = self.of(b)
@@ -186,14 +192,14 @@ class Space:
                 when = (" when " + ", ".join(f"{k}={fmt_value(v)}" for k, v in p.when.items())
                         if p.when else "")
                 unit = f" {p.unit}" if p.unit else ""
-                lines.append(f"  {p.knob:<18}{p.kind:<12}{p.range_text() + unit:<36} "
+                lines.append(f"  {p.knob:<{w}}{p.kind:<12}{p.range_text() + unit:<36} "
                              f"{p.scale:<12}default {fmt_value(p.default)}{when}")
-                lines.append(f"  {'':<18}range from: {p.source}")
+                lines.append(f"  {'':<{w}}range from: {p.source}")
             for knob, value in self.fixed.get(b, {}).items():
-                lines.append(f"  {knob:<18}fixed at {fmt_value(value)} (--fix)")
+                lines.append(f"  {knob:<{w}}fixed at {fmt_value(value)} (--fix)")
             for backend, knob, why in self.dropped:
                 if backend == b:
-                    lines.append(f"  {knob:<18}not searched: {why}")
+                    lines.append(f"  {knob:<{w}}not searched: {why}")
             if not params:
                 lines.append("  (nothing to search: its default configuration only)")
         return "\n".join(lines)
@@ -219,8 +225,13 @@ def parse_assignments(items: Iterable[str], option: str) -> list[tuple[str | Non
 
 
 def _drop_reason(backend: str, knob: str, cluster: contract.Cluster,
-                 fixed: Mapping[str, Any]) -> str | None:
+                 fixed: Mapping[str, Any], schedule: contract.Schedule) -> str | None:
     """Return why ``knob`` cannot change a result on ``cluster``, or None."""
+    if knob == "compression" and schedule.precision == "mixed":
+        return ("gradients are float16 already under mixed precision: the fp16 cast changes "
+                "nothing")
+    if knob == "gradient_predivide_factor" and cluster.workers < 2:
+        return "one worker sums nothing"
     if backend == "horovod" and knob == "hierarchical" and (
             cluster.gpus_per_host == 1 or cluster.num_hosts == 1):
         return (f"needs several hosts of several GPUs (the cluster has {cluster.num_hosts} "
@@ -233,6 +244,18 @@ def _drop_reason(backend: str, knob: str, cluster: contract.Cluster,
         return ("one worker machine is not a distributed job: BytePS reduces on the host and "
                 "never pushes (byteps/common/global.cc)")
     return None
+
+
+def _fitted(param: Param, cluster: contract.Cluster, schedule: contract.Schedule) -> Param:
+    """Return ``param`` fitted to the cluster: the predivide factor runs from 1 (all the
+    averaging after the sum) to the world size (all of it before), and under mixed
+    precision, where every sum is float16, it is searched whatever the compression."""
+    if param.knob != "gradient_predivide_factor":
+        return param
+    when = {k: v for k, v in param.when.items()
+            if not (k == "compression" and schedule.precision == "mixed")}
+    return replace(param, high=min(float(param.high or 1.0), float(cluster.workers)),
+                   when=when)
 
 
 def _servers_param(backend: str, cluster: contract.Cluster) -> Param | None:
@@ -253,7 +276,8 @@ def _servers_param(backend: str, cluster: contract.Cluster) -> Param | None:
 
 def build_space(backends: Sequence[str], cluster: contract.Cluster, *,
                 fix: Iterable[str] = (), ranges: Iterable[str] = (),
-                originals_only: bool = False) -> Space:
+                originals_only: bool = False,
+                schedule: contract.Schedule | None = None) -> Space:
     """Return the space of ``backends`` on ``cluster``, narrowed by ``--fix`` and ``--range``.
 
     Args:
@@ -265,6 +289,8 @@ def build_space(backends: Sequence[str], cluster: contract.Cluster, *,
             items, with the same optional ``BACKEND.`` prefix.
         originals_only: keep to the values the original systems offer (no scheduler
             ``window``, no P3 ``water_mark``: ddpbench's own mechanisms).
+        schedule: the trials' schedule (None: the contract's default, fp32): under mixed
+            precision gradients are float16 already, so ``compression`` is not searched.
 
     Raises:
         ValueError: no backend or an unknown one, an unknown knob (the valid ones listed),
@@ -278,19 +304,21 @@ def build_space(backends: Sequence[str], cluster: contract.Cluster, *,
     if len(set(backends)) != len(backends):
         raise ValueError(f"--backends names a backend twice: {list(backends)}")
     fixed = _fixed(backends, fix)
+    schedule = schedule or contract.Schedule()
     params, dropped = [], []
     for b in backends:
         for knob, spec in contract.tunable(b).items():
             if knob in fixed[b]:
                 continue
-            why = _drop_reason(b, knob, cluster, fixed[b])
+            why = _drop_reason(b, knob, cluster, fixed[b], schedule)
             if why:
                 dropped.append((b, knob, why))
                 continue
-            param = Param(b, knob, spec["kind"], spec["scale"], spec["default"],
-                          spec["source"], spec.get("low"), spec.get("high"),
-                          tuple(spec.get("choices", ())), dict(spec["when"]), spec["unit"],
-                          tuple(spec.get("original", ())))
+            param = _fitted(Param(b, knob, spec["kind"], spec["scale"], spec["default"],
+                                  spec["source"], spec.get("low"), spec.get("high"),
+                                  tuple(spec.get("choices", ())), dict(spec["when"]),
+                                  spec["unit"], tuple(spec.get("original", ()))),
+                            cluster, schedule)
             if originals_only and param.original:
                 if param.kind not in ("bool", "categorical"):
                     dropped.append((b, knob, "its other values are ddpbench's own "

@@ -323,7 +323,8 @@ def test_strategies_table_matches_contract():
     assert simulator.STRATEGIES == {
         "mpi": {},
         "horovod": {"fusion_threshold": 134217728, "cycle_time": 1.0, "hierarchical": False,
-                    "coordinator": "cache", "algorithm": "mpi"},
+                    "coordinator": "cache", "algorithm": "mpi", "compression": "none",
+                    "gradient_predivide_factor": 1.0},
         "kvstore": {"bigarray_bound": 1_000_000, "merged_push_pull": False,
                     "system": "mxnet", "local_reduce": "cpu", "scheduler": "none",
                     "partition_params": 1_000_000, "credit_params": 4_000_000,
@@ -332,7 +333,8 @@ def test_strategies_table_matches_contract():
                "local_reduce": "cpu"},
         "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",
                    "credit_params": 4_000_000, "credit_bytes": 4_096_000,
-                   "merged_push_pull": False, "force_distributed": False},
+                   "compression": "none", "merged_push_pull": False,
+                   "force_distributed": False},
         "collective": {"nrings": 2, "fuse_grad_size_mb": 0.0},
     }
 

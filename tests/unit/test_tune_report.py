@@ -332,3 +332,83 @@ def test_own_mechanisms_are_marked() -> None:
     rank = answer.ranked(request, rows)
     assert list(rank["configuration"]) == ["byteps[scheduler=window] *",
                                            "byteps[scheduler=byteps] (default)", "horovod (default)"]
+
+
+def _fp16_request(**schedule: Any) -> dict[str, Any]:
+    """A tune on 128 workers whose space holds Horovod's compression and predivide factor."""
+    cat = {"kind": "categorical", "scale": "categorical", "choices": ["none", "fp16"],
+           "default": "none", "source": "horovod/torch/compression.py"}
+    return {"workload": "resnet50",
+            "cluster": contract.Cluster(workers=128, bandwidth_gbps=10.0).model_dump(),
+            "schedule": contract.Schedule(**schedule).model_dump(),
+            "backends": ["horovod", "byteps"], "fixed": {}, "dropped": [], "seed": 0,
+            "space": {
+                "horovod.compression": {"backend": "horovod", "knob": "compression", **cat},
+                "horovod.gradient_predivide_factor": {
+                    "backend": "horovod", "knob": "gradient_predivide_factor", "kind": "float",
+                    "scale": "log", "low": 1.0, "high": 128.0, "default": 1.0,
+                    "when": {"compression": "fp16"}, "source": "horovod/torch/optimizer.py"},
+                "byteps.compression": {"backend": "byteps", "knob": "compression", **cat}}}
+
+
+def _fp16_rows() -> Any:
+    import pandas as pd
+
+    def row(n: int, backend: str, t: float, compression: str, factor: float | None = None,
+            is_default: bool = False) -> dict[str, Any]:
+        return {"trial": n, "backend": backend, "is_default": is_default,
+                "compression": compression, "gradient_predivide_factor": factor,
+                "iteration_time_s": t, "throughput": 128 * 32 / t, "status": "ok"}
+
+    return pd.DataFrame([row(0, "horovod", 0.45, "none", is_default=True),
+                         row(1, "byteps", 0.47, "none", is_default=True),
+                         row(2, "horovod", 0.40, "fp16", 1.0),    # overflows at RMS 100
+                         row(3, "horovod", 0.41, "fp16", 64.0),   # safe
+                         row(4, "byteps", 0.42, "fp16")])       # sums unscaled: overflows
+
+
+def test_a_configurations_dtype_is_float16_under_fp16_compression_or_mixed_precision() -> None:
+    request, rows = _fp16_request(), _fp16_rows()
+    assert [answer.gradient_dtype(request, r) for _, r in rows.iterrows()] == [
+        "float32", "float32", "float16", "float16", "float16"]
+    assert [answer.predivide_factor(request, r) for _, r in rows.iterrows()] == [
+        1.0, 1.0, 1.0, 64.0, 1.0]
+    mixed = _fp16_request(precision="mixed")
+    assert {answer.gradient_dtype(mixed, r) for _, r in rows.iterrows()} == {"float16"}
+    # a fixed compression counts as a chosen one; a plain dict row is read too
+    fixed = {**request, "fixed": {"horovod": {"compression": "fp16"}}}
+    assert answer.gradient_dtype(fixed, {"backend": "horovod"}) == "float16"
+
+
+def test_an_unsafe_configuration_is_passed_over_and_marked_never_recommended(
+        tmp_path: Path) -> None:
+    """fp16 sums of 128 ranks at predivide 1 overflow at gradient RMS 100 (the numerics
+    model, ``ddpbench numerics query -N 128 --scale 100``): the faster such configuration
+    is named as unsafe, the fastest safe one is the answer and best.yaml's choice."""
+    request, rows = _fp16_request(), _fp16_rows()
+    rank = answer.ranked(request, rows)
+    assert list(rank["trial"]) == [2, 3, 4, 0, 1]
+    rec = answer.recommended(request, rank)
+    assert rec.safe and rec.index == 1 and rec.verdict is not None and rec.verdict.safe
+    assert [i for i, _ in rec.unsafe] == [0] and not rec.unsafe[0][1].safe
+    assert rec.unsafe[0][1].rows[-1]["overflow"] > 0  # at RMS 100
+    assert answer.recommended(request, rank, numerics=False).index == 0
+
+    folder = tmp_path / "tune"
+    folder.mkdir()
+    (folder / "tune.json").write_text(json.dumps(request), encoding="utf-8")
+    rows.to_csv(folder / "results.csv", index=False)
+    report.render(folder)
+    md = (folder / "report.md").read_text(encoding="utf-8")
+    assert ("Fastest numerically safe: `horovod[compression=fp16,"
+            "gradient_predivide_factor=64]`") in md
+    assert ("Faster, but not numerically safe, so not recommended: "
+            "`horovod[compression=fp16,gradient_predivide_factor=1]`") in md
+    assert "float16 gradients summed over 128 ranks with predivide factor 64" in md
+    top = _table(md, "## Top 5 configurations")
+    assert [r["numerics"] for r in top] == [
+        "float16, f=1: NOT safe", "float16, f=64: safe", "float16, f=1: NOT safe",
+        "float32, f=1: safe", "float32, f=1: safe"]
+    exp = load_experiment(folder / "best.yaml").spec
+    assert exp.backends["horovod"]["gradient_predivide_factor"] == (64.0, 1.0)
+    assert exp.backends["horovod"]["compression"] == ("fp16", "none")

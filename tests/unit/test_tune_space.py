@@ -43,7 +43,8 @@ def test_the_space_follows_the_contract_and_the_cluster():
     s = build_space(list(contract.BACKENDS), EIGHT_GPUS)
     assert s.backends == tuple(contract.BACKENDS)
     assert [p.knob for p in s.of("horovod")] == ["fusion_threshold", "cycle_time",
-                                                 "hierarchical"]
+                                                 "hierarchical", "compression",
+                                                 "gradient_predivide_factor"]
     assert s.of("mpi") == []
     sched = next(p for p in s.of("byteps") if p.knob == "scheduler")
     assert sched.choices == ("byteps", "credit", "window")
@@ -52,11 +53,37 @@ def test_the_space_follows_the_contract_and_the_cluster():
     assert credit.name == "byteps.credit_params"
     # one GPU per host: hierarchical cannot change anything, and says so
     s1 = build_space(["horovod"], ONE_GPU)
-    assert [p.knob for p in s1.params] == ["fusion_threshold", "cycle_time"]
+    assert [p.knob for p in s1.params] == ["fusion_threshold", "cycle_time", "compression",
+                                           "gradient_predivide_factor"]
     assert s1.dropped[0][:2] == ("horovod", "hierarchical")
     assert "hierarchical" in s1.describe() and "not searched" in s1.describe()
     # BytePS on one worker machine never pushes: nothing of it to search
     assert build_space(["byteps"], contract.Cluster(hosts=1, gpus_per_host=4)).empty
+
+
+def test_compression_and_predivide_are_searched_where_the_original_offers_them():
+    s = build_space(list(contract.BACKENDS), EIGHT_GPUS)
+    assert [b for b in s.backends if any(p.knob == "compression" for p in s.of(b))] == [
+        "horovod", "byteps"]
+    comp = next(p for p in s.of("horovod") if p.knob == "compression")
+    assert comp.choices == ("none", "fp16") and "horovod/torch/compression.py" in comp.source
+    assert "byteps/torch/compression.py" in next(
+        p for p in s.of("byteps") if p.knob == "compression").source
+    # the predivide factor splits the 1/size average: 1 (all after) to the world size
+    f = next(p for p in s.of("horovod") if p.knob == "gradient_predivide_factor")
+    assert (f.low, f.high, f.scale) == (1.0, 16.0, "log")
+    assert f.when == {"compression": "fp16"}  # fp32 sums: it changes neither time nor range
+    assert "horovod/torch/optimizer.py" in f.source
+    assert not any(p.knob == "gradient_predivide_factor" for p in s.of("byteps"))
+    # under mixed precision every sum is float16: no cast to search, the factor always
+    mixed = build_space(["horovod", "byteps"], EIGHT_GPUS,
+                        schedule=contract.Schedule(precision="mixed"))
+    assert [k for b, k, _ in mixed.dropped] == ["compression", "compression"]
+    f = next(p for p in mixed.of("horovod") if p.knob == "gradient_predivide_factor")
+    assert f.when == {}
+    # one worker sums nothing
+    one = build_space(["horovod"], contract.Cluster(workers=1))
+    assert ("horovod", "gradient_predivide_factor", "one worker sums nothing") in one.dropped
 
 
 def test_dedicated_servers_make_placement_a_parameter():
@@ -73,8 +100,11 @@ def test_defaults_are_a_configuration_of_the_space():
     d = s.default_params("byteps")
     # the credit knobs are conditional: at the default scheduler they are not set
     assert d == {"backend": "byteps", "byteps.partition_bytes": 4_096_000,
-                 "byteps.scheduler": "byteps"}
-    assert s.knobs_of(d) == ("byteps", {"partition_bytes": 4_096_000, "scheduler": "byteps"})
+                 "byteps.scheduler": "byteps", "byteps.compression": "none"}
+    assert s.knobs_of(d) == ("byteps", {"partition_bytes": 4_096_000, "scheduler": "byteps",
+                                        "compression": "none"})
+    # the predivide factor is conditional on fp16: Horovod's default does not set it
+    assert "horovod.gradient_predivide_factor" not in s.default_params("horovod")
 
 
 def test_fix_holds_a_knob_for_every_backend_that_has_it_or_for_one():
@@ -180,9 +210,12 @@ def test_originals_only_leaves_out_ddpbenchs_own_mechanisms():
 
 def test_a_fixed_or_narrowed_condition_drops_its_conditional_knobs():
     s = build_space(["byteps"], ONE_GPU, fix=["scheduler=byteps"])
-    assert [p.knob for p in s.params] == ["partition_bytes"]
+    assert [p.knob for p in s.params] == ["partition_bytes", "compression"]
     s = build_space(["byteps"], ONE_GPU, ranges=["scheduler=window"])
-    assert [p.knob for p in s.params] == ["partition_bytes", "scheduler", "credit_bytes"]
+    assert [p.knob for p in s.params] == ["partition_bytes", "scheduler", "credit_bytes",
+                                          "compression"]
+    s = build_space(["horovod"], ONE_GPU, fix=["compression=none"])
+    assert ("horovod", "gradient_predivide_factor") in [(b, k) for b, k, _ in s.dropped]
 
 
 def test_the_bench_grid_is_two_backends_of_two_knobs_of_five_values_in_range():
