@@ -79,6 +79,9 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
     symmetric: ClassVar[bool] = False
+    gates_compute: ClassVar[bool] = False
+    """Whether compute asks :meth:`forward_gate`, :meth:`backward_gate` and tells
+    :meth:`forward_done` (schemes that gather parameters before compute)."""
 
     def __init__(self, sim: SimContext, knobs: BaseModel) -> None:
         self.sim, self.knobs = sim, knobs
@@ -98,6 +101,19 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def grad_ready(self, w: int, layer: int) -> None:
         """Worker ``w`` has produced layer ``layer``'s gradients: start sending them."""
+
+    def forward_gate(self, w: int, layer: int, t: int) -> simpy.Event | None:
+        """Return what the forward of ``layer`` in iteration ``t`` waits for (None: nothing
+        beyond the layer's update), where :attr:`gates_compute`."""
+        return None
+
+    def forward_done(self, w: int, layer: int, t: int) -> None:  # noqa: B027 - optional
+        """Worker ``w`` has computed ``layer``'s forward of iteration ``t``."""
+
+    def backward_gate(self, w: int, layer: int, t: int) -> simpy.Event | None:
+        """Return what the backward of ``layer`` in iteration ``t`` waits for (None:
+        nothing), where :attr:`gates_compute`."""
+        return None
 
     def host_stages(self) -> tuple[list[Stages], list[Stages]]:
         """Return, per layer, the stages a host of several GPUs runs to reduce the layer
