@@ -554,6 +554,8 @@ _BUILTIN: dict[str, str] = {
     "p3": "ddpbench.backends.ps.p3",
     "byteps": "ddpbench.backends.ps.byteps",
     "collective": "ddpbench.backends.collective",
+    "zero": "ddpbench.backends.zero",
+    "fsdp": "ddpbench.backends.zero",
 }
 _REGISTRY: dict[str, type[KVStore]] = {}
 _LOCK = threading.Lock()
