@@ -730,3 +730,66 @@ class ZeroStrategy(_GatherStrategy):
         def run() -> Generator[simpy.Event, Any, None]:
             yield from self.finish_many(t, ks)
         self.comm.put(self.sim.env.all_of(reduced) if reduced else None, run)
+
+
+# ---------------------------------------------------------------- memory
+
+DEVICE_MEMORY_GB: dict[str, float] = {
+    "H100": 80.0,  # NVIDIA H100 Tensor Core GPU datasheet: H100 SXM, 80 GB HBM3
+    "A100": 40.0,  # NVIDIA A100 datasheet: the 40 GB HBM2 part (its 1,555 GB/s, as DEVICES)
+    "V100": 16.0,  # NVIDIA Tesla V100 datasheet: SXM2 16 GB HBM2 (the DGX-1's)
+    "P100": 16.0,  # NVIDIA Tesla P100 datasheet: SXM2 16 GB CoWoS HBM2
+    "T4": 16.0,  # NVIDIA T4 datasheet: 16 GB GDDR6
+}
+"""Device memory, GB (10^9 bytes), of the devices of :data:`ddpbench.hardware.DEVICES`
+whose datasheet figure is certain; others are not checked."""
+
+ADAM_BYTES_PER_PARAM = (2, 2, 12)
+"""Model-state bytes per parameter in mixed-precision Adam training: fp16 parameters, fp16
+gradients, and fp32 parameters, momentum and variance (ZeRO paper, Rajbhandari et al.,
+SC'20, section 3.1: 2 + 2 + K with K = 12)."""
+
+
+def model_state_bytes(params: int, ranks: int, backend: str, knobs: dict[str, Any],
+                      gpus_per_host: int = 1) -> float:
+    """Return each rank's model-state bytes (parameters, gradients, optimizer states; no
+    activations, no gathered working copies) as the ZeRO paper counts them (section 3:
+    ``2 + 2 + 12`` bytes per parameter, :data:`ADAM_BYTES_PER_PARAM`): a replica holds all
+    ``16 psi``; ZeRO-1 divides the optimizer states by the ``ranks`` (``4 psi + 12 psi /
+    N``), ZeRO-2 the gradients too (``2 psi + 14 psi / N``), ZeRO-3 everything (``16 psi /
+    N``). FSDP: FULL_SHARD as ZeRO-3, SHARD_GRAD_OP as ZeRO-2, HYBRID_SHARD as ZeRO-3 over
+    a host's GPUs, NO_SHARD a replica; every other backend keeps a replica."""
+    p, g, k = ADAM_BYTES_PER_PARAM
+    psi, n = float(params), max(ranks, 1)
+    if backend == "zero":
+        stage = knobs.get("stage", 0)
+    elif backend == "fsdp":
+        strategy = knobs.get("sharding_strategy", "FULL_SHARD")
+        stage = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2}.get(strategy, 0)
+        if strategy == "HYBRID_SHARD":
+            n = max(min(gpus_per_host, n), 1)
+    else:
+        stage = 0
+    if stage == 0:
+        return (p + g + k) * psi
+    if stage == 1:
+        return (p + g) * psi + k * psi / n
+    if stage == 2:
+        return p * psi + (g + k) * psi / n
+    return (p + g + k) * psi / n
+
+
+def memory_note(params: int, ranks: int, backend: str, knobs: dict[str, Any],
+                device: str | None, gpus_per_host: int = 1) -> str | None:
+    """Return a warning when a rank's model states (:func:`model_state_bytes`) exceed the
+    device's memory (:data:`DEVICE_MEMORY_GB`), else None (also for an unknown device)."""
+    if device is None or device not in DEVICE_MEMORY_GB:
+        return None
+    need = model_state_bytes(params, ranks, backend, knobs, gpus_per_host)
+    have = DEVICE_MEMORY_GB[device] * 1e9
+    if need <= have:
+        return None
+    return (f"{backend}: model states need {need / 1e9:,.1f} GB per GPU, more than the "
+            f"{device}'s {have / 1e9:,.0f} GB (ZeRO paper, section 3: 2 + 2 + 12 bytes per "
+            f"parameter in mixed-precision Adam, divided by the ranks for what a ZeRO stage "
+            f"or FSDP strategy shards): it would not fit")
