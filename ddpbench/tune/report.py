@@ -153,6 +153,9 @@ def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: An
                              published=published)
     lines.append("How sure: " + _lower_first(band.describe()))
     lines.append(_compute_bound_line(request, best, base))
+    memory = _memory_line(request, best, rank)
+    if memory:
+        lines.append(memory)
     if rec is not None and rec.verdict is not None:
         warn = ("" if rec.safe else f"no configuration among the fastest "
                 f"{min(len(rank), answer.MAX_VERDICTS)} is numerically safe, so the fastest "
@@ -327,6 +330,30 @@ def _backends_section(doc: Document, request: Mapping[str, Any], df: Any, rank: 
               else "")
     doc.table(pd.DataFrame(rows), caption="Fastest backend first; `default_ms`: its default "
               "configuration's iteration time." + memory)
+
+
+def _memory_line(request: Mapping[str, Any], best: Any, rank: Any) -> str:
+    """Return the answer's memory line where the fastest configuration's model states do not
+    fit the device (:func:`_memory_cells`), naming the fastest that fits; else ''."""
+    cells = _memory_cells(request, str(best["backend"]), best)
+    if not cells or cells["fits"]:
+        return ""
+    device = (request.get("cluster") or {}).get("device")
+    line = (f"Memory: its model states need {cells['model_states_gb']:,.1f} GB per GPU, more "
+            f"than the {device}'s {_device_gb(device):g} GB (ZeRO paper, section 3: 2 + 2 + 12 "
+            f"bytes per parameter in mixed-precision Adam, divided by the ranks for what is "
+            f"sharded): it would not fit.")
+    for _, r in rank.iterrows():
+        if _memory_cells(request, str(r["backend"]), r).get("fits"):
+            return (line + f" The fastest that fits is `{r['configuration']}`, "
+                    f"{_ms(r['iteration_time_s']):.4g} ms.")
+    return line + " No configuration tried fits."
+
+
+def _device_gb(device: Any) -> float:
+    from ddpbench.simulator.sharded import DEVICE_MEMORY_GB
+
+    return DEVICE_MEMORY_GB.get(str(device), math.nan)
 
 
 def _memory_cells(request: Mapping[str, Any], backend: str, r: Any) -> dict[str, Any]:
