@@ -159,3 +159,36 @@ def test_model_state_bytes_follow_the_zero_paper():
     assert model_state_bytes(psi, n, "fsdp", {"sharding_strategy": "HYBRID_SHARD"},
                              gpus_per_host=4) == 16 * psi / 4
     assert model_state_bytes(psi, n, "horovod", {}) == 16 * psi
+
+
+@pytest.mark.parametrize("backend,knobs", [("fsdp", {}), ("zero", {"stage": 3}),
+                                           ("fsdp", {"sharding_strategy": "HYBRID_SHARD"})])
+def test_jittered_gpus_wait_at_the_gates_too(backend, knobs):
+    # with jitter every GPU has its own clock; a unit starts when the slowest reached it
+    wl = flat(N, L, fwd_ms=5, bwd_ms=10)
+    kw = dict(hosts=2, gpus_per_host=4, bandwidth_gbps=100, intra_link="nvlink",
+              iterations=4, **knobs)
+    calm = simulate(wl, backend, **kw).iteration_time_s
+    jittered = simulate(wl, backend, jitter=0.2, seed=1, **kw).iteration_time_s
+    assert jittered > calm  # the slowest GPU of each layer sets the pace
+    assert jittered < 3 * calm
+
+
+def test_overlap_slowdown_stretches_compute_beside_collectives():
+    wl = flat(N, L, fwd_ms=50, bwd_ms=50)
+    free = run(wl, "fsdp", 4)
+    slowed = run(wl, "fsdp", 4, overlap_slowdown=0.5)
+    comm = (3 * L) * half(4, N)
+    assert free < slowed <= free + 0.5 * comm + 1e-12
+
+
+def test_the_estimate_counts_the_collectives():
+    from ddpbench.simulator.estimate import estimate
+
+    wl = flat(N, 6, fwd_ms=1, bwd_ms=2)
+    for backend, knobs in [("fsdp", {}), ("fsdp", {"sharding_strategy": "NO_SHARD"}),
+                           ("zero", {"stage": 2, "reduce_bucket_size": N}),
+                           ("zero", {"stage": 3})]:
+        kw = dict(hosts=4, gpus_per_host=2, bandwidth_gbps=100, iterations=3, **knobs)
+        got = simulate(wl, backend, **kw).events
+        assert 0.5 < estimate(wl, backend, **kw).events / got < 2, (backend, knobs)
