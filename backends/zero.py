@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from ddpbench.api import Handle, ReduceOp, register
+from ddpbench.api import Handle, ReduceOp, is_cupy, register
 from ddpbench.backends._common import (
     EngineStore,
     Meta,
@@ -132,6 +132,18 @@ class _Plan:
     prefetch_bucket: int
     persistence: int
     reduce_scatter: bool
+
+
+def _host(a: Any) -> np.ndarray:
+    """``a`` itself for a NumPy array, a host copy for a CuPy one."""
+    return a.get() if is_cupy(a) else a
+
+
+def _back(host: np.ndarray, a: Any) -> None:
+    """Copy a host result into CuPy array ``a`` (nothing for a NumPy one: it was ``a``)."""
+    if is_cupy(a):
+        with a.device:
+            a.set(host)
 
 
 def _starts(counts: list[int]) -> list[int]:
@@ -419,6 +431,17 @@ class ZeroStore(EngineStore):
         return comm, comm, comm
 
     @property
+    def holds_sharded_params(self) -> bool:
+        """True where parameters stay sharded between steps (stage 3, FULL_SHARD,
+        HYBRID_SHARD): ``push_pull`` does not write them, :meth:`gather` does."""
+        return not self._zero.plan.keep_full
+
+    def prefetch_plan(self) -> tuple[int, int]:
+        """(elements, units) a front end gathers at most in one call before a unit's
+        forward: DeepSpeed's ``stage3_prefetch_bucket_size`` elements, any number of units."""
+        return self.options.prefetch_bucket_size, 1 << 30
+
+    @property
     def stats(self) -> dict[str, int]:
         """Collectives and elements this rank sent so far (reduce-scatter, all-gather,
         allreduce)."""
@@ -494,8 +517,23 @@ class ZeroStore(EngineStore):
             if o.shape != t.shape or o.dtype != t.dtype:
                 raise ValueError(f"output for {n!r} is {o.dtype}{list(o.shape)}, expected "
                                  f"{t.dtype}{list(t.shape)} like the input")
+        if any(is_cupy(t) or is_cupy(o) for t, o in zip(tensors, outputs)):
+            return self._push_pull_staged(names, tensors, outputs, ReduceOp.parse(op),
+                                          float(prescale_factor), float(postscale_factor))
         return self._push_pull_list(names, tensors, outputs, ReduceOp.parse(op),
                                     float(prescale_factor), float(postscale_factor))
+
+    def _push_pull_staged(self, names: list[Any], tensors: list[Any], outputs: list[Any],
+                          op: ReduceOp, prescale: float, postscale: float) -> Handle:
+        """CuPy arrays: reduce host copies, then copy the results back (synchronously)."""
+        host = [_host(t) for t in tensors]
+        outs = [h if o is t else _host(o) for h, t, o in zip(host, tensors, outputs)]
+        self._push_pull_list(names, host, outs, op, prescale, postscale).wait()
+        for h, o in zip(outs, outputs):
+            _back(h, o)
+        done = Handle(names)
+        done.set_result(outputs)
+        return done
 
     def _push_pull_list(self, names: list[Any], tensors: list[Any], outputs: list[Any],
                         op: ReduceOp, prescale: float, postscale: float) -> Handle:
@@ -524,7 +562,10 @@ class ZeroStore(EngineStore):
         names, outs, single = self._as_lists(name, output)
         for n, o in zip(names, outs):
             self._check_tensor(n, o)
-        self._run(lambda: self._zero.gather(names, outs), names).wait()
+        host = [_host(o) for o in outs]  # CuPy: gathered on the host, then copied back
+        self._run(lambda: self._zero.gather(names, host), names).wait()
+        for h, o in zip(host, outs):
+            _back(h, o)
         return outs[0] if single else outs
 
     def _allgather(self, name: Any, tensor: Any, output: Any) -> Any:
@@ -581,6 +622,11 @@ class FsdpStore(ZeroStore):
 
     def _plan(self) -> _Plan:
         return _plan_fsdp(self.options)
+
+    def prefetch_plan(self) -> tuple[int, int]:
+        """FSDP gathers the unit about to run and, with ``forward_prefetch``, the next one
+        (``_runtime_utils.py``, ``_prefetch_handle``): at most two units, whatever size."""
+        return 1 << 62, 2 if self.options.forward_prefetch else 1
 
     def _make_comms(self) -> tuple[Any, Any, Any]:
         comm = self._world.role_comm.Dup()

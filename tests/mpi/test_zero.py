@@ -47,3 +47,20 @@ def test_every_stage_and_strategy_on_n_ranks_equals_one_process_on_the_whole_bat
     # the default threshold (1e5 elements) keeps every parameter of this MLP whole
     persistent = by[("zero", (("stage", 3),), 0.9)]
     assert persistent["shard_elements"] == 0 and persistent["stats"]["reduce_scatter"] == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_torch_fully_sharded_data_parallel_on_n_ranks_equals_one_process(n):
+    pytest.importorskip("torch")
+    out = run_mpi(n, SCRIPTS / "torch_sharded_check.py", timeout=300)
+    rows = results(out, "torch_sharded", size=n)
+    assert len(rows) == 11, out[-3000:]
+    assert all(r["max_abs_diff"] < 1e-5 for r in rows)
+    by = {(r["backend"], tuple(sorted(r["knobs"].items()))): r["stats"] for r in rows}
+    # FULL_SHARD: one all-gather per parameter (6) before each unit's forward, 8 steps + 1
+    # final gather; with forward_prefetch each call gathers two units, so fewer calls
+    full, ahead = by[("fsdp", ())], by[("fsdp", (("forward_prefetch", True),))]
+    assert full["gathers"] == 27 and ahead["gathers"] == 18
+    assert full["allgather"] == ahead["allgather"] == 54 and full["reduce_scatter"] == 48
+    # ZeRO-3: one all-gather bucket per unit (prefetch 5e7), 9 gathers in all
+    assert by[("zero", (("param_persistence_threshold", 0), ("stage", 3)))]["allgather"] == 9
