@@ -27,7 +27,7 @@ servers' (docs/fidelity/zero.md):
   * stage 3 (FULL_SHARD): the same reduce-scatter and step, but the parameters stay
     sharded: ``output`` is not written; ``gather(names, outs)`` all-gathers them (in
     buckets of ``prefetch_bucket_size`` elements, DeepSpeed's prefetch bucket) before
-    they are used. Parameters with fewer than ``param_persistence_threshold`` elements
+    they are used. Parameters of at most ``param_persistence_threshold`` elements
     are not partitioned (DeepSpeed's persistent parameters): whole on every rank, their
     gradients allreduced;
   * HYBRID_SHARD (fsdp): stage 3 within each host, the gradient shards then allreduced
@@ -60,6 +60,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,12 @@ from ddpbench.contract import FsdpKnobs, ZeroKnobs
 from ddpbench.optim import SGD
 from ddpbench.tensor_ops import byte_view
 
-__all__ = ["FsdpStore", "ZeroStore", "shard_counts"]
+__all__ = ["RANKS_PER_HOST_ENV", "FsdpStore", "ZeroStore", "shard_counts"]
+
+RANKS_PER_HOST_ENV = "DDPBENCH_RANKS_PER_HOST"
+"""HYBRID_SHARD's host size when ``ranks_per_host`` is None and this variable is set (a
+launcher that places ranks on hosts itself, or one machine standing in for several hosts
+of ``gpus_per_host`` ranks); unset: the ranks sharing a node."""
 
 
 def shard_counts(numel: int, size: int) -> list[int]:
@@ -184,7 +190,9 @@ class _Engine:
         flat = tensor.reshape(-1)
         size, rank = self.shard.size, self.shard.rank
         p = _Param(name, tuple(tensor.shape), tensor.dtype, flat.size)
-        p.sharded = self.plan.stage > 0 and flat.size >= self.plan.persistence
+        # DeepSpeed persists a parameter of ds_numel <= the threshold (parameter_offload.py,
+        # mark_persistent_parameters); 0 shards every non-empty one
+        p.sharded = self.plan.stage > 0 and flat.size > self.plan.persistence
         if self.plan.per_param or not p.sharded:
             p.counts = shard_counts(flat.size, size) if p.sharded else [0] * size
             p.starts = _starts(p.counts)
@@ -612,8 +620,8 @@ class FsdpStore(ZeroStore):
 
     Each name is one FSDP unit's flat parameter, sharded on its own and moved by one
     collective (FSDP has no buckets across units). HYBRID_SHARD shards within groups of
-    ``ranks_per_host`` consecutive ranks (None: the ranks sharing a node) and allreduces the
-    gradient shards across them.
+    ``ranks_per_host`` consecutive ranks (None: :data:`RANKS_PER_HOST_ENV` if set, else the
+    ranks sharing a node) and allreduces the gradient shards across them.
 
     Options: :class:`ddpbench.contract.FsdpKnobs`.
     """
@@ -633,6 +641,8 @@ class FsdpStore(ZeroStore):
         if self.options.sharding_strategy != "HYBRID_SHARD":
             return comm, comm, comm
         per_host = self.options.ranks_per_host
+        if per_host is None and os.environ.get(RANKS_PER_HOST_ENV):
+            per_host = int(os.environ[RANKS_PER_HOST_ENV])
         if per_host is None:
             local = comm.Split_type(mpi_module().COMM_TYPE_SHARED, key=comm.rank)
             per_host = local.size

@@ -20,6 +20,8 @@ kvstore       you compare against MXNet's parameter server, or want updates on s
 p3            large layers near the input (VGG) on slow networks: slices + priorities
 byteps        you have spare CPU hosts to act as summation servers
 collective    you need max/min/prod reductions, parallel rings or local SGD
+zero          the model states do not fit one worker: DeepSpeed's ZeRO stages 0-3
+fsdp          the same through PyTorch FSDP's sharding strategies (HYBRID_SHARD per host)
 ============  ===============================================================================
 """
 

@@ -28,8 +28,9 @@ def test_allgather_and_reduce_scatter_match_numpy_on_every_backend_that_has_them
 def test_every_stage_and_strategy_on_n_ranks_equals_one_process_on_the_whole_batch(n):
     out = run_mpi(n, SCRIPTS / "zero_check.py", "train", timeout=300)
     rows = results(out, "train", size=n)
-    # 13 configurations (+ HYBRID_SHARD over 2-rank and 1-rank hosts) x 2 optimizers
-    expected = 13 + (n % 2 == 0) + (n > 1)
+    # 13 configurations (+ HYBRID_SHARD over 2-rank hosts, by knob and by environment,
+    # and over 1-rank hosts) x 2 optimizers
+    expected = 13 + 2 * (n % 2 == 0) + (n > 1)
     assert len(rows) == 2 * expected, out[-3000:]
     assert all(r["max_abs_diff"] < 1e-5 for r in rows)
     by = {(r["backend"], tuple(sorted(r["knobs"].items())), r["momentum"]): r for r in rows}
@@ -44,6 +45,12 @@ def test_every_stage_and_strategy_on_n_ranks_equals_one_process_on_the_whole_bat
     # stage 3 with 40-element gradient buckets: w1 (77), b1, w2 (55), b2 one bucket each;
     # gathers in 20-element prefetch buckets: 4 per gather, 7 gathers
     assert stage3["stats"]["reduce_scatter"] == 24 and stage3["stats"]["allgather"] == 28
+    if n % 2 == 0:  # two hosts of 2 ranks (n = 4) or one (n = 2): shards across them too
+        by_env = by[("fsdp", (("_env", "2"), ("sharding_strategy", "HYBRID_SHARD")), 0.9)]
+        by_knob = by[("fsdp", (("ranks_per_host", 2), ("sharding_strategy", "HYBRID_SHARD")),
+                      0.9)]
+        assert by_env["stats"] == by_knob["stats"]
+        assert (by_knob["stats"]["allreduce"] > 0) == (n == 4)
     # the default threshold (1e5 elements) keeps every parameter of this MLP whole
     persistent = by[("zero", (("stage", 3),), 0.9)]
     assert persistent["shard_elements"] == 0 and persistent["stats"]["reduce_scatter"] == 0

@@ -7,6 +7,7 @@ that has them, every op and dtype, uneven sizes) or ``train`` (every stage and s
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -14,6 +15,7 @@ from _results import result
 
 import ddpbench
 from ddpbench.api import backend_class
+from ddpbench.backends.zero import RANKS_PER_HOST_ENV
 from ddpbench.comm import world
 
 BATCH, IN, HIDDEN, OUT, STEPS = 12, 7, 11, 5, 6
@@ -172,11 +174,19 @@ def check_train() -> None:
         configs.append(("fsdp", {"sharding_strategy": "HYBRID_SHARD", "ranks_per_host": 2}, True))
     if size > 1:
         configs.append(("fsdp", {"sharding_strategy": "HYBRID_SHARD", "ranks_per_host": 1}, True))
+    if size % 2 == 0:
+        configs.append(("fsdp", {"sharding_strategy": "HYBRID_SHARD", "_env": "2"}, True))
     for opt in (ddpbench.SGD(lr=0.1, momentum=0.9, wd=1e-3),
                 ddpbench.SGD(lr=0.2, clip_gradient=0.05)):
         ref = reference(opt)
         for name, knobs, store_opt in configs:
+            env = knobs.pop("_env", None)  # HYBRID_SHARD's host size from the environment
+            if env:
+                os.environ[RANKS_PER_HOST_ENV] = env
             kv = ddpbench.create(name, **knobs)
+            os.environ.pop(RANKS_PER_HOST_ENV, None)
+            if env:
+                knobs = {**knobs, "_env": env}
             got = train(kv, opt, store_opt)
             diff = max(float(np.max(np.abs(got[k] - ref[k]))) for k in ref)
             stats = kv.stats if hasattr(kv, "_zero") else {}
