@@ -179,6 +179,7 @@ def check_train() -> None:
     for opt in (ddpbench.SGD(lr=0.1, momentum=0.9, wd=1e-3),
                 ddpbench.SGD(lr=0.2, clip_gradient=0.05)):
         ref = reference(opt)
+        ddp: dict[str, np.ndarray] = {}
         for name, knobs, store_opt in configs:
             env = knobs.pop("_env", None)  # HYBRID_SHARD's host size from the environment
             if env:
@@ -189,14 +190,17 @@ def check_train() -> None:
                 knobs = {**knobs, "_env": env}
             got = train(kv, opt, store_opt)
             diff = max(float(np.max(np.abs(got[k] - ref[k]))) for k in ref)
+            ddp = got if name == "mpi" else ddp  # CONFIGS starts with DDP
+            diff_ddp = max(float(np.max(np.abs(got[k] - ddp[k]))) for k in ref)
             stats = kv.stats if hasattr(kv, "_zero") else {}
             shard = sum(p.shard.size for p in kv._zero.params.values()
                         if p.shard is not None) if hasattr(kv, "_zero") else 0
             kv.close()
-            assert diff < 1e-5, (name, knobs, diff)
+            assert diff < 1e-5 and diff_ddp < 1e-5, (name, knobs, diff, diff_ddp)
             if MPI.COMM_WORLD.rank == 0:  # one writer: lines of several ranks interleave
                     result("train", backend=name, knobs=knobs, momentum=opt.momentum,
-                       size=size, max_abs_diff=diff, stats=stats, shard_elements=shard)
+                       size=size, max_abs_diff=diff, diff_to_ddp=diff_ddp,
+                       stats=stats, shard_elements=shard)
 
 
 def main() -> None:
