@@ -559,8 +559,9 @@ class ZeroKnobs(Knobs):
         doc="stage 3: gathered parameter elements resident per rank before releasing")
     param_persistence_threshold: int = knob(
         100_000, ge=0, unit="elements",
-        source=f"{_DS_CONFIG} (stage3_param_persistence_threshold)",
-        doc="stage 3: parameters with fewer elements than this are not partitioned (kept "
+        source=f"{_DS_CONFIG} (stage3_param_persistence_threshold); parameter_offload.py "
+               "(mark_persistent_parameters: ds_numel <= threshold)",
+        doc="stage 3: parameters of at most this many elements are not partitioned (kept "
             "whole on every rank, their gradients allreduced)")
     check_consistency: bool = knob(
         True, side="real",
@@ -613,8 +614,9 @@ class FsdpKnobs(Knobs):
         None, side="real", cluster=True, ge=1,
         source="torch/distributed/fsdp/_init_utils.py (_init_intra_and_inter_node_groups: "
                "the devices of one node)",
-        doc="HYBRID_SHARD: ranks that shard within one host; None = the ranks sharing a "
-            "node (MPI_COMM_TYPE_SHARED)")
+        doc="HYBRID_SHARD: ranks that shard within one host; None = "
+            "$DDPBENCH_RANKS_PER_HOST if set, else the ranks sharing a node "
+            "(MPI_COMM_TYPE_SHARED)")
     check_consistency: bool = knob(
         True, side="real",
         doc="check names, shapes and dtypes across ranks before each collective")
