@@ -26,6 +26,7 @@ alongside, slowed by the device's overlap slowdown while a collective runs.
 
 from __future__ import annotations
 
+import abc
 import collections
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
@@ -265,8 +266,9 @@ class _GatherStrategy(Strategy):
         self._grads = collections.Counter[int]()
         self._left: dict[int, int] = {}
 
+    @abc.abstractmethod
     def make_units(self) -> list[Unit]:
-        raise NotImplementedError
+        """Return the units, in forward order."""
 
     def units(self, layer: int) -> int:
         return 1 if layer in self._unit_of else 0
@@ -317,9 +319,9 @@ class _GatherStrategy(Strategy):
             self.event(("bwd", t, k)).succeed()
 
     # -- the CPU's side
+    @abc.abstractmethod
     def gathers(self, t: int, phase: str, k: int) -> bool:
         """Return whether unit ``k`` is all-gathered before its ``phase`` (``"f"``/``"b"``)."""
-        raise NotImplementedError
 
     def _cpu(self) -> Generator[simpy.Event, Any, None]:
         K = len(self.units_)
@@ -335,17 +337,21 @@ class _GatherStrategy(Strategy):
                 yield from self.post_backward(t, k)
             self.end_backward(t)
 
+    @abc.abstractmethod
     def pre_forward(self, t: int, k: int) -> Generator[simpy.Event, Any, None]:
-        raise NotImplementedError
+        """The CPU's hook before unit ``k``'s forward (may wait)."""
 
+    @abc.abstractmethod
     def post_forward(self, t: int, k: int) -> None:
-        raise NotImplementedError
+        """The CPU's hook after unit ``k``'s forward."""
 
+    @abc.abstractmethod
     def pre_backward(self, t: int, k: int) -> Generator[simpy.Event, Any, None]:
-        raise NotImplementedError
+        """The CPU's hook before unit ``k``'s backward (may wait)."""
 
+    @abc.abstractmethod
     def post_backward(self, t: int, k: int) -> Generator[simpy.Event, Any, None]:
-        raise NotImplementedError
+        """The CPU's hook after unit ``k``'s gradients (issues their reduction)."""
 
     def end_backward(self, t: int) -> None:  # noqa: B027 - optional hook
         """The CPU's last act of backward in iteration ``t`` (a final bucket)."""
@@ -406,10 +412,10 @@ class FsdpStrategy(_GatherStrategy):
         return fsdp_units(_layer_numel(self.sim), self.knobs.wrap, self.knobs.min_num_params)
 
     def start(self) -> None:
-        super().start()
         self._free: collections.deque[simpy.Event] = collections.deque()
         self._inter = _Stream(self.sim) if self.knobs.sharding_strategy == "HYBRID_SHARD" \
             else None
+        super().start()
 
     def gathers(self, t: int, phase: str, k: int) -> bool:
         s = self.knobs.sharding_strategy
@@ -518,8 +524,9 @@ class ZeroStrategy(_GatherStrategy):
     ``all_gather_dp_groups``: ``allgather_bucket_size`` only splits it where torch lacks
     ``all_gather_into_tensor``).
 
-    Stage 3 (stage3.py, partitioned_param_coordinator.py): a unit per layer; tensors under
-    ``param_persistence_threshold`` elements are never partitioned. ``fetch_sub_module``
+    Stage 3 (stage3.py, partitioned_param_coordinator.py): a unit per layer; tensors of at
+    most ``param_persistence_threshold`` elements are never partitioned (parameter_offload.py
+    ``_persistent_parameters``: ``ds_numel <= threshold``). ``fetch_sub_module``
     gathers the layer's parameters unless available or in flight, waits for them (the CPU
     first waits for the oldest fetch event while more than
     :data:`DS_MAX_ONGOING_FETCH_EVENTS` are outstanding), then prefetches the next layers of
@@ -539,11 +546,11 @@ class ZeroStrategy(_GatherStrategy):
         numel = _layer_numel(self.sim)
         gathered = [0] * len(numel)
         for t in self.sim.workload.tensors:
-            if t.numel >= threshold:
+            if t.numel > threshold:  # ds_numel <= threshold persists
                 gathered[t.layer] += t.numel
-        return [Unit(i, (layer,), n, gathered[layer])
-                for i, layer in enumerate(j for j, n in enumerate(numel) if n)
-                for n in (numel[layer],)]
+        layers = [j for j, n in enumerate(numel) if n]
+        return [Unit(i, (layer,), numel[layer], gathered[layer])
+                for i, layer in enumerate(layers)]
 
     def start(self) -> None:
         self.comm = _Stream(self.sim)

@@ -45,6 +45,10 @@ __all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
+STRATEGIES: dict[str, dict[str, Any]] = {}
+"""Backend name -> the knobs a simulation honours and their defaults (from the contract),
+for every registered strategy."""
+
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     """Register a strategy class under ``cls.name`` (a duplicate name is an error)."""
@@ -53,6 +57,7 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     if cls.name in _REGISTRY:
         raise ValueError(f"strategy {cls.name!r} is already registered")
     _REGISTRY[cls.name] = cls
+    STRATEGIES[cls.name] = contract.defaults(cls.name, "sim")
     return cls
 
 
@@ -1527,8 +1532,3 @@ class _ByteSchedulerCore:
             self.credit -= part.numel
             self.strategy.post(self.w, part)
 
-
-STRATEGIES: dict[str, dict[str, Any]] = {
-    name: contract.defaults(name, "sim") for name in _REGISTRY
-}
-"""Backend name -> the knobs a simulation honours and their defaults (from the contract)."""
