@@ -74,6 +74,8 @@ def _half_op(op: ReduceOp, dtype_name: str) -> tuple[Any, Any]:
     return mpitype, MPI.Op.Create(combine, commute=True)
 
 
+half_op = _half_op  # the public name, for backends that post nonblocking calls themselves
+
 _MPI_MODULE: list[Any] = []
 
 
@@ -101,6 +103,9 @@ def _mpi_op(op: ReduceOp | str) -> Any:
     if found is None:
         found = _MPI_OP_OBJECTS[op] = getattr(mpi_module(), _MPI_OPS[ReduceOp(op)])
     return found
+
+
+mpi_op = _mpi_op
 
 
 ALLREDUCE_CHUNK_BYTES = 16 << 20
@@ -148,11 +153,97 @@ def mpi_allreduce(comm: Any, buf: np.ndarray, op: ReduceOp, source: np.ndarray |
             comm.Allreduce(MPI.IN_PLACE if into is None else into, out, op=mpiop)
 
 
+
+def split_counts(n: int, parts: int) -> list[int]:
+    """Return how many of ``n`` elements each of ``parts`` chunks gets, as ``numpy.array_split``
+    cuts them: ``n // parts`` each, one more for the first ``n % parts`` (the counts of
+    :meth:`~ddpbench.api.KVStore.reduce_scatter`)."""
+    base, extra = divmod(int(n), int(parts))
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def mpi_allgatherv(comm: Any, tensor: np.ndarray, output: np.ndarray | None = None
+                   ) -> np.ndarray:
+    """Return every rank's ``tensor`` concatenated along axis 0 in rank order.
+
+    One ``MPI_Allgather`` of the row counts (ranks may hold different numbers of rows, as
+    Horovod's allgather allows; the trailing dimensions must agree, which the caller's
+    consistency check compares), then one ``MPI_Allgatherv`` of the bytes (no reduction, so
+    every dtype, halves included, moves as bytes). ``output``, if given, must have the
+    gathered shape.
+
+    Raises:
+        ValueError: ``output`` has another shape or dtype.
+    """
+    MPI = mpi_module()
+    send: np.ndarray = np.ascontiguousarray(tensor if tensor.ndim else tensor.reshape(1))
+    rows = np.array([len(send)], dtype=np.int64)
+    all_rows = np.empty(comm.size, dtype=np.int64)
+    comm.Allgather(rows, all_rows)
+    shape = (int(all_rows.sum()), *send.shape[1:])
+    if output is None:
+        output = np.empty(shape, dtype=send.dtype)
+    elif tuple(output.shape) != shape or output.dtype != send.dtype:
+        raise ValueError(f"allgather output is {output.dtype}{list(output.shape)}, expected "
+                         f"{send.dtype}{list(shape)} (every rank's rows, in rank order)")
+    row_bytes = int(np.prod(send.shape[1:], dtype=np.int64)) * send.dtype.itemsize
+    counts = [int(r) * row_bytes for r in all_rows]
+    comm.Allgatherv([byte_view(send), MPI.BYTE],
+                    [byte_view(output), (counts, _offsets(counts)), MPI.BYTE])
+    return output
+
+
+def mpi_reduce_scatter(comm: Any, source: np.ndarray, output: np.ndarray, counts: list[int],
+                       op: ReduceOp) -> None:
+    """Reduce the flat ``source`` over ``comm``; rank r receives elements
+    ``[sum(counts[:r]), sum(counts[:r+1]))`` of the result into ``output``
+    (``MPI_Reduce_scatter`` with those receive counts; a count may be 0). Halves go through
+    the same user-defined op as :func:`mpi_allreduce`."""
+    src = np.ascontiguousarray(source).reshape(-1)
+    out = output.reshape(-1)
+    if src.size != sum(counts) or out.size != counts[comm.rank]:
+        raise ValueError(f"reduce-scatter of {src.size} elements with counts {counts}: this "
+                         f"rank's output holds {out.size}, expected {counts[comm.rank]}")
+    if src.dtype in HALF_DTYPES:
+        mpitype, mpiop = _half_op(op, src.dtype.name)
+        comm.Reduce_scatter([byte_view(src), src.size, mpitype],
+                            [byte_view(out), out.size, mpitype], list(counts), op=mpiop)
+        return
+    comm.Reduce_scatter(src, out, list(counts), op=_mpi_op(op))
+
+
+GATHER_KINDS = {"allgather": "MPI_ALLGATHER", "reduce_scatter": "MPI_REDUCESCATTER"}
+"""Each gather/scatter request kind and its timeline activity (Horovod's names,
+``horovod/common/common.h``)."""
+
+
+def run_gather_scatter(comm: Any, req: Any) -> None:
+    """Run a queued ``allgather`` or ``reduce_scatter`` request on ``comm`` (blocking);
+    its result is left in ``req.output``."""
+    meta = req.meta
+    if meta.kind == "allgather":
+        req.output = mpi_allgatherv(comm, req.tensor, req.output)
+        return
+    counts = split_counts(int(np.prod(meta.shape, dtype=np.int64)), comm.size)
+    mpi_reduce_scatter(comm, req.tensor, req.output, counts, ReduceOp(meta.op))
+    if meta.postscale != 1.0:
+        flat = req.output.reshape(-1)
+        flat *= flat.dtype.type(meta.postscale)
+
+
 @dataclass(frozen=True)
 class Meta:
     """What every rank must agree on for one collective call."""
 
-    kind: str  # "allreduce" | "broadcast"
+    kind: str  # "allreduce" | "broadcast" | "allgather" | "reduce_scatter"
     name: Any
     dtype: str
     shape: tuple[int, ...]
@@ -469,6 +560,30 @@ class RequestStore(EngineStore):
     def _push_pull_async(self, name, tensor, output, *, priority, op, prescale, postscale):
         return self._submit(self._allreduce_meta(name, tensor, op, prescale, postscale),
                             tensor, output, priority)
+
+    def _allgather(self, name: Any, tensor: Any, output: Any) -> Any:
+        """Queue an allgather behind this store's earlier calls (the protocol runs
+        :func:`run_gather_scatter`); its Meta holds the dimensions after the first, which
+        every rank must agree on."""
+        meta = Meta("allgather", name, dtype_name(tensor.dtype), tuple(tensor.shape[1:]))
+        return self._submit(meta, tensor, output).wait()
+
+    def _reduce_scatter(self, name: Any, tensor: Any, output: Any, op: ReduceOp) -> Any:
+        """Queue a reduce-scatter behind this store's earlier calls; AVERAGE is SUM with a
+        postscale of 1/size read now (as push_pull's)."""
+        postscale = 1.0
+        if op is ReduceOp.AVERAGE:
+            op, postscale = ReduceOp.SUM, 1.0 / self.num_workers
+        count = split_counts(tensor.size, self.num_workers)[self.rank]
+        if output is None:
+            output = np.empty(count, dtype=tensor.dtype)
+        elif output.size != count or output.dtype != tensor.dtype:
+            raise ValueError(f"reduce_scatter output for {name!r} is {output.dtype}"
+                             f"{list(output.shape)}, expected {count} elements of "
+                             f"{tensor.dtype} (rank {self.rank}'s chunk)")
+        meta = Meta("reduce_scatter", name, dtype_name(tensor.dtype), tuple(tensor.shape),
+                    op.value, postscale=postscale)
+        return self._submit(meta, tensor, output).wait()
 
     def _allreduce_meta(self, name: Any, tensor: Any, op: ReduceOp, prescale: float,
                         postscale: float) -> Meta:

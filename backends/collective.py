@@ -67,17 +67,28 @@ import numpy as np
 
 from ddpbench.api import Handle, ReduceOp, register
 from ddpbench.backends._common import (
+    GATHER_KINDS,
     MismatchError,
     Request,
     RequestStore,
     Timeline,
+    half_op,
     mismatch_message,
+    mpi_op,
+    split_counts,
 )
 from ddpbench.comm import POLL_TESTS, Protocol
 from ddpbench.contract import CollectiveKnobs
 from ddpbench.rules.buckets import coalesce_buckets, layer_key
 from ddpbench.rules.ring import Scratch, ring_steps
-from ddpbench.tensor_ops import adjacent_span, byte_view, reduce_ufunc, scale_, scale_into
+from ddpbench.tensor_ops import (
+    HALF_DTYPES,
+    adjacent_span,
+    byte_view,
+    reduce_ufunc,
+    scale_,
+    scale_into,
+)
 
 TAG_RING = 21
 MODES = ("grad_allreduce", "local_sgd")
@@ -108,6 +119,47 @@ def _ring_steps(comm: Any, buf: np.ndarray, op: ReduceOp, stats: dict[str, int],
                 comm.Isend([send, MPI.BYTE], right, TAG_RING)]
         stats["bytes_sent"] += send.nbytes
         yield reqs
+
+
+_PADDLE_GATHER = {"allgather": "c_allgather", "reduce_scatter": "c_reducescatter"}
+"""Paddle's operators for the two (paddle/fluid/operators/collective/c_allgather_op.cc,
+c_reducescatter_op.cc), as the timeline names them."""
+
+
+def _gather_steps(comm: Any, req: Request) -> _Steps:
+    """An allgather (``MPI_Iallgather`` of the row counts, then ``MPI_Iallgatherv`` of the
+    bytes) or a reduce-scatter (``MPI_Ireduce_scatter``) on ``comm``, one step each, so the
+    other rings advance meanwhile; the result is left in ``req.output``."""
+    from mpi4py import MPI
+
+    meta = req.meta
+    if meta.kind == "allgather":
+        send = req.tensor.reshape((-1, *req.tensor.shape[1:])) if req.tensor.ndim else \
+            req.tensor.reshape(1)
+        rows = np.array([send.shape[0]], dtype=np.int64)
+        all_rows = np.empty(comm.size, dtype=np.int64)
+        yield [comm.Iallgather(rows, all_rows)]
+        shape = (int(all_rows.sum()), *send.shape[1:])
+        out = req.output if req.output is not None else np.empty(shape, send.dtype)
+        if tuple(out.shape) != shape or out.dtype != send.dtype:
+            raise ValueError(f"allgather output is {out.dtype}{list(out.shape)}, expected "
+                             f"{send.dtype}{list(shape)}")
+        row = int(np.prod(send.shape[1:], dtype=np.int64)) * send.dtype.itemsize
+        counts = [int(r) * row for r in all_rows]
+        displs = [sum(counts[:i]) for i in range(len(counts))]
+        req.output = out
+        yield [comm.Iallgatherv([byte_view(send), MPI.BYTE],
+                                [byte_view(out), (counts, displs), MPI.BYTE])]
+        return
+    counts = split_counts(int(np.prod(meta.shape, dtype=np.int64)), comm.size)
+    src, out = req.tensor.reshape(-1), req.output.reshape(-1)
+    if src.dtype in HALF_DTYPES:
+        mpitype, mpiop = half_op(ReduceOp(meta.op), src.dtype.name)
+        yield [comm.Ireduce_scatter([byte_view(src), src.size, mpitype],
+                                    [byte_view(out), out.size, mpitype], counts, op=mpiop)]
+    else:
+        yield [comm.Ireduce_scatter(src, out, counts, op=mpi_op(ReduceOp(meta.op)))]
+    scale_(out, meta.postscale)
 
 
 class _Bucket:
@@ -330,6 +382,11 @@ class _CollectiveProtocol(Protocol):
                 yield [comm.Ibcast(byte_view(req.tensor), root=meta.root)]
                 self._activity(names, "", ring, end=True)
             return
+        if meta.kind in GATHER_KINDS:
+            self._activity(names, _PADDLE_GATHER[meta.kind])
+            yield from _gather_steps(comm, req)
+            self._activity(names, "", ring, end=True)
+            return
         buf = req.output
         if buf is not req.tensor:
             buf[...] = req.tensor
@@ -421,7 +478,8 @@ class CollectiveStore(RequestStore):
     Options = _Options
     options: _Options
     _proto: _CollectiveProtocol
-    capabilities = frozenset({"broadcast", "push_pull", "reduce_kinds"})
+    capabilities = frozenset({"broadcast", "push_pull", "reduce_kinds", "allgather",
+                              "reduce_scatter"})
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

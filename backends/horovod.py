@@ -77,6 +77,7 @@ import numpy as np
 
 from ddpbench.api import Handle, ReduceOp, register
 from ddpbench.backends._common import (
+    GATHER_KINDS,
     Activity,
     Meta,
     MismatchError,
@@ -86,6 +87,7 @@ from ddpbench.backends._common import (
     mismatch_message,
     mpi_allreduce,
     mpi_module,
+    run_gather_scatter,
 )
 from ddpbench.comm import Protocol
 from ddpbench.contract import HorovodKnobs
@@ -573,6 +575,18 @@ class _HorovodProtocol(Protocol):
                 self._end_timeline(reqs, ok=True)
                 req.handle.set_result(req.tensor)
             return
+        if kind in GATHER_KINDS:  # never fused (_fusion_key): one request per response
+            req = reqs[0]
+            try:
+                with self.act(GATHER_KINDS[kind]):
+                    run_gather_scatter(self.data, req)
+            except Exception as err:
+                self._end_timeline(reqs, ok=False)
+                req.handle.set_error(err)
+            else:
+                self._end_timeline(reqs, ok=True)
+                req.handle.set_result(req.output)
+            return
         try:
             self._allreduce(reqs)
         except Exception as err:  # e.g. a dtype the reduction cannot handle
@@ -735,7 +749,7 @@ class HorovodStore(RequestStore):
     Options = _Options
     options: _Options
     _proto: _HorovodProtocol
-    capabilities = frozenset({"broadcast", "push_pull", "fusion"})
+    capabilities = frozenset({"broadcast", "push_pull", "fusion", "allgather", "reduce_scatter"})
     takes_cupy = True  # NCCL, or pinned host staging (gpu_transport)
 
     def __init__(self, **options: Any) -> None:

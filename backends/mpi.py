@@ -1,5 +1,9 @@
 """The ``mpi`` backend: one native ``MPI_Allreduce`` / ``MPI_Bcast`` per tensor.
 
+``allgather`` and ``reduce_scatter`` are one ``MPI_Allgatherv`` (after an
+``MPI_Allgather`` of the row counts) and one ``MPI_Reduce_scatter``, queued in call order
+with the rest.
+
 This is the baseline every real number is compared to: no fusion, no scheduling, the MPI
 library's own algorithm. CuPy tensors go through NCCL (``gpu_transport="nccl"``, one rank
 per GPU) or are staged through pinned host memory (``"host"``). Half precision (float16, bfloat16), which MPI has no predefined
@@ -31,6 +35,7 @@ import numpy as np
 
 from ddpbench.api import ReduceOp, register
 from ddpbench.backends._common import (
+    GATHER_KINDS,
     Activity,
     Meta,
     MismatchError,
@@ -40,6 +45,7 @@ from ddpbench.backends._common import (
     mismatch_message,
     mpi_allreduce,
     mpi_module,
+    run_gather_scatter,
 )
 from ddpbench.comm import Protocol
 from ddpbench.contract import MpiKnobs
@@ -47,6 +53,7 @@ from ddpbench.tensor_ops import byte_view, scale_, scale_into
 
 _Options = MpiKnobs  # knobs and bounds: ddpbench.contract
 _OPS = {op.value: op for op in ReduceOp}
+
 
 
 def check_consistent(comm: Any, meta: Meta) -> None:
@@ -127,6 +134,9 @@ class _MPIProtocol(Protocol):
             elif req.meta.kind == "broadcast":
                 with self.act("MPI_BCAST"):
                     self.comm.Bcast(byte_view(req.tensor), root=req.meta.root)
+            elif req.meta.kind in GATHER_KINDS:
+                with self.act(GATHER_KINDS[req.meta.kind]):
+                    run_gather_scatter(self.comm, req)
             else:
                 self._reduce_host(req.tensor, req.output, req.meta)
             ok = True
@@ -211,7 +221,7 @@ class MPIStore(RequestStore):
     Options = _Options
     options: _Options
     _proto: _MPIProtocol
-    capabilities = frozenset({"broadcast", "push_pull"})
+    capabilities = frozenset({"broadcast", "push_pull", "allgather", "reduce_scatter"})
     takes_cupy = True  # NCCL, or pinned host staging (gpu_transport)
 
     def __init__(self, **options: Any) -> None:

@@ -20,6 +20,8 @@ kvstore       you compare against MXNet's parameter server, or want updates on s
 p3            large layers near the input (VGG) on slow networks: slices + priorities
 byteps        you have spare CPU hosts to act as summation servers
 collective    you need max/min/prod reductions, parallel rings or local SGD
+zero          the model states do not fit one worker: DeepSpeed's ZeRO stages 0-3
+fsdp          the same through PyTorch FSDP's sharding strategies (HYBRID_SHARD per host)
 ============  ===============================================================================
 """
 
@@ -43,6 +45,7 @@ from ddpbench.contract import Knobs
 from ddpbench.staging import HostStage, StagingPool
 
 __all__ = [
+    "GATHER_BACKENDS",
     "BackendOptions",
     "Handle",
     "KVStore",
@@ -338,6 +341,54 @@ class KVStore(abc.ABC):
         return self._start_push_pull(name, tensor, output, priority, op, prescale_factor,
                                      postscale_factor, now=False)
 
+    def allgather(self, name: Name, tensor: Any, output: Any = None) -> Any:
+        """Return every worker's ``tensor`` concatenated along axis 0, in rank order. Collective.
+
+        Horovod's allgather (``horovod/common/ops/collective_operations.cc``, ``AllgatherOp``):
+        workers may contribute different numbers of rows; the other dimensions and the
+        dtype must agree (a 0-d tensor is one row). ``output``, if given, receives the
+        result and must have its shape (the sum of the rows first).
+
+        Raises:
+            NotImplementedError: the backend has no allgather (the parameter servers).
+            ValueError: ``output`` of the wrong shape, or workers that disagree.
+        """
+        self._check_name(name)
+        self._check_tensor(name, tensor)
+        if is_cupy(tensor):
+            return _via_host(lambda t, o: self._allgather(name, t, o), tensor, output)
+        return self._allgather(name, tensor, output)
+
+    def reduce_scatter(self, name: Name, tensor: Any, output: Any = None, *,
+                       op: ReduceOp | str = ReduceOp.SUM) -> Any:
+        """Reduce ``tensor`` over all workers; return this worker's chunk of the result. Collective.
+
+        The flattened result is cut into ``num_workers`` chunks as ``numpy.array_split``
+        cuts it (``n // size`` elements each, one more for the first ``n % size``); worker
+        r gets chunk r as a 1-D array, as ``MPI_Reduce_scatter`` with those counts gives it.
+        ``AVERAGE`` is ``SUM`` divided by the number of workers. Every worker passes the
+        same shape and dtype. ``output``, if given, must hold this worker's chunk.
+
+        Raises:
+            NotImplementedError: the backend has no reduce-scatter (the parameter servers).
+            ValueError: ``output`` of the wrong size, or workers that disagree.
+        """
+        self._check_name(name)
+        self._check_tensor(name, tensor)
+        parsed = ReduceOp.parse(op)
+        if is_cupy(tensor):
+            return _via_host(lambda t, o: self._reduce_scatter(name, t, o, parsed), tensor,
+                             output)
+        return self._reduce_scatter(name, tensor, output, parsed)
+
+    def _allgather(self, name: Name, tensor: Any, output: Any) -> Any:
+        """Gather along axis 0 (backends that can override it)."""
+        raise NotImplementedError(_missing(self.type, "allgather"))
+
+    def _reduce_scatter(self, name: Name, tensor: Any, output: Any, op: ReduceOp) -> Any:
+        """Reduce and scatter (backends that can override it)."""
+        raise NotImplementedError(_missing(self.type, "reduce_scatter"))
+
     def _start_push_pull(self, name: Any, tensor: Any, output: Any, priority: int,
                          op: ReduceOp | str, prescale_factor: float, postscale_factor: float,
                          now: bool) -> Handle:
@@ -484,6 +535,28 @@ class KVStore(abc.ABC):
             )
 
 
+GATHER_BACKENDS = ("mpi", "horovod", "collective", "zero", "fsdp")
+"""The built-in backends that have ``allgather`` and ``reduce_scatter``."""
+
+
+def _missing(backend: str, what: str) -> str:
+    return (f"backend {backend!r} has no {what}: a parameter server pushes and pulls whole "
+            f"keys; use one of the backends that have it: {list(GATHER_BACKENDS)}")
+
+
+def _via_host(run: Callable[[Any, Any], Any], tensor: Any, output: Any) -> Any:
+    """Run a gather/scatter ``run(host_tensor, None)`` on a host copy of CuPy ``tensor``;
+    return the result on the tensor's device (copied into ``output`` when given)."""
+    import cupy
+
+    result = run(tensor.get(), None)
+    if output is None:
+        with tensor.device:
+            return cupy.asarray(result)
+    _copy_back(np.ascontiguousarray(result).reshape(output.shape), output)
+    return output
+
+
 def is_cupy(array: Any) -> bool:
     """Return True for a CuPy array (without importing CuPy)."""
     return type(array) is not np.ndarray and type(array).__module__.startswith("cupy")
@@ -554,6 +627,8 @@ _BUILTIN: dict[str, str] = {
     "p3": "ddpbench.backends.ps.p3",
     "byteps": "ddpbench.backends.ps.byteps",
     "collective": "ddpbench.backends.collective",
+    "zero": "ddpbench.backends.zero",
+    "fsdp": "ddpbench.backends.zero",
 }
 _REGISTRY: dict[str, type[KVStore]] = {}
 _LOCK = threading.Lock()

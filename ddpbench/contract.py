@@ -57,6 +57,7 @@ __all__ = [
     "Cluster",
     "CollectiveKnobs",
     "HorovodKnobs",
+    "FsdpKnobs",
     "Knobs",
     "KvstoreKnobs",
     "NEUTRAL_AT_DEFAULT",
@@ -64,6 +65,7 @@ __all__ = [
     "P3Knobs",
     "PSKnobs",
     "Schedule",
+    "ZeroKnobs",
     "backend",
     "check_axis",
     "reject_loose",
@@ -504,6 +506,122 @@ class BytepsKnobs(PSKnobs):
         return self
 
 
+_DS_CONFIG = "deepspeed/runtime/zero/config.py"
+_FSDP = "torch/distributed/fsdp/fully_sharded_data_parallel.py"
+
+
+class ZeroKnobs(Knobs):
+    """``zero``: DeepSpeed's ZeRO, stages 0-3 (sharded optimizer states, gradients, params).
+
+    Defaults are DeepSpeed's ``zero_optimization`` section (``DeepSpeedZeroConfig``); the
+    stage 1/2 engine follows ``deepspeed/runtime/zero/stage_1_and_2.py`` (both stages
+    reduce each gradient bucket to the rank owning the partition: a reduce-scatter when
+    ``reduce_scatter`` is true, else an allreduce; stage 2 also frees the gradients of the
+    other partitions), stage 3 follows ``stage3.py`` and
+    ``partitioned_param_coordinator.py`` (parameters partitioned, all-gathered before
+    use, prefetched up to ``prefetch_bucket_size`` and released beyond
+    ``max_live_parameters``).
+    """
+
+    stage: Literal[0, 1, 2, 3] = knob(
+        0, source=f"{_DS_CONFIG} (stage, ZeroStageEnum)",
+        doc="0: no sharding, gradients allreduced in buckets; 1: optimizer states sharded "
+            "(gradients reduced to their partition, each rank updates its shard, parameters "
+            "all-gathered); 2: gradients sharded too; 3: parameters sharded, all-gathered "
+            "before each layer's forward and backward",
+        tune="categorical",
+        tune_source="DeepSpeed's four ZeRO stages (ZeroStageEnum)")
+    reduce_bucket_size: int = knob(
+        500_000_000, ge=1, unit="elements", source=f"{_DS_CONFIG} (reduce_bucket_size)",
+        doc="gradient elements reduced (allreduced or reduce-scattered) at a time",
+        tune=(1e6, 1e9, "log"),
+        tune_source="ddpbench's rule (DeepSpeed's autotuner searches the ZeRO stage and "
+                    "micro-batch, not buckets): a decade and a half below DeepSpeed's "
+                    "default up to twice it")
+    allgather_bucket_size: int = knob(
+        500_000_000, ge=1, unit="elements", source=f"{_DS_CONFIG} (allgather_bucket_size)",
+        doc="stages 1/2: updated parameter elements all-gathered at a time after the step")
+    overlap_comm: bool | None = knob(
+        None, source=f"{_DS_CONFIG} (overlap_comm, overlap_comm_valid)",
+        doc="overlap gradient reduction with the backward pass; None = DeepSpeed's dynamic "
+            "default: true at stage 3, false at stages 0-2")
+    reduce_scatter: bool = knob(
+        True, source=f"{_DS_CONFIG} (reduce_scatter); stage_1_and_2.py (average_tensor)",
+        doc="stages 1/2: reduce each gradient bucket to the ranks owning its partitions "
+            "(true) instead of allreducing it whole (false)")
+    prefetch_bucket_size: int = knob(
+        50_000_000, ge=0, unit="elements",
+        source=f"{_DS_CONFIG} (stage3_prefetch_bucket_size)",
+        doc="stage 3: parameter elements fetched ahead of their use")
+    max_live_parameters: int = knob(
+        1_000_000_000, ge=0, unit="elements",
+        source=f"{_DS_CONFIG} (stage3_max_live_parameters)",
+        doc="stage 3: gathered parameter elements resident per rank before releasing")
+    param_persistence_threshold: int = knob(
+        100_000, ge=0, unit="elements",
+        source=f"{_DS_CONFIG} (stage3_param_persistence_threshold); parameter_offload.py "
+               "(mark_persistent_parameters: ds_numel <= threshold)",
+        doc="stage 3: parameters of at most this many elements are not partitioned (kept "
+            "whole on every rank, their gradients allreduced)")
+    check_consistency: bool = knob(
+        True, side="real",
+        doc="check names, shapes and dtypes across ranks before each collective")
+
+    def overlap(self) -> bool:
+        """Return whether gradient reduction overlaps backward (DeepSpeed's rule for
+        ``overlap_comm=None``: only at stage 3)."""
+        return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
+
+
+class FsdpKnobs(Knobs):
+    """``fsdp``: PyTorch's FullyShardedDataParallel (flat parameters per wrapped unit).
+
+    Defaults are ``FullyShardedDataParallel.__init__``'s (``fully_sharded_data_parallel.py``);
+    the unit boundaries follow ``wrap.py`` (``transformer_auto_wrap_policy``,
+    ``size_based_auto_wrap_policy``); the all-gather rate limit follows ``_limiter_utils.py``
+    (``_FreeEventQueue``, at most two all-gathers in flight); prefetching follows
+    ``_runtime_utils.py``. The real backend runs the ``zero`` engine: FULL_SHARD as stage 3,
+    SHARD_GRAD_OP as stage 2, NO_SHARD as stage 0, HYBRID_SHARD as stage 3 within a host and
+    an allreduce of the shards across hosts.
+    """
+
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = knob(
+        "FULL_SHARD", source="torch/distributed/fsdp/_init_utils.py (None = FULL_SHARD)",
+        doc="FULL_SHARD: parameters, gradients and optimizer states sharded; SHARD_GRAD_OP: "
+            "parameters whole between forward and backward; HYBRID_SHARD: FULL_SHARD within "
+            "a host, replicated across hosts (gradient shards allreduced across hosts); "
+            "NO_SHARD: DDP-like allreduce",
+        tune="categorical", tune_source="PyTorch's ShardingStrategy (api.py)")
+    backward_prefetch: Literal["BACKWARD_PRE", "BACKWARD_POST", "none"] = knob(
+        "BACKWARD_PRE", source=f"{_FSDP} (backward_prefetch)",
+        doc="all-gather the next unit's parameters before (BACKWARD_PRE) or after "
+            "(BACKWARD_POST) the current unit's gradient computation, or not at all")
+    forward_prefetch: bool = knob(
+        False, source=f"{_FSDP} (forward_prefetch)",
+        doc="all-gather the next unit's parameters before the current unit's forward")
+    limit_all_gathers: bool = knob(
+        True, source=f"{_FSDP} (limit_all_gathers); _limiter_utils.py (_FreeEventQueue)",
+        doc="rate-limit all-gathers: at most two units' gathered parameters in flight")
+    wrap: Literal["layer", "size"] = knob(
+        "layer", source="torch/distributed/fsdp/wrap.py (transformer_auto_wrap_policy)",
+        doc="FSDP units: one per layer of the profile, as transformer_auto_wrap_policy "
+            "wraps each block; or 'size': consecutive layers merged until min_num_params")
+    min_num_params: int = knob(
+        100_000_000, ge=1, unit="elements",
+        source="torch/distributed/fsdp/wrap.py (size_based_auto_wrap_policy)",
+        doc="wrap='size': parameters a unit collects before it is wrapped")
+    ranks_per_host: int | None = knob(
+        None, side="real", cluster=True, ge=1,
+        source="torch/distributed/fsdp/_init_utils.py (_init_intra_and_inter_node_groups: "
+               "the devices of one node)",
+        doc="HYBRID_SHARD: ranks that shard within one host; None = "
+            "$DDPBENCH_RANKS_PER_HOST if set, else the ranks sharing a node "
+            "(MPI_COMM_TYPE_SHARED)")
+    check_consistency: bool = knob(
+        True, side="real",
+        doc="check names, shapes and dtypes across ranks before each collective")
+
+
 @dataclass(frozen=True)
 class BackendContract:
     """One backend: its knobs model, whether it runs servers, where the real one lives."""
@@ -534,6 +652,12 @@ BACKENDS: dict[str, BackendContract] = {
                         "ddpbench.backends.ps.byteps", uses_servers=True),
         BackendContract("collective", CollectiveKnobs, "sum/max/min/prod, parallel rings, "
                         "local SGD", "ddpbench.backends.collective"),
+        BackendContract("zero", ZeroKnobs, "DeepSpeed's ZeRO stages 0-3: bucketed gradient "
+                        "reduce-scatter, sharded optimizer step, parameter all-gather",
+                        "ddpbench.backends.zero"),
+        BackendContract("fsdp", FsdpKnobs, "PyTorch FSDP: FULL_SHARD, SHARD_GRAD_OP, "
+                        "HYBRID_SHARD, NO_SHARD over flat per-unit parameters (the `zero` "
+                        "engine in real runs)", "ddpbench.backends.zero"),
     )
 }
 """Backend name -> its contract, in the order tables list them."""

@@ -67,6 +67,7 @@ class SimContext(Protocol):
     ring_bandwidth: float
     flow_bandwidth: float
     remaining: list[list[int]]  # per group and layer: units not yet back this iteration
+    iterations: int  # iterations the training loop runs (set before Strategy.start)
 
     def host_name(self, h: int) -> str:
         """Return the name of host ``h`` (``worker3``, ``server0``)."""

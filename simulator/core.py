@@ -24,6 +24,7 @@ import numpy as np
 import simpy
 
 from ddpbench import contract, hardware, trace
+from ddpbench.simulator import sharded  # noqa: F401 - registers zero and fsdp
 from ddpbench.simulator.context import Span, new_span
 from ddpbench.simulator.network import (
     CountingEnvironment,
@@ -397,6 +398,7 @@ class _Sim:
         nlayers = len(wl.layers)
         nsim = 1 if self.symmetric else self.workers
         self.strategy = strategy
+        self.iterations = iterations
         self._units = [strategy.units(i) for i in range(nlayers)]
         self.remaining = [[0] * nlayers for _ in range(nsim)]
         self._updated = [[0] * nlayers for _ in range(nsim)]
@@ -429,18 +431,25 @@ class _Sim:
         timeline, host = self.timeline, self.hosts[w]
         updated, waiters = self._updated[w], self._waiters[w]
         slow, busy = self.overlap_slowdown, self._busy[w]
+        gated = self.strategy.gates_compute
         for t in range(iterations):
             for i, layer in enumerate(layers):
                 if updated[i] < t:
                     waiters[i] = env.event()
                     yield waiters[i]
+                if gated and (gate := self.strategy.forward_gate(w, i, t)) is not None:
+                    yield gate
                 if layer.fwd_s > 0:
                     start = env.now
                     yield env.timeout(layer.fwd_s)
                     if slow and (extra := slow * busy.overlap(start, env.now)) > 0:
                         yield env.timeout(extra)
                     timeline.append(Span(host, "forward", i, start, env.now, 0))
+                if gated:
+                    self.strategy.forward_done(w, i, t)
             for i in range(len(layers) - 1, -1, -1):
+                if gated and (gate := self.strategy.backward_gate(w, i, t)) is not None:
+                    yield gate
                 if layers[i].bwd_s > 0:
                     start = env.now
                     yield env.timeout(layers[i].bwd_s)
@@ -463,6 +472,7 @@ class _Sim:
         updated, waiters, updated_at = self._updated[w], self._waiters[w], self._updated_at[w]
         slow, busy = self.overlap_slowdown, self._busy[w]
         clock = np.zeros(factors.shape[1])
+        gated = self.strategy.gates_compute
         for t in range(iterations):
             f = factors[t]
             for i, layer in enumerate(layers):
@@ -472,13 +482,24 @@ class _Sim:
                     ready = env.now
                 else:
                     ready = updated_at[i]
+                if gated:  # the GPUs reach the gate when the slowest has
+                    ready = yield from self._gated(clock, ready, self.strategy.forward_gate(w, i, t))
                 start = max(ready, float(clock.max()))
                 clock = np.maximum(clock, ready) + f * layer.fwd_s
                 if slow and layer.fwd_s > 0:
                     clock = yield from self._overlapped(clock, start, slow, busy)
                 if layer.fwd_s > 0:
                     timeline.append(Span(host, "forward", i, start, float(clock.max()), 0))
+                if gated:
+                    end = float(clock.max())
+                    if end > env.now:
+                        yield env.timeout(end - env.now)
+                    self.strategy.forward_done(w, i, t)
             for i in range(len(layers) - 1, -1, -1):
+                if gated:
+                    ready = yield from self._gated(clock, 0.0,
+                                                   self.strategy.backward_gate(w, i, t))
+                    clock = np.maximum(clock, ready)
                 start = float(clock.max())
                 clock = clock + f * layers[i].bwd_s
                 if slow and layers[i].bwd_s > 0:
@@ -489,6 +510,20 @@ class _Sim:
                 if layers[i].bwd_s > 0:
                     timeline.append(Span(host, "backward", i, start, end, 0))
                 self._grads(w, i)
+
+    def _gated(self, clock: np.ndarray, ready: float,
+               gate: simpy.Event | None) -> Generator[simpy.Event, Any, float]:
+        """Return when a gated layer may start: once the group's slowest GPU reached the
+        gate (``clock``) and ``gate`` (a strategy's event) has happened, not before
+        ``ready``."""
+        if gate is None:
+            return ready
+        env = self.env
+        end = float(clock.max())
+        if end > env.now:
+            yield env.timeout(end - env.now)
+        yield gate
+        return max(ready, env.now)
 
     def _overlapped(self, clock: np.ndarray, start: float, slow: float,
                     busy: _Busy) -> Generator[simpy.Event, Any, np.ndarray]:

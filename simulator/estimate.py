@@ -11,7 +11,7 @@ iteration:
   share of parts that cross a network (``1 - 1/hosts`` colocated over the ideal transport,
   else 1) and ``t`` = 1 over a real transport (its sockets and per-message costs);
 - allreduce: ``3 layers + units x steps x k`` (``k`` = 2.6 for several rings sharing a NIC,
-  else 1). Horovod's fused buffers depend on its cycle timing, so they are counted by a
+  else 1); ``zero``/``fsdp``: units are their collectives (:func:`_sharded_collectives`). Horovod's fused buffers depend on its cycle timing, so they are counted by a
   pilot of the same point on four workers (a few thousand events: buffers only get fewer
   as rings lengthen) when the tensors' count alone puts the point above
   :data:`PILOT_ABOVE` events.
@@ -57,6 +57,9 @@ fused buffers counted by a pilot simulation (of about 2,000 events for ResNet-50
 _PS_LAYER, _PS_PART, _PS_REMOTE, _PS_TRANSPORT = 5.0, 0.7, 4.0, 3.0
 # events per iteration of an allreduce strategy: LAYER x layers + units x steps x k
 _RING_LAYER, _RINGS_SHARING = 3.0, 2.6
+# events per unit and iteration of a gathering sharded scheme (fsdp, zero stage 3): its
+# collectives and the CPU's waits (Llama-7B FULL_SHARD at 16 x 8 and 128 x 8: 13 counted)
+_SHARDED_PER_UNIT = 12
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ def estimate(workload: Any, backend: str, **kwargs: Any) -> Estimate | None:
         steps = 2 * (g - 1) + 2 * (h - 1) if hierarchical else 2 * (p - 1)
         k = _RINGS_SHARING if backend == "collective" and parsed.get("nrings", 1) > 1 else 1.0
         units: float = len(wl.tensors)
+        if backend in ("zero", "fsdp"):
+            units, steps = _sharded_collectives(wl, backend, parsed, steps)
         per_iter = _RING_LAYER * layers + units * steps * k
         if backend == "horovod" and per_iter * iterations > PILOT_ABOVE:
             units = _horovod_buffers(wl, kwargs, units)
@@ -151,6 +156,25 @@ def estimate(workload: Any, backend: str, **kwargs: Any) -> Estimate | None:
     memory = events * BYTES_PER_EVENT + parts * BYTES_PER_PART
     return Estimate(events=events, seconds=events / EVENTS_PER_SECOND, memory_bytes=memory,
                     parts=parts)
+
+
+def _sharded_collectives(wl: Any, backend: str, knobs: dict[str, Any],
+                         ring_steps: int) -> tuple[float, int]:
+    """Return (collectives, events each) per iteration of ``zero``/``fsdp``
+    (:mod:`ddpbench.simulator.sharded`): a gathering scheme runs each collective as one event
+    and its CPU process adds a few per unit (:data:`_SHARDED_PER_UNIT` in all); an
+    allreduce (NO_SHARD, ZeRO 0-2's buckets) takes the ring's steps (NCCL's tree: fewer)."""
+    from ddpbench.simulator.sharded import DS_ALLREDUCE_BUCKET
+
+    units = len({t.layer for t in wl.tensors})
+    stage = knobs.get("stage", 0)
+    if backend == "fsdp" and knobs.get("sharding_strategy") != "NO_SHARD" or \
+            backend == "zero" and stage == 3:
+        return float(units), _SHARDED_PER_UNIT
+    if backend == "fsdp":
+        return float(units), ring_steps
+    bucket = DS_ALLREDUCE_BUCKET if stage == 0 else knobs.get("reduce_bucket_size", 1)
+    return float(min(units, math.ceil(wl.total_params / bucket)) + 1), ring_steps
 
 
 def _parts(wl: Any, backend: str, knobs: dict[str, Any], servers: int) -> int:

@@ -45,6 +45,10 @@ __all__ = ["STRATEGIES", "Strategy", "register", "strategy_class"]
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
+STRATEGIES: dict[str, dict[str, Any]] = {}
+"""Backend name -> the knobs a simulation honours and their defaults (from the contract),
+for every registered strategy."""
+
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     """Register a strategy class under ``cls.name`` (a duplicate name is an error)."""
@@ -53,6 +57,7 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     if cls.name in _REGISTRY:
         raise ValueError(f"strategy {cls.name!r} is already registered")
     _REGISTRY[cls.name] = cls
+    STRATEGIES[cls.name] = contract.defaults(cls.name, "sim")
     return cls
 
 
@@ -79,6 +84,9 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
     symmetric: ClassVar[bool] = False
+    gates_compute: ClassVar[bool] = False
+    """Whether compute asks :meth:`forward_gate`, :meth:`backward_gate` and tells
+    :meth:`forward_done` (schemes that gather parameters before compute)."""
 
     def __init__(self, sim: SimContext, knobs: BaseModel) -> None:
         self.sim, self.knobs = sim, knobs
@@ -98,6 +106,19 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def grad_ready(self, w: int, layer: int) -> None:
         """Worker ``w`` has produced layer ``layer``'s gradients: start sending them."""
+
+    def forward_gate(self, w: int, layer: int, t: int) -> simpy.Event | None:
+        """Return what the forward of ``layer`` in iteration ``t`` waits for (None: nothing
+        beyond the layer's update), where :attr:`gates_compute`."""
+        return None
+
+    def forward_done(self, w: int, layer: int, t: int) -> None:  # noqa: B027 - optional
+        """Worker ``w`` has computed ``layer``'s forward of iteration ``t``."""
+
+    def backward_gate(self, w: int, layer: int, t: int) -> simpy.Event | None:
+        """Return what the backward of ``layer`` in iteration ``t`` waits for (None:
+        nothing), where :attr:`gates_compute`."""
+        return None
 
     def host_stages(self) -> tuple[list[Stages], list[Stages]]:
         """Return, per layer, the stages a host of several GPUs runs to reduce the layer
@@ -1511,8 +1532,3 @@ class _ByteSchedulerCore:
             self.credit -= part.numel
             self.strategy.post(self.w, part)
 
-
-STRATEGIES: dict[str, dict[str, Any]] = {
-    name: contract.defaults(name, "sim") for name in _REGISTRY
-}
-"""Backend name -> the knobs a simulation honours and their defaults (from the contract)."""

@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 HELP = ("time the network simulator (ResNet-50 horovod at 8..1024 workers and hierarchical on "
-        "1024 hosts x 8 GPUs with jitter, VGG-19 p3 at 8 and 64 hosts, kvstore's events)")
+        "1024 hosts x 8 GPUs with jitter, VGG-19 p3 at 8 and 64 hosts, kvstore's events, "
+        "GPT-2 XL fsdp and zero-3 on 128 hosts x 8 H100)")
 # cpu s is this process's CPU time: on a shared machine wall time also counts waiting for a core.
 
 # (case, workload, backend, cluster and knobs, target wall seconds, expected events).
@@ -15,6 +16,9 @@ HELP = ("time the network simulator (ResNet-50 horovod at 8..1024 workers and hi
 # (each rank's clock is simulated; the collective waits for the slowest).
 _HIER = {"hosts": 1024, "gpus_per_host": 8, "hierarchical": True, "jitter": 0.05,
          "transport": "tcp", "intra_link": "nvlink"}
+# Sharded data parallelism: every rank alike, one event per collective (issue 55).
+_SHARDED = {"hosts": 128, "gpus_per_host": 8, "intra_link": "nvlink", "transport": "rdma",
+            "device": "H100"}
 CASES: list[tuple[str, str, str, dict[str, Any], float, int | None]] = [
     ("resnet50 horovod", "resnet50", "horovod", {"workers": 8}, 1.0, 1766),
     ("resnet50 horovod", "resnet50", "horovod", {"workers": 64}, 2.0, 9226),
@@ -26,6 +30,8 @@ CASES: list[tuple[str, str, str, dict[str, Any], float, int | None]] = [
     ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 4}, 5.0, 2767),
     ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 16}, 5.0, 32928),
     ("vgg19 kvstore", "vgg19", "kvstore", {"workers": 64}, 10.0, 470616),
+    ("gpt2_xl fsdp 128x8", "gpt2_xl", "fsdp", _SHARDED, 5.0, 7652),
+    ("gpt2_xl zero-3 128x8", "gpt2_xl", "zero", {**_SHARDED, "stage": 3}, 5.0, 5443),
 ]
 
 

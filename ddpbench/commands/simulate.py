@@ -147,6 +147,9 @@ def main(args: argparse.Namespace) -> int:
         "iteration_time_s": res.iteration_time_s, "throughput": res.throughput,
         "bytes_sent_max": max(sent.values()) if sent else None, "events": res.events,
     }
+    note = _memory_note(args.workload, args.backend, knobs, res, cluster.get("device"))
+    if note is not None:
+        out["memory_note"] = note
     if args.json:
         print(json.dumps(out))
     else:
@@ -161,7 +164,20 @@ def main(args: argparse.Namespace) -> int:
               f"{res.throughput:,.1f} samples/s, "
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
         _notes(args, cluster, servers)
+        if note is not None:
+            print(f"warning: {note}")
     return _write_trace(res, args.trace, quiet=args.json) if args.trace else 0
+
+
+def _memory_note(workload: str, backend: str, knobs: dict[str, Any], res: Any,
+                 device: str | None) -> str | None:
+    """Return the warning of :func:`ddpbench.simulator.sharded.memory_note` for this point
+    (a replica's or a shard's model states beyond the device's memory), or None."""
+    from ddpbench.simulator import load_workload
+    from ddpbench.simulator.sharded import memory_note
+
+    params = load_workload(workload).total_params
+    return memory_note(params, res.workers, backend, knobs, device, res.gpus_per_host)
 
 
 def _write_trace(res: Any, path: str, *, quiet: bool) -> int:

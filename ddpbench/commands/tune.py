@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the cluster as a YAML mapping of Cluster and Schedule fields "
                              "(flags given beside it override its values)")
     parser.add_argument("--backends", default=None, metavar="A,B",
-                        help="backends to compare (default all six)")
+                        help="backends to compare (default every backend of the contract)")
     parser.add_argument("--trials", type=int, default=None, metavar="N",
                         help="finished trials the study holds in the end (default 100; a "
                              "re-run with more adds the difference)")

@@ -18,6 +18,9 @@ The names and arguments are Horovod's (``horovod.torch``); the store is any back
         F.cross_entropy(model(x), y).backward()     # gradients leave as they are ready
         opt.step()                                   # waits for them, then updates
 
+Sharded data parallelism (ZeRO stages, FSDP's strategies) is
+:class:`FullyShardedDataParallel` over a ``zero`` or ``fsdp`` store (``ddpbench.torch.sharded``).
+
 Needs the ``torch`` extra (``pip install 'ddpbench[torch]'``). CPU tensors are shared with
 the backends as NumPy arrays (no copies); CUDA tensors go to CuPy through DLPack.
 """
@@ -32,6 +35,7 @@ except ImportError as err:  # pragma: no cover - the torch extra is missing
 from ddpbench.torch.compression import Compression, Compressor
 from ddpbench.torch.functions import broadcast_optimizer_state, broadcast_parameters
 from ddpbench.torch.optimizer import DistributedOptimizer
+from ddpbench.torch.sharded import FullyShardedDataParallel
 
-__all__ = ["Compression", "Compressor", "DistributedOptimizer", "broadcast_optimizer_state",
-           "broadcast_parameters"]
+__all__ = ["Compression", "Compressor", "DistributedOptimizer", "FullyShardedDataParallel",
+           "broadcast_optimizer_state", "broadcast_parameters"]

@@ -153,6 +153,9 @@ def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: An
                              published=published)
     lines.append("How sure: " + _lower_first(band.describe()))
     lines.append(_compute_bound_line(request, best, base))
+    memory = _memory_line(request, best, rank)
+    if memory:
+        lines.append(memory)
     if rec is not None and rec.verdict is not None:
         warn = ("" if rec.safe else f"no configuration among the fastest "
                 f"{min(len(rank), answer.MAX_VERDICTS)} is numerically safe, so the fastest "
@@ -317,9 +320,65 @@ def _backends_section(doc: Document, request: Mapping[str, Any], df: Any, rank: 
                      "throughput": float(r["throughput"]),
                      "default_ms": _ms(d["iteration_time_s"]) if d is not None else math.nan,
                      "x its default": answer.gain(r, d) if d is not None else math.nan,
-                     "trials": int((ok["backend"] == b).sum())})
+                     "trials": int((ok["backend"] == b).sum()),
+                     **_memory_cells(request, b, r)})
+    device = (request.get("cluster") or {}).get("device")
+    memory = (" `model_states_gb`: each GPU's parameters, gradients and Adam states in mixed "
+              "precision, 2 + 2 + 12 bytes per parameter divided by the ranks for what the "
+              "configuration shards (ZeRO paper, section 3); `fits`: within the "
+              f"{device}'s memory, activations not counted." if rows and "fits" in rows[0]
+              else "")
     doc.table(pd.DataFrame(rows), caption="Fastest backend first; `default_ms`: its default "
-              "configuration's iteration time.")
+              "configuration's iteration time." + memory)
+
+
+def _memory_line(request: Mapping[str, Any], best: Any, rank: Any) -> str:
+    """Return the answer's memory line where the fastest configuration's model states do not
+    fit the device (:func:`_memory_cells`), naming the fastest that fits; else ''."""
+    cells = _memory_cells(request, str(best["backend"]), best)
+    if not cells or cells["fits"]:
+        return ""
+    device = (request.get("cluster") or {}).get("device")
+    line = (f"Memory: its model states need {cells['model_states_gb']:,.1f} GB per GPU, more "
+            f"than the {device}'s {_device_gb(device):g} GB (ZeRO paper, section 3: 2 + 2 + 12 "
+            f"bytes per parameter in mixed-precision Adam, divided by the ranks for what is "
+            f"sharded): it would not fit.")
+    for _, r in rank.iterrows():
+        if _memory_cells(request, str(r["backend"]), r).get("fits"):
+            return (line + f" The fastest that fits is `{r['configuration']}`, "
+                    f"{_ms(r['iteration_time_s']):.4g} ms.")
+    return line + " No configuration tried fits."
+
+
+def _device_gb(device: Any) -> float:
+    from ddpbench.simulator.sharded import DEVICE_MEMORY_GB
+
+    return DEVICE_MEMORY_GB.get(str(device), math.nan)
+
+
+def _memory_cells(request: Mapping[str, Any], backend: str, r: Any) -> dict[str, Any]:
+    """Return the ``model_states_gb`` and ``fits`` cells of a backend's best configuration
+    (:func:`ddpbench.simulator.sharded.model_state_bytes` against the device's memory), or
+    none where the workload or the device's memory is unknown."""
+    from ddpbench.simulator import load_workload
+    from ddpbench.simulator.sharded import DEVICE_MEMORY_GB, model_state_bytes
+
+    c = request.get("cluster") or {}
+    device = c.get("device")
+    if device not in DEVICE_MEMORY_GB:
+        return {}
+    try:
+        params = load_workload(str(request.get("workload"))).total_params
+    except (OSError, ValueError):
+        return {}
+    knobs = {k: r[k] for k in ("stage", "sharding_strategy")
+             if k in r.index and r[k] == r[k] and r[k] is not None}
+    if "stage" in knobs:
+        knobs["stage"] = int(knobs["stage"])
+    gpus = int(c.get("gpus_per_host", 1))
+    ranks = int(c.get("workers") or int(c.get("hosts") or 1) * gpus)
+    need = model_state_bytes(params, ranks, backend, knobs, gpus)
+    return {"model_states_gb": need / 1e9, "fits": need <= DEVICE_MEMORY_GB[device] * 1e9}
 
 
 def _failed_section(doc: Document, request: Mapping[str, Any], df: Any) -> None:

@@ -336,6 +336,13 @@ def test_strategies_table_matches_contract():
                    "compression": "none", "merged_push_pull": False,
                    "force_distributed": False},
         "collective": {"nrings": 2, "fuse_grad_size_mb": 0.0},
+        "zero": {"stage": 0, "reduce_bucket_size": 500_000_000,
+                 "allgather_bucket_size": 500_000_000, "overlap_comm": None,
+                 "reduce_scatter": True, "prefetch_bucket_size": 50_000_000,
+                 "max_live_parameters": 1_000_000_000, "param_persistence_threshold": 100_000},
+        "fsdp": {"sharding_strategy": "FULL_SHARD", "backward_prefetch": "BACKWARD_PRE",
+                 "forward_prefetch": False, "limit_all_gathers": True, "wrap": "layer",
+                 "min_num_params": 100_000_000},
     }
 
 

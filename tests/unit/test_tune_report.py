@@ -412,3 +412,32 @@ def test_an_unsafe_configuration_is_passed_over_and_marked_never_recommended(
     exp = load_experiment(folder / "best.yaml").spec
     assert exp.backends["horovod"]["gradient_predivide_factor"] == (64.0, 1.0)
     assert exp.backends["horovod"]["compression"] == ("fp16", "none")
+
+
+def test_the_answer_says_when_a_replica_does_not_fit_and_which_configuration_does(
+        tmp_path: Path) -> None:
+    import pandas as pd
+
+    profile = tmp_path / "big.yaml"  # 6.7e9 parameters: a replica needs 107.2 GB
+    profile.write_text("name: big\nbatch_size: 1\nlayers:\n  - {name: a, fwd_ms: 1, bwd_ms: 2,"
+                       " tensors: [{name: w, numel: 6700000000}]}\n", encoding="utf-8")
+    request = {"workload": str(profile),
+               "cluster": {"workers": 128, "hosts": 16, "gpus_per_host": 8, "device": "H100"}}
+    rank = pd.DataFrame([
+        {"backend": "horovod", "configuration": "horovod (default)", "stage": math.nan,
+         "sharding_strategy": math.nan, "iteration_time_s": 1.0},
+        {"backend": "zero", "configuration": "zero[stage=1]", "stage": 1.0,
+         "sharding_strategy": math.nan, "iteration_time_s": 1.1},
+        {"backend": "fsdp", "configuration": "fsdp (default)", "stage": math.nan,
+         "sharding_strategy": "FULL_SHARD", "iteration_time_s": 1.2}])
+    cells = [report._memory_cells(request, r["backend"], r) for _, r in rank.iterrows()]
+    assert [c["fits"] for c in cells] == [False, True, True]
+    assert cells[0]["model_states_gb"] == pytest.approx(16 * 6.7)
+    assert cells[1]["model_states_gb"] == pytest.approx(4 * 6.7 + 12 * 6.7 / 128)
+    assert cells[2]["model_states_gb"] == pytest.approx(16 * 6.7 / 128)
+    line = report._memory_line(request, rank.iloc[0], rank)
+    assert "107.2 GB per GPU, more than the H100's 80 GB" in line
+    assert "The fastest that fits is `zero[stage=1]`, 1100 ms." in line
+    assert report._memory_line(request, rank.iloc[2], rank) == ""
+    request["cluster"]["device"] = "M60"  # no datasheet figure here: no claim either way
+    assert report._memory_cells(request, "horovod", rank.iloc[0]) == {}

@@ -228,3 +228,15 @@ def test_the_bench_grid_is_two_backends_of_two_knobs_of_five_values_in_range():
         for knob in GRID[backend]:
             assert spec[knob]["low"] <= knobs[knob] <= spec[knob]["high"]
         contract.validate_knobs(backend, knobs, side="sim")
+
+
+def test_sharded_schemes_are_searched_beside_the_allreduce_ones():
+    s = build_space(["horovod", "zero", "fsdp"], EIGHT_GPUS)
+    assert s.backends == ("horovod", "zero", "fsdp")
+    zero = {p.knob: p for p in s.of("zero")}
+    assert zero["stage"].choices == (0, 1, 2, 3)
+    assert "reduce_bucket_size" in zero
+    assert s.of("fsdp")[0].knob == "sharding_strategy"
+    assert set(s.of("fsdp")[0].choices) == {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD",
+                                            "NO_SHARD"}
+    assert "zero" in build_space(list(contract.BACKENDS), EIGHT_GPUS).backends

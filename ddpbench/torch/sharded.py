@@ -1,0 +1,164 @@
+"""Sharded data parallelism for torch modules: FSDP's and ZeRO's front end over ``zero``/``fsdp``.
+
+:class:`FullyShardedDataParallel` wraps a module the way
+``torch.distributed.fsdp.FullyShardedDataParallel`` does (``wrap="layer"``: every module
+that owns parameters is one unit, as ``transformer_auto_wrap_policy`` wraps each block)
+and keeps its parameters in a ``zero`` or ``fsdp`` store, which holds the optimizer too
+(:class:`ddpbench.SGD`; each rank keeps the state of the elements it owns):
+
+- construction broadcasts rank 0's parameters (the store registers them) and sets the
+  optimizer; with parameters held sharded (``zero`` stage 3, FSDP's FULL_SHARD and
+  HYBRID_SHARD) every parameter is then freed (an empty tensor);
+- before a unit's forward, a pre-forward hook all-gathers its parameters (and, as
+  DeepSpeed's prefetch of ``prefetch_bucket_size`` elements or FSDP's ``forward_prefetch``,
+  the next units' in the same call): ``stage3.py``'s ``fetch_sub_module``, FSDP's
+  ``_pre_forward_unshard`` (``_runtime_utils.py``);
+- :meth:`step` hands every gradient to one ``push_pull`` (the store reduce-scatters in its
+  buckets, updates its shard and, below stage 3, all-gathers the new weights into the
+  parameters), then frees the sharded parameters again.
+
+The gathered parameters live from their unit's forward to the step (through backward),
+so this front end does not bound them by ``max_live_parameters``; gradients are reduced
+after backward, not overlapped with it. N ranks on batch/N equal one process on the whole
+batch (tests/mpi/test_zero.py). CPU tensors are shared with the store without copies;
+CUDA tensors are staged through host memory by the store.
+
+Example:
+    >>> kv = ddpbench.create("zero", stage=3, param_persistence_threshold=0)
+    >>> model = dt.FullyShardedDataParallel(net, ddpbench.SGD(lr=0.1, momentum=0.9), kv=kv)
+    >>> for x, y in loader:                           # this rank's shard of the batch
+    ...     model.zero_grad()
+    ...     F.mse_loss(model(x), y).backward()
+    ...     model.step()
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ddpbench.api import KVStore, create
+from ddpbench.optim import SGD
+from ddpbench.torch._tensors import as_array, check_reducible
+
+__all__ = ["FullyShardedDataParallel"]
+
+
+def _units(module: torch.nn.Module) -> list[list[tuple[str, torch.nn.Parameter]]]:
+    """Each module that owns parameters, in ``named_modules`` order, with its parameters."""
+    out = []
+    for path, sub in module.named_modules():
+        own = [(f"{path}.{n}" if path else n, p) for n, p in sub.named_parameters(recurse=False)]
+        if own:
+            out.append(own)
+    return out
+
+
+class FullyShardedDataParallel(torch.nn.Module):
+    """Wrap ``module``; its parameters live in a sharding store (see the module docstring).
+
+    Args:
+        module: the model (every rank builds the same one; rank 0's values win).
+        optimizer: the update the store applies (:class:`ddpbench.SGD` or a dict of it).
+        kv: a ``zero`` or ``fsdp`` store; default: ``ddpbench.create(backend, **knobs)``.
+        backend: ``"zero"`` or ``"fsdp"`` when ``kv`` is not given.
+        root_rank: whose initial parameters every rank takes.
+        **knobs: the backend's knobs (``stage=3``, ``sharding_strategy="SHARD_GRAD_OP"``).
+
+    Raises:
+        ValueError: a store that does not shard (no ``gather``), or a bad knob.
+        TypeError: a parameter dtype no backend reduces.
+    """
+
+    def __init__(self, module: torch.nn.Module, optimizer: SGD | dict, *,
+                 kv: KVStore | None = None, backend: str = "zero", root_rank: int = 0,
+                 **knobs: Any) -> None:
+        super().__init__()
+        store: Any = kv if kv is not None else create(backend, **knobs)
+        if not store.is_capable("gather"):
+            raise ValueError(f"FullyShardedDataParallel needs a sharding store ('zero' or "
+                             f"'fsdp'), got {store.type!r}")
+        self.module = module
+        self.kv: Any = store
+        self._units = _units(module)
+        self._named = [item for unit in self._units for item in unit]
+        for name, p in self._named:
+            check_reducible(name, p)
+        self._shapes = {name: tuple(p.shape) for name, p in self._named}
+        names = [n for n, _ in self._named]
+        with torch.no_grad():
+            self.kv.broadcast(names, [as_array(p.data) for _, p in self._named],
+                              root_rank=root_rank)
+        self.kv.set_optimizer(optimizer)
+        self.sharded = bool(self.kv.holds_sharded_params)
+        self._live: set[int] = set()
+        self.stats = {"gathers": 0, "gathered_elements": 0}
+        if self.sharded:
+            self._free()
+            for i, sub in enumerate(self._owners()):
+                sub.register_forward_pre_hook(self._pre_forward(i))
+
+    def _owners(self) -> list[torch.nn.Module]:
+        """The modules of :func:`_units`, in the same order."""
+        return [sub for _, sub in self.module.named_modules()
+                if any(True for _ in sub.parameters(recurse=False))]
+
+    def _pre_forward(self, index: int) -> Any:
+        def hook(_module: torch.nn.Module, _args: Any) -> None:
+            self._gather(index)
+        return hook
+
+    def _gather(self, index: int) -> None:
+        """All-gather unit ``index`` and the following units within the prefetch budget."""
+        if index in self._live:
+            return
+        budget, units = self.kv.prefetch_plan()
+        todo: list[int] = []
+        held = 0
+        for j in range(index, len(self._units)):
+            size = sum(math.prod(self._shapes[n]) for n, _ in self._units[j])
+            if j in self._live or (todo and (held + size > budget or len(todo) >= units)):
+                break
+            todo.append(j)
+            held += size
+        named = [item for j in todo for item in self._units[j]]
+        with torch.no_grad():
+            for name, p in named:
+                p.data = torch.empty(self._shapes[name], dtype=p.dtype, device=p.device)
+            self.kv.gather([n for n, _ in named], [as_array(p.data) for _, p in named])
+        self._live.update(todo)
+        self.stats["gathers"] += 1
+        self.stats["gathered_elements"] += held
+
+    def _free(self) -> None:
+        """Drop the whole parameters (the store keeps this rank's shard)."""
+        with torch.no_grad():
+            for _, p in self._named:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._live.clear()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def step(self) -> None:
+        """Reduce every gradient and update (collective: every rank calls it).
+
+        A parameter without a gradient sends zeros, so every rank makes the same call.
+        """
+        grads, outs = [], []
+        for name, p in self._named:
+            g = p.grad
+            if g is None:
+                g = torch.zeros(self._shapes[name], dtype=p.dtype, device=p.device)
+            grads.append(as_array(g.detach().contiguous()))
+            outs.append(as_array(p.data) if not self.sharded else as_array(g.detach().clone()))
+        self.kv.push_pull([n for n, _ in self._named], grads, output=outs, op="average")
+        if self.sharded:
+            self._free()
+
+    def gather_parameters(self) -> None:
+        """Make every parameter whole now (e.g. to evaluate or save). Collective."""
+        for i in range(len(self._units)):
+            self._gather(i)

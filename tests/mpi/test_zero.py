@@ -1,0 +1,74 @@
+"""Sharded data parallelism on 1-4 ranks: allgather and reduce_scatter on every backend that
+has them against NumPy references, and the ``zero``/``fsdp`` engines against one process on
+the whole batch."""
+
+import pytest
+from mpiutil import SCRIPTS, results, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+GATHERING = ["mpi", "horovod", "collective", "zero", "fsdp"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_allgather_and_reduce_scatter_match_numpy_on_every_backend_that_has_them(n):
+    # uneven rows per rank (rank r sends r + 1), sizes not divisible by the ranks, 0 and
+    # 0-d, four dtypes, sum/average/max/min
+    out = run_mpi(n, SCRIPTS / "zero_check.py", "collectives", timeout=300)
+    done = {r["backend"]: r["checks"] for r in results(out, "collectives", size=n)}
+    assert sorted(done) == sorted(GATHERING), out[-3000:]
+    assert set(done.values()) == {139}
+    missing = results(out, "missing")
+    assert sorted(r["backend"] for r in missing) == ["byteps"] * 2 + ["kvstore"] * 2 + ["p3"] * 2
+    assert all("use one of the backends that have it: ['mpi', 'horovod'" in r["message"]
+               for r in missing)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_stage_and_strategy_on_n_ranks_equals_one_process_on_the_whole_batch(n):
+    out = run_mpi(n, SCRIPTS / "zero_check.py", "train", timeout=300)
+    rows = results(out, "train", size=n)
+    # 13 configurations (+ HYBRID_SHARD over 2-rank hosts, by knob and by environment,
+    # and over 1-rank hosts) x 2 optimizers
+    expected = 13 + 2 * (n % 2 == 0) + (n > 1)
+    assert len(rows) == 2 * expected, out[-3000:]
+    # each equals one process on the whole batch, and DDP (mpi's allreduce, a local step)
+    assert all(r["max_abs_diff"] < 1e-5 and r["diff_to_ddp"] < 1e-5 for r in rows)
+    by = {(r["backend"], tuple(sorted(r["knobs"].items())), r["momentum"]): r for r in rows}
+    stage2 = by[("zero", (("stage", 2),), 0.9)]
+    stage3 = by[("zero", (("param_persistence_threshold", 0), ("prefetch_bucket_size", 20),
+                          ("reduce_bucket_size", 40), ("stage", 3)), 0.9)]
+    total = 7 * 11 + 11 + 11 * 5 + 5  # the MLP's parameters
+    # stage 2: one reduce-scatter and one all-gather per step (one bucket); this rank owns
+    # its ceil(total / n) partition of the flat group
+    assert stage2["stats"]["reduce_scatter"] == 6 and stage2["stats"]["allgather"] == 6
+    assert stage2["shard_elements"] == min(-(-total // n), total)
+    # stage 3 with 40-element gradient buckets: w1 (77), b1, w2 (55), b2 one bucket each;
+    # gathers in 20-element prefetch buckets: 4 per gather, 7 gathers
+    assert stage3["stats"]["reduce_scatter"] == 24 and stage3["stats"]["allgather"] == 28
+    if n % 2 == 0:  # two hosts of 2 ranks (n = 4) or one (n = 2): shards across them too
+        by_env = by[("fsdp", (("_env", "2"), ("sharding_strategy", "HYBRID_SHARD")), 0.9)]
+        by_knob = by[("fsdp", (("ranks_per_host", 2), ("sharding_strategy", "HYBRID_SHARD")),
+                      0.9)]
+        assert by_env["stats"] == by_knob["stats"]
+        assert (by_knob["stats"]["allreduce"] > 0) == (n == 4)
+    # the default threshold (1e5 elements) keeps every parameter of this MLP whole
+    persistent = by[("zero", (("stage", 3),), 0.9)]
+    assert persistent["shard_elements"] == 0 and persistent["stats"]["reduce_scatter"] == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_torch_fully_sharded_data_parallel_on_n_ranks_equals_one_process(n):
+    pytest.importorskip("torch")
+    out = run_mpi(n, SCRIPTS / "torch_sharded_check.py", timeout=300)
+    rows = results(out, "torch_sharded", size=n)
+    assert len(rows) == 11, out[-3000:]
+    assert all(r["max_abs_diff"] < 1e-5 for r in rows)
+    by = {(r["backend"], tuple(sorted(r["knobs"].items()))): r["stats"] for r in rows}
+    # FULL_SHARD: one all-gather per parameter (6) before each unit's forward, 8 steps + 1
+    # final gather; with forward_prefetch each call gathers two units, so fewer calls
+    full, ahead = by[("fsdp", ())], by[("fsdp", (("forward_prefetch", True),))]
+    assert full["gathers"] == 27 and ahead["gathers"] == 18
+    assert full["allgather"] == ahead["allgather"] == 54 and full["reduce_scatter"] == 48
+    # ZeRO-3: one all-gather bucket per unit (prefetch 5e7), 9 gathers in all
+    assert by[("zero", (("param_persistence_threshold", 0), ("stage", 3)))]["allgather"] == 9
