@@ -31,6 +31,8 @@ from pathlib import Path
 
 import yaml
 
+from ddpbench.profiling.llm import LLAMA_VOCAB, LLAMAS
+
 PROFILES = Path(__file__).resolve().parent / "profiles"
 BATCH_IMAGES = 128
 GPU = ("the single GPU of PipeDream's published profiles (model not recorded; a V100-class "
@@ -547,22 +549,13 @@ MFU = 0.47
 parameters at sequence length 4096, bf16). One constant for every profile built here: a
 step's time is its model FLOPs over ``MFU x`` the device's dense peak at the profile's
 precision. It is the best figure Megatron-LM reports, communication included, so for one
-device's compute alone it errs on the slow side of what the kernels reach."""
+device's compute alone it errs on the slow side of what the kernels reach. It is a bf16
+figure: a profile generated at another precision applies it to that precision's peak (at
+fp8, optimistic); the shipped profiles are bf16 and a point's ``precision`` rescales them
+by :func:`ddpbench.hardware.precision_factor` instead."""
 
-# Llama-style decoder-only transformers: (hidden, intermediate, layers, heads, kv heads).
-# Llama 2 (Touvron et al. 2023, Table 1 and section 2.2: 7B, 13B, 70B; grouped-query
-# attention with 8 key-value heads for 70B) as its Hugging Face configs state them
-# (meta-llama/Llama-2-{7b,13b,70b}-hf config.json: hidden_size, intermediate_size,
-# num_hidden_layers, num_attention_heads, num_key_value_heads; vocab_size 32000, untied
-# lm_head); 1B is TinyLlama-1.1B (Zhang et al. 2024, Table 1; TinyLlama/TinyLlama-1.1B
-# config.json), Llama 2's architecture and tokenizer at 22 layers with 4 kv heads.
-LLAMAS: dict[str, tuple[int, int, int, int, int]] = {
-    "1b": (2048, 5632, 22, 32, 4),
-    "7b": (4096, 11008, 32, 32, 32),
-    "13b": (5120, 13824, 40, 40, 40),
-    "70b": (8192, 28672, 80, 64, 8),
-}
-LLAMA_VOCAB = 32_000
+# Llama-style decoder-only transformers: their shapes and sources are
+# ddpbench.profiling.llm's LLAMAS (which also builds them as torch modules to measure).
 LLAMA_SEQ_LEN, LLAMA_MICRO_BATCH = 4096, 1  # Llama 2's context length; one sequence
 
 
@@ -580,9 +573,14 @@ class _Roofline:
         from ddpbench import hardware
 
         dev = hardware.device(device)
+        if precision not in hardware.ACTIVATION_BYTES:
+            raise ValueError(f"unknown precision {precision!r}; known: "
+                             f"{list(hardware.ACTIVATION_BYTES)}")
         peak = dev.peak_tflops(precision)
         if peak is None:
-            raise ValueError(f"device {device!r} has no {precision} peak")
+            have = [d.name for d in hardware.DEVICES.values() if d.peak_tflops(precision)]
+            raise ValueError(f"precision {precision!r}: device {device!r} has no {precision} "
+                             f"arithmetic; devices with it: {have}")
         self.device, self.precision = device, precision
         self.flops, self.bps = peak * 1e12, dev.mem_gbps * 1e9
         self.nbytes = hardware.ACTIVATION_BYTES[precision]
@@ -605,8 +603,8 @@ class _Roofline:
         layers = []
         for lname, tensors, mm, ew in self.raw:
             fwd = (mm / self.flops + ew * self.nbytes / self.bps) * scale * 1e3
-            layers.append({"name": lname, "fwd_ms": round(fwd, 5), "bwd_ms": round(2 * fwd, 5),
-                           "tensors": tensors})
+            layers.append({"name": lname, "fwd_ms": float(f"{fwd:.6g}"),
+                           "bwd_ms": float(f"{2 * fwd:.6g}"), "tensors": tensors})
         prof: dict = {"name": name, "batch_size": batch,
                       "gpu": f"{self.device}, {self.precision} (a compute model at MFU {MFU:g})",
                       "device": self.device, "matmul_fraction": round(t_mm / (t_mm + t_ew), 3),
@@ -677,36 +675,40 @@ def llama(size: str, seq_len: int = LLAMA_SEQ_LEN, micro_batch: int = LLAMA_MICR
                        f"Llama-style decoder-only transformer, {n / 1e9:.2f}B parameters "
                        f"(hidden {h}, intermediate {ff}, {nlayers} layers, {heads} heads, "
                        f"{kv_heads} key-value heads, vocabulary {v}, untied lm_head; sources in "
-                       "simulator/make_profiles.py LLAMAS). Batch: "
+                       "ddpbench/profiling/llm.py LLAMAS). Batch: "
                        f"{micro_batch} sequence(s) of {seq_len} tokens per worker.", seq_len)
 
 
 VIT_L = (1024, 4096, 24, 16, 16, 224)  # hidden, MLP, layers, heads, patch, image side
 """ViT-L/16 (Dosovitskiy et al. 2021, Table 1: 24 layers, hidden 1024, MLP 4096, 16 heads),
-at 224 x 224 with a 1000-class head, as timm's vit_large_patch16_224 builds it."""
+at 224 x 224 with a 1000-class head, as torchvision's vit_l_16 builds it (its parameter
+names and order, so ``ddpbench profile torchvision:vit_l_16 --compare vit_l`` lines up)."""
 
 
 def vit_l(batch: int = 64, device: str = LLM_DEVICE, precision: str = LLM_PRECISION) -> dict:
-    """Return the ViT-L/16 profile at ``batch`` images of 224 x 224 per worker (timm's
-    parameter names and order)."""
+    """Return the ViT-L/16 profile at ``batch`` images of 224 x 224 per worker."""
     h, ff, nlayers, heads, patch, side = VIT_L
     seq = (side // patch) ** 2 + 1
     tok = batch * seq
     net = _Roofline(device, precision)
-    net.add("patch_embed", [{"name": "cls_token", "numel": h}, {"name": "pos_embed", "numel": seq * h},
-                            {"name": "patch_embed.proj.weight", "numel": 3 * patch * patch * h},
-                            {"name": "patch_embed.proj.bias", "numel": h}],
+    net.add("conv_proj", [{"name": "class_token", "numel": h},
+                          {"name": "conv_proj.weight", "numel": 3 * patch * patch * h},
+                          {"name": "conv_proj.bias", "numel": h},
+                          {"name": "encoder.pos_embedding", "numel": seq * h}],
             2 * batch * (seq - 1) * 3 * patch * patch * h, batch * 3 * side * side + tok * h)
     for i in range(nlayers):
-        p = f"blocks.{i}"
-        tensors = _norm(f"{p}.norm1", h) + _lin(f"{p}.attn.qkv", h, 3 * h) \
-            + _lin(f"{p}.attn.proj", h, h) + _norm(f"{p}.norm2", h) \
-            + _lin(f"{p}.mlp.fc1", h, ff) + _lin(f"{p}.mlp.fc2", ff, h)
+        p = f"encoder.layers.encoder_layer_{i}"
+        tensors = _norm(f"{p}.ln_1", h) + [
+            {"name": f"{p}.self_attention.in_proj_weight", "numel": 3 * h * h},
+            {"name": f"{p}.self_attention.in_proj_bias", "numel": 3 * h}] \
+            + _lin(f"{p}.self_attention.out_proj", h, h) + _norm(f"{p}.ln_2", h) \
+            + _lin(f"{p}.mlp.0", h, ff) + _lin(f"{p}.mlp.3", ff, h)
         mm = 2 * tok * (4 * h * h + 2 * h * ff) + 4 * tok * seq * h
         # Two LayerNorms, the softmax over every head's scores, GELU, two residual adds.
         ew = tok * (4 * h + 3 * heads * seq + 2 * ff + 6 * h)
         net.add(p, tensors, mm, ew)
-    net.add("head", _norm("norm", h) + _lin("head", h, 1000), 2 * batch * h * 1000, tok * h * 2)
+    net.add("heads", _norm("encoder.ln", h) + _lin("heads.head", h, 1000),
+            2 * batch * h * 1000, tok * h * 2)
     return net.profile("vit_l", batch, "ViT-L/16 at 224 x 224 (197 tokens), 1000 classes; "
                        f"batch {batch} images per worker.", None)
 
