@@ -189,3 +189,23 @@ def test_a_small_llama_module_trains_and_profiles():
     assert not m.no_grad  # every weight, GQA's shared k and v included, got a gradient
     with pytest.raises(ValueError, match="heads must divide"):
         llm.llama_module((64, 128, 2, 5, 1))
+
+
+# NVIDIA NeMo Framework's performance summary (docs.nvidia.com/nemo-framework/user-guide/24.09
+# and 24.12, performance/performance_summary.html: pre-training at FP8 on DGX-H100, micro
+# batch 1, sequence length 4096): tokens/s per GPU and model TFLOP/s per GPU. The 7B row is
+# pure data parallelism on one node (8 GPUs, TP 1, PP 1); 13B (16 GPUs, PP 4) and 70B
+# (64 GPUs, TP 4, PP 4) carry pipeline bubbles and tensor-parallel traffic that a single
+# device's compute model lacks.
+NEMO_FP8_H100 = [("7b", 16934, 780), ("13b", 8715, 760), ("70b", 1728, 768)]
+
+
+@pytest.mark.parametrize("size,tokens_s,tflops", NEMO_FP8_H100)
+def test_llama_fp8_throughput_on_an_h100_matches_nemos_published(size, tokens_s, tflops):
+    r = simulate(f"llama_{size}", "mpi", workers=1, bandwidth_gbps=100, device="H100",
+                 precision="fp8")
+    assert 4096 / r.iteration_time_s == pytest.approx(tokens_s, rel=0.25)
+    # NeMo's model FLOPs per token (its TFLOP/s over its tokens/s) are the closed form's
+    h, ff, layers, heads, kv_heads = LLAMAS[size]
+    per_token = make_profiles.llama_flops_per_token(h, ff, layers, heads, kv_heads, 4096)
+    assert per_token == pytest.approx(tflops * 1e12 / tokens_s, rel=0.03)
