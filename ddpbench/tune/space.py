@@ -8,8 +8,8 @@ machine never pushes, so its partitioning and scheduling do nothing, unless
 ``force_distributed``). Parameter-server backends get the servers' placement as a parameter
 when the cluster has dedicated server hosts: colocated, or 1 up to that many of them.
 Horovod's ``gradient_predivide_factor`` runs from 1 to the world size and is searched under
-fp16 compression (or mixed precision, where ``compression`` is not searched: gradients are
-float16 already); it changes no time, only what the answer's numerics verdict judges.
+fp16 compression (or mixed, fp16, bf16 or fp8 precision, where ``compression`` is not
+searched: gradients are 16-bit already); it changes no time, only what the answer's numerics verdict judges.
 
 ``--fix`` and ``--range`` narrow the space; both are checked here, before any trial, against
 the contract (:func:`ddpbench.contract.validate_knobs`): an unknown knob lists the valid
