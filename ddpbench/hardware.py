@@ -113,10 +113,13 @@ ACTIVATION_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, 
 """Bytes per activation element of the memory-bound part of a training step at a precision
 (:func:`precision_factor`). TF32 is a mode of fp32 matrix products only: tensors stay fp32
 (NVIDIA's A100 whitepaper). fp16 and bf16 training keep activations in 16 bits. FP8 training
-with Transformer Engine runs only the GEMMs of its modules in fp8 and everything else
-(normalisations, activations, softmax, residuals) in the 16-bit precision the model is
-otherwise in (NVIDIA/TransformerEngine docs/examples/fp8_primer.ipynb, "FP8 is used only for
-GEMMs"), so its element-wise bytes are bf16's."""
+with Transformer Engine runs its linear layers in fp8 and returns their outputs in high
+precision; attention and every other operation (normalisation, softmax) run in the
+parameters' precision (NVIDIA/TransformerEngine
+docs/features/low_precision_training/introduction/introduction.rst at 1498424b, "Mixed
+precision with 8- or 4-bit precisions"), so its element-wise bytes are bf16's. (The rule
+gives a profile's whole matrix-product share fp8's peak, attention's products included,
+which Transformer Engine keeps in bf16 by default.)"""
 
 GRADIENT_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 """Bytes per gradient element that data-parallel training at a precision communicates.
@@ -126,9 +129,9 @@ FSDP2's ``MixedPrecisionPolicy`` in torch/distributed/fsdp/_fully_shard/_fsdp_ap
 DDP's buckets hold gradients in the parameters' dtype; DeepSpeed communicates in
 ``communication_data_type``, which is fp16 under its fp16 mode and bf16 under its bf16 mode
 unless the config sets it (microsoft/DeepSpeed deepspeed/runtime/engine.py,
-``communication_data_type``). fp8: Transformer Engine keeps parameters and their gradients in
-the model's 16-bit dtype (its weight-gradient GEMM writes the parameter's dtype,
-transformer_engine/pytorch/module/linear.py), so they travel as bf16. Exceptions a user may
+``communication_data_type``). fp8: Transformer Engine keeps weights in high precision and
+returns weight gradients in high precision (the same introduction.rst, "Linear layer data
+flow"), so with bf16 parameters they travel as bf16. Exceptions a user may
 meet, not modelled: Megatron-LM accumulates and reduces bf16 gradients in fp32
 (``--accumulate-allreduce-grads-in-fp32``), and PyTorch AMP (autocast) keeps fp32 parameters
 and so fp32 gradients: that is this project's ``mixed`` precision (a profile's measured
