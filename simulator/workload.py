@@ -209,6 +209,9 @@ class Workload(BaseModel):
         ``None`` keeps the profile's own device, batch or precision. The rules and their
         limits: :func:`ddpbench.hardware.compute_factor` (device and batch, at the profile's
         precision), then :func:`ddpbench.hardware.precision_factor` on the point's device.
+        Where the point's device lacks the profile's precision (a bf16 profile on a V100),
+        the precision changes first, on the profile's device, and the device rule runs at
+        the point's precision.
 
         Raises:
             ValueError: an unknown device or precision, a batch < 1, a device without the
@@ -225,12 +228,20 @@ class Workload(BaseModel):
                              "so they cannot be rescaled; add both to its profile")
         ref = hardware.device(self.device)
         dev = hardware.device(device) if device is not None else ref
-        factor = hardware.compute_factor(self.matmul_fraction, ref, dev, self.batch_size,
-                                         batch_size or self.batch_size, self.precision,
+        batches = (self.batch_size, batch_size or self.batch_size)
+        a = self.matmul_fraction
+        if precision is not None and not same_precision \
+                and dev.peak_tflops(self.precision) is None \
+                and ref.peak_tflops(precision) is not None:
+            first = hardware.precision_factor(a, ref, self.precision, precision)
+            mm = a * _peak(ref, self.precision) / _peak(ref, precision)
+            return first * hardware.compute_factor(mm / first, ref, dev, *batches, precision,
+                                                   saturation=self.seq_len is None)
+        factor = hardware.compute_factor(a, ref, dev, *batches, self.precision,
                                          saturation=self.seq_len is None)
         if same_precision or precision is None:
             return factor
-        a = hardware.matmul_fraction_on(self.matmul_fraction, ref, dev, self.precision)
+        a = hardware.matmul_fraction_on(a, ref, dev, self.precision)
         return factor * hardware.precision_factor(a, dev, self.precision, precision)
 
     def resized(self, size_scale: float) -> Workload:
@@ -268,6 +279,12 @@ def _prod(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _peak(dev: hardware.Device, precision: str) -> float:
+    peak = dev.peak_tflops(precision)
+    assert peak is not None  # the caller checked
+    return peak
 
 
 def _ms(raw: dict, key: str, where: str) -> float:

@@ -209,3 +209,20 @@ def test_llama_fp8_throughput_on_an_h100_matches_nemos_published(size, tokens_s,
     h, ff, layers, heads, kv_heads = LLAMAS[size]
     per_token = make_profiles.llama_flops_per_token(h, ff, layers, heads, kv_heads, 4096)
     assert per_token == pytest.approx(tflops * 1e12 / tokens_s, rel=0.03)
+
+
+def test_a_bf16_profile_on_a_device_without_bf16_changes_precision_first():
+    """A V100 has no bf16: llama_7b's times go to fp16 on the H100 first (the precision
+    rule), then to the V100 by the peak rule at fp16."""
+    wl = load_workload("llama_7b")
+    h100 = hardware.device("H100")
+    a = wl.matmul_fraction
+    first = hardware.precision_factor(a, h100, "bf16", "fp16")
+    assert first == pytest.approx(a * 1.0 + (1 - a) * 1.0)  # same peak, same bytes
+    a16 = a * 989.5 / 989.5 / first
+    want = first * (a16 * 989.5 / 125.0 + (1 - a16) * 3350.0 / 900.0)
+    assert wl.compute_factor("V100", None, "fp16") == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="device 'V100' has no bf16"):
+        wl.compute_factor("V100", None, "bf16")
+    # fp32 on a V100: to fp32 on the H100, then the device rule at fp32
+    assert wl.compute_factor("V100", None, "fp32") > wl.compute_factor("H100", None, "fp32")
