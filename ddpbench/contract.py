@@ -1128,9 +1128,15 @@ class Schedule(BaseModel):
         batch_size: samples per worker per iteration; ``None`` = the profile's own. Compute
             times follow :func:`ddpbench.hardware.compute_factor`; gradient sizes do not
             change with the batch.
-        precision: ``"mixed"`` trains in mixed precision: compute takes 1 / the profile's
-            measured ``mixed_precision_speedup`` of its time (only on the profile's own
-            device) and gradients move as fp16, half the bytes; simulated only.
+        precision: the arithmetic the point trains in; simulated only. ``"fp32"`` (the
+            default), ``"tf32"``, ``"fp16"``, ``"bf16"`` or ``"fp8"`` on any device that has
+            it: compute is rescaled from the profile's own precision by
+            :func:`ddpbench.hardware.precision_factor` (nothing changes where they agree)
+            and gradients travel at :data:`ddpbench.hardware.GRADIENT_BYTES` of it (2 bytes
+            for fp16, bf16 and fp8, 4 for fp32 and tf32). ``"mixed"`` trains in mixed
+            precision as measured: compute takes 1 / the profile's measured
+            ``mixed_precision_speedup`` of its time (only on the profile's own device) and
+            gradients move as fp16, half the bytes.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -1146,8 +1152,9 @@ class Schedule(BaseModel):
     batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, strict=True, json_schema_extra={
         "expect": f"a positive integer of at most {MAX_BATCH:,} (samples per worker per "
                   f"iteration), or none: the profile's"})
-    precision: Literal["fp32", "mixed"] = Field("fp32", json_schema_extra={
-        "expect": "fp32 or mixed"})
+    precision: Literal["fp32", "mixed", "tf32", "fp16", "bf16", "fp8"] = Field(
+        "fp32", json_schema_extra={"expect": "one of fp32, tf32, fp16, bf16, fp8 or mixed "
+                                             "(a profile's measured mixed-precision speedup)"})
 
     @classmethod
     def from_point(cls, params: Mapping[str, Any]) -> Schedule:

@@ -7,7 +7,8 @@ the experiment schema, ``ddpbench simulate`` and a measured machine profile (``d
 calibrate``) all speak of the same things:
 
 - a :class:`Device` is what computes a worker's forward and backward pass: its datasheet
-  fp32 peak and memory bandwidth, and the batch below which it is no longer saturated;
+  fp32 peak, dense tensor-core peaks per precision (TF32, fp16, bf16, fp8, fp4) and memory
+  bandwidth, and the batch below which it is no longer saturated;
 - a :class:`Transport` is how a host's NIC is driven: the fraction of line rate its
   payload reaches, the sender CPU time each message costs, and how much of the
   per-direction rate is left when both directions are busy;
@@ -29,9 +30,23 @@ throughputs, one constant per device), where both have one directly or through
 the peaks); otherwise the peaks alone: ``R = a x F_ref / F_dev + (1 - a) x M_ref / M_dev``
 with ``a`` the fraction of the profile's time in matrix products (convolutions, linear
 layers, LSTM gates; recorded in the profile), ``F`` the fp32 peak FLOP/s and ``M`` the
-memory bandwidth. Limits: one measured model (ResNet-50) stands for every profile on a
-device; the rule knows nothing of tensor cores (TF32, fp16 AMP: the A100 and H100 rows are
-their fp32 peaks), of memory capacity (a batch that would not fit is not refused), of kernel
+memory bandwidth. A profile taken at another precision than fp32 (:attr:`Workload.precision
+<ddpbench.simulator.workload.Workload>`) always takes the peak rule, with ``F`` the peaks at
+its precision.
+
+Rescaling rule of precision (:func:`precision_factor`), when a point's ``precision`` is not
+its profile's, applied on the point's device after the device rule:
+
+``t' / t = a' x F(p) / F(p') + (1 - a') x B(p') / B(p)``
+
+with ``a'`` the matrix-product share on that device (:func:`matmul_fraction_on`), ``F(p)``
+its dense peak at precision ``p`` (:meth:`Device.peak_tflops`: fp32 without tensor cores,
+TF32, fp16, bf16, fp8 tensor cores) and ``B(p)`` the bytes per activation element
+(:data:`ACTIVATION_BYTES`). Gradients then travel at :data:`GRADIENT_BYTES` of the point's
+precision. Limits: one measured model (ResNet-50) stands for every profile on a
+device; tensor-core products are assumed to reach the same share of their peak as the
+profile's own products reach of theirs (they reach less: the checks in
+docs/results/2026-12-02-devices-precision.md), the rule knows nothing of memory capacity (a batch that would not fit is not refused), of kernel
 launch overheads that dominate tiny layers, or of cuDNN choosing other algorithms at other
 batch sizes; away from the profile's device and batch, expect the error to grow (the unit
 tests check it against published single-device throughputs within the stated tolerance).
@@ -44,7 +59,9 @@ from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 __all__ = [
+    "ACTIVATION_BYTES",
     "DEVICES",
+    "GRADIENT_BYTES",
     "INTRA_LINKS",
     "MXNET_REDUCTION_THREADS",
     "MXNET_SERVER_BYTES",
@@ -57,6 +74,7 @@ __all__ = [
     "NCCL_TREE_SINCE",
     "OVERLAP_SLOWDOWN",
     "OVERLAP_SOURCE",
+    "PRECISIONS",
     "PROFILED_RESNET50_S",
     "TCP_FLOW_SPREAD",
     "TRANSPORTS",
@@ -67,7 +85,9 @@ __all__ = [
     "Transport",
     "compute_factor",
     "device",
+    "gradient_bytes",
     "intra_link",
+    "matmul_fraction_on",
     "mxnet_cpu_sum_bytes",
     "nccl_algorithms",
     "nccl_allreduce",
@@ -77,12 +97,45 @@ __all__ = [
     "nccl_ring",
     "nccl_tree_latency",
     "overlap_slowdown_of",
+    "precision_factor",
     "slowest_share",
     "transport",
 ]
 
 
 _T = TypeVar("_T")
+
+
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
+"""Arithmetic precisions a :class:`Device` states a peak for (:meth:`Device.peak_tflops`)."""
+
+ACTIVATION_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+"""Bytes per activation element of the memory-bound part of a training step at a precision
+(:func:`precision_factor`). TF32 is a mode of fp32 matrix products only: tensors stay fp32
+(NVIDIA's A100 whitepaper). fp16 and bf16 training keep activations in 16 bits. FP8 training
+with Transformer Engine runs its linear layers in fp8 and returns their outputs in high
+precision; attention and every other operation (normalisation, softmax) run in the
+parameters' precision (NVIDIA/TransformerEngine
+docs/features/low_precision_training/introduction/introduction.rst at 1498424b, "Mixed
+precision with 8- or 4-bit precisions"), so its element-wise bytes are bf16's. (The rule
+gives a profile's whole matrix-product share fp8's peak, attention's products included,
+which Transformer Engine keeps in bf16 by default.)"""
+
+GRADIENT_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+"""Bytes per gradient element that data-parallel training at a precision communicates.
+fp16 and bf16: the parameters' dtype. PyTorch FSDP reduces gradients in ``reduce_dtype``,
+which is ``param_dtype`` unless set (torch/distributed/fsdp/api.py, ``MixedPrecision``;
+FSDP2's ``MixedPrecisionPolicy`` in torch/distributed/fsdp/_fully_shard/_fsdp_api.py alike);
+DDP's buckets hold gradients in the parameters' dtype; DeepSpeed communicates in
+``communication_data_type``, which is fp16 under its fp16 mode and bf16 under its bf16 mode
+unless the config sets it (microsoft/DeepSpeed deepspeed/runtime/engine.py,
+``communication_data_type``). fp8: Transformer Engine keeps weights in high precision and
+returns weight gradients in high precision (the same introduction.rst, "Linear layer data
+flow"), so with bf16 parameters they travel as bf16. Exceptions a user may
+meet, not modelled: Megatron-LM accumulates and reduces bf16 gradients in fp32
+(``--accumulate-allreduce-grads-in-fp32``), and PyTorch AMP (autocast) keeps fp32 parameters
+and so fp32 gradients: that is this project's ``mixed`` precision (a profile's measured
+speedup, fp16 gradients) or ``fp32`` bytes with reduced-precision compute."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +162,13 @@ class Device:
             nearest architecture that the peak rule scales from; for ``pipedream``, the
             device it stands for (a profile's mixed-precision speedup, measured there,
             applies to it).
+        tf32_tflops, fp16_tflops, bf16_tflops, fp8_tflops, fp4_tflops: dense (no 2:4
+            sparsity) peak TFLOP/s of matrix products at that precision from the datasheet
+            named in :attr:`source` (NVIDIA states the sparse figures, twice these, with an
+            asterisk), or None where the device has no such tensor cores
+            (:func:`precision_factor` refuses that precision there).
+        peaks_source: where those reduced-precision peaks come from (kept apart from
+            :attr:`source`, the fp32 figures every shipped report names).
     """
 
     name: str
@@ -120,6 +180,23 @@ class Device:
     compute_capability: float | None = None
     resnet50: tuple[tuple[int, float], ...] = ()
     like: str | None = None
+    tf32_tflops: float | None = None
+    fp16_tflops: float | None = None
+    bf16_tflops: float | None = None
+    fp8_tflops: float | None = None
+    fp4_tflops: float | None = None
+    peaks_source: str = ""
+
+    def peak_tflops(self, precision: str) -> float | None:
+        """Return the dense peak TFLOP/s of matrix products at ``precision`` (``fp32``,
+        ``tf32``, ``fp16``, ``bf16``, ``fp8``, ``fp4``), or None where the device has no
+        such arithmetic (tensor cores or, for fp16 on Pascal, packed half arithmetic)."""
+        if precision == "fp32":
+            return self.fp32_tflops
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; known: {list(PRECISIONS)}")
+        value: float | None = getattr(self, f"{precision}_tflops")
+        return value
 
     def speed(self) -> float | None:
         """Return ResNet-50 images/s at an unbounded batch, from :attr:`resnet50` and the
@@ -181,6 +258,11 @@ _RN50_M60 = ((32, 68.34),)
 PROFILED_RESNET50_S = 0.443419
 _RN50_PIPEDREAM = ((128, 128 / PROFILED_RESNET50_S),)
 
+_A100_PEAKS = ("NVIDIA A100 datasheet (SXM): TF32 156, BF16 312 and FP16 312 TFLOP/s of "
+               "tensor-core products (312, 624, 624 with sparsity); no fp8")
+_HOPPER_PEAKS = ("NVIDIA {} datasheet: TF32 989, BF16 1,979, FP16 1,979 and FP8 3,958 "
+                 "TFLOP/s of tensor-core products with sparsity; dense is half of each")
+
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("pipedream", 15.7, 900.0, _b0_measured(_RN50_V100),
            "the GPU of PipeDream's published profiles, which every shipped workload profile "
@@ -188,7 +270,9 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
            "5.1): the V100's peaks and half-saturation batch, and ResNet-50 at 288.7 images/s "
            "at batch 128, below the V100's published speed",
            overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0,
-           resnet50=_RN50_PIPEDREAM, like="V100"),
+           resnet50=_RN50_PIPEDREAM, like="V100", fp16_tflops=125.0,
+           peaks_source="the V100 SXM2's (NVIDIA Tesla V100 datasheet: 125 TFLOP/s of "
+                        "fp16 tensor-core products)"),
     Device("P4000", 5.3, 243.0, _b0(5.3),
            "NVIDIA Quadro P4000 datasheet (5.3 TFLOP/s fp32, 243 GB/s GDDR5): the P3 paper's GPU",
            overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.1, like="P100"),
@@ -205,25 +289,63 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("P100", 10.6, 732.0, _b0_measured(_RN50_P100),
            "NVIDIA Tesla P100 SXM2 datasheet (10.6 TFLOP/s fp32, 732 GB/s HBM2); ResNet-50 at "
            "195 and 219 images/s at batch 32 and 64 (TensorFlow's benchmarks page, DGX-1)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.0, resnet50=_RN50_P100),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=6.0, resnet50=_RN50_P100,
+           fp16_tflops=21.2,
+           peaks_source="NVIDIA Tesla P100 datasheet: 21.2 TFLOP/s half precision (packed "
+                        "fp16 arithmetic, no tensor cores)"),
     Device("V100", 15.7, 900.0, _b0_measured(_RN50_V100),
            "NVIDIA Tesla V100 SXM2 datasheet (15.7 TFLOP/s fp32, 900 GB/s HBM2); ResNet-50 at "
            "298.51 and 343.19 images/s at batch 32 and 64 (MXNet 1.2's performance page, "
            "p3.2xlarge)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0, resnet50=_RN50_V100),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0, resnet50=_RN50_V100,
+           fp16_tflops=125.0,
+           peaks_source="NVIDIA Tesla V100 datasheet: 125 TFLOP/s of fp16 tensor-core "
+                        "products (SXM2); no bf16, tf32 or fp8"),
     Device("V100-PCIe", 14.0, 900.0, _b0(14.0),
            "NVIDIA Tesla V100 PCIe datasheet (14 TFLOP/s fp32, 900 GB/s HBM2): the V100 of "
            "PCIe servers, its clock below the SXM2 board's",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0, like="V100"),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.0, like="V100",
+           fp16_tflops=112.0,
+           peaks_source="NVIDIA Tesla V100 datasheet: 112 TFLOP/s of fp16 tensor-core "
+                        "products (PCIe)"),
     Device("T4", 8.1, 320.0, _b0(8.1),
            "NVIDIA T4 datasheet (8.1 TFLOP/s fp32, 320 GB/s GDDR6)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.5, like="V100"),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=7.5, like="V100",
+           fp16_tflops=65.0,
+           peaks_source="NVIDIA T4 datasheet: 65 TFLOP/s mixed precision (fp16 tensor "
+                        "cores)"),
     Device("A100", 19.5, 1555.0, _b0(19.5),
            "NVIDIA A100 40GB SXM datasheet (19.5 TFLOP/s fp32 without TF32, 1,555 GB/s)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=8.0, like="V100"),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=8.0, like="V100",
+           tf32_tflops=156.0, fp16_tflops=312.0, bf16_tflops=312.0,
+           peaks_source=_A100_PEAKS),
+    Device("A100-80GB", 19.5, 2039.0, _b0(19.5),
+           "NVIDIA A100 80GB SXM datasheet (19.5 TFLOP/s fp32 without TF32, 2,039 GB/s "
+           "HBM2e)",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=8.0, like="V100",
+           tf32_tflops=156.0, fp16_tflops=312.0, bf16_tflops=312.0,
+           peaks_source=_A100_PEAKS),
     Device("H100", 67.0, 3350.0, _b0(67.0),
            "NVIDIA H100 SXM datasheet (67 TFLOP/s fp32 without TF32, 3,350 GB/s HBM3)",
-           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=9.0, like="V100"),
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=9.0, like="V100",
+           tf32_tflops=494.5, fp16_tflops=989.5, bf16_tflops=989.5,
+           fp8_tflops=1979.0, peaks_source=_HOPPER_PEAKS.format("H100 SXM")),
+    Device("H200", 67.0, 4800.0, _b0(67.0),
+           "NVIDIA H200 SXM datasheet (67 TFLOP/s fp32, 141 GB HBM3e at 4,800 GB/s): the "
+           "H100's compute with more and faster memory",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=9.0, like="V100",
+           tf32_tflops=494.5, fp16_tflops=989.5, bf16_tflops=989.5,
+           fp8_tflops=1979.0, peaks_source=_HOPPER_PEAKS.format("H200 SXM")),
+    Device("B200", 75.0, 7700.0, _b0(75.0),
+           "NVIDIA HGX B200, one GPU of it (NVIDIA Blackwell datasheet, individual GPU "
+           "specifications of HGX B200: 75 TFLOP/s fp32, 180 GB HBM3e at 7.7 TB/s, "
+           "configurable up to 1,000 W)",
+           overlap_slowdown=OVERLAP_SLOWDOWN, compute_capability=10.0, like="V100",
+           tf32_tflops=1100.0, fp16_tflops=2250.0, bf16_tflops=2250.0, fp8_tflops=4500.0,
+           fp4_tflops=9000.0,
+           peaks_source="NVIDIA Blackwell datasheet (HGX B200 per GPU, with sparsity): "
+                        "TF32 2.2, FP16/BF16 4.5, FP8/FP6 9 and FP4 18 PFLOP/s; dense is "
+                        "half of each"),
     Device("cpu", 0.2, 4.1, _b0(0.2),
            "this project's build machine (2 cores of an AMD EPYC): 200 GFLOP/s for a "
            "1024x1024 fp32 np.matmul and 4.1 GB/s for np.copyto of 256 MiB, measured with "
@@ -855,9 +977,13 @@ def intra_link(name: str) -> IntraLink:
     return _lookup(INTRA_LINKS, "intra_link", name)
 
 
-def _peak_ratio(a: float, ref: Device, dev: Device) -> float:
-    """Return t_dev / t_ref by the peaks: ``a F_ref / F_dev + (1 - a) M_ref / M_dev``."""
-    return a * ref.fp32_tflops / dev.fp32_tflops + (1.0 - a) * ref.mem_gbps / dev.mem_gbps
+def _peak_ratio(a: float, ref: Device, dev: Device, precision: str = "fp32") -> float:
+    """Return t_dev / t_ref by the peaks: ``a F_ref / F_dev + (1 - a) M_ref / M_dev``, ``F``
+    the peaks at ``precision``."""
+    if precision == "fp32":
+        return a * ref.fp32_tflops / dev.fp32_tflops + (1.0 - a) * ref.mem_gbps / dev.mem_gbps
+    f_ref, f_dev = _peak(ref, precision), _peak(dev, precision)
+    return a * f_ref / f_dev + (1.0 - a) * ref.mem_gbps / dev.mem_gbps
 
 
 def _measured_base(a: float, dev: Device) -> tuple[Device, float] | None:
@@ -870,11 +996,15 @@ def _measured_base(a: float, dev: Device) -> tuple[Device, float] | None:
     return base, _peak_ratio(a, base, dev)
 
 
-def _time_ratio(a: float, ref: Device, dev: Device) -> float:
+def _time_ratio(a: float, ref: Device, dev: Device, precision: str = "fp32") -> float:
     """Return t_dev / t_ref at an unbounded batch: measured speeds where both devices have
-    them (directly or through :attr:`Device.like`), else the peak rule."""
+    them (directly or through :attr:`Device.like`), else the peak rule; a profile taken at
+    another precision than fp32 always by the peak rule at its precision (the measured
+    speeds are fp32 ones)."""
     if ref is dev:
         return 1.0
+    if precision != "fp32":
+        return _peak_ratio(a, ref, dev, precision)
     r, d = _measured_base(a, ref), _measured_base(a, dev)
     if r is None or d is None:
         return _peak_ratio(a, ref, dev)
@@ -884,7 +1014,7 @@ def _time_ratio(a: float, ref: Device, dev: Device) -> float:
 
 
 def compute_factor(matmul_fraction: float, ref: Device, dev: Device, batch: int,
-                   new_batch: int) -> float:
+                   new_batch: int, precision: str = "fp32", *, saturation: bool = True) -> float:
     """Return the factor on one iteration's compute times from ``ref``/``batch`` to ``dev``/``new_batch``.
 
     The rule and its limits are in the module docstring.
@@ -895,13 +1025,82 @@ def compute_factor(matmul_fraction: float, ref: Device, dev: Device, batch: int,
         dev: the device to rescale to.
         batch: the profile's per-worker batch.
         new_batch: the point's per-worker batch.
+        precision: the precision the profile's times were taken at; both devices compute
+            at it (the precision itself changes by :func:`precision_factor`).
+        saturation: apply the half-saturation batch; False for samples that are long token
+            sequences (time linear in the batch, ``b' / b``).
 
     Raises:
-        ValueError: a fraction outside [0, 1] or a batch < 1.
+        ValueError: a fraction outside [0, 1], a batch < 1, or a device without
+            ``precision``.
     """
     if not 0.0 <= matmul_fraction <= 1.0:
         raise ValueError(f"matmul_fraction must be in [0, 1], got {matmul_fraction!r}")
     if batch < 1 or new_batch < 1:
         raise ValueError(f"batch sizes must be >= 1, got {batch} and {new_batch}")
-    speed = _time_ratio(matmul_fraction, ref, dev)
+    speed = _time_ratio(matmul_fraction, ref, dev, precision)
+    if not saturation:
+        return speed * new_batch / batch
     return speed * (new_batch + dev.saturation_batch) / (batch + ref.saturation_batch)
+
+
+def _peak(dev: Device, precision: str) -> float:
+    """Return ``dev``'s dense peak at ``precision``, or raise naming the devices that have it."""
+    peak = dev.peak_tflops(precision)
+    if peak is None:
+        have = [d.name for d in DEVICES.values() if d.peak_tflops(precision) is not None]
+        raise ValueError(f"precision {precision!r}: device {dev.name!r} has no {precision} "
+                         f"arithmetic (tensor cores); devices with it: {have}")
+    return peak
+
+
+def matmul_fraction_on(matmul_fraction: float, ref: Device, dev: Device,
+                       precision: str = "fp32") -> float:
+    """Return the share of time in matrix products once a profile taken on ``ref`` (with
+    ``matmul_fraction`` of its time in them) runs on ``dev`` at the same precision, by the
+    peak rule: ``a F_ref / F_dev`` over ``a F_ref / F_dev + (1 - a) M_ref / M_dev``."""
+    if ref is dev:
+        return matmul_fraction
+    mm = matmul_fraction * _peak(ref, precision) / _peak(dev, precision)
+    rest = (1.0 - matmul_fraction) * ref.mem_gbps / dev.mem_gbps
+    return mm / (mm + rest) if mm + rest > 0 else 0.0
+
+
+def precision_factor(matmul_fraction: float, dev: Device, precision: str,
+                     new_precision: str) -> float:
+    """Return the factor on compute times on ``dev`` from ``precision`` to ``new_precision``.
+
+    ``t' / t = a x F(p) / F(p') + (1 - a) x B(p') / B(p)``: the share ``a`` of the time in
+    matrix products (:func:`matmul_fraction_on` for the device) runs at the ratio of the
+    device's dense peaks (:meth:`Device.peak_tflops`), the rest (element-wise kernels,
+    normalisations, optimizer) is bound by memory bandwidth and scales with the bytes per
+    activation element (:data:`ACTIVATION_BYTES`). The rule and its checks against
+    published throughputs: docs/concepts/cluster-model.md.
+
+    Raises:
+        ValueError: an unknown precision, or one ``dev`` has no arithmetic for (naming the
+            devices that have it).
+    """
+    for p in (precision, new_precision):
+        if p not in ACTIVATION_BYTES:
+            raise ValueError(f"unknown precision {p!r}; known: {list(ACTIVATION_BYTES)}")
+    if precision == new_precision:
+        return 1.0
+    if not 0.0 <= matmul_fraction <= 1.0:
+        raise ValueError(f"matmul_fraction must be in [0, 1], got {matmul_fraction!r}")
+    mm = matmul_fraction * _peak(dev, precision) / _peak(dev, new_precision)
+    rest = (1.0 - matmul_fraction) * ACTIVATION_BYTES[new_precision] / ACTIVATION_BYTES[precision]
+    return mm + rest
+
+
+def gradient_bytes(precision: str) -> int:
+    """Return the bytes per gradient element that data-parallel training at ``precision``
+    communicates (:data:`GRADIENT_BYTES`); ``mixed`` keeps fp32 items (its halving is the
+    workload's, see ``simulator.core``)."""
+    if precision == "mixed":
+        return 4
+    try:
+        return GRADIENT_BYTES[precision]
+    except KeyError:
+        raise ValueError(f"unknown precision {precision!r}; known: "
+                         f"{[*GRADIENT_BYTES, 'mixed']}") from None

@@ -136,11 +136,14 @@ def _validate(cluster: contract.Cluster | None, schedule: contract.Schedule | No
 
 
 def _rescaled(wl: Workload, c: contract.Cluster, sched: contract.Schedule) -> Workload:
-    """Return ``wl`` with compute times for the point's device and batch (the hardware rule)."""
+    """Return ``wl`` with compute times for the point's device, batch and precision (the
+    hardware rules); ``mixed`` divides by the profile's measured speedup instead."""
     wl = wl.resized(sched.size_scale)
     factor = sched.compute_scale
-    if c.device is not None or sched.batch_size is not None:
-        factor *= wl.compute_factor(c.device, sched.batch_size)
+    target = None if sched.precision == "mixed" else sched.precision
+    if c.device is not None or sched.batch_size is not None \
+            or target not in (None, wl.precision):
+        factor *= wl.compute_factor(c.device, sched.batch_size, target)
     if sched.precision == "mixed":
         if wl.mixed_precision_speedup is None:
             raise ValueError(f"precision: workload {wl.name!r} records no "
@@ -158,10 +161,12 @@ def _rescaled(wl: Workload, c: contract.Cluster, sched: contract.Schedule) -> Wo
 def _compressed(wl: Workload, parsed: Any, sched: contract.Schedule) -> Workload:
     """Return ``wl`` as a backend's ``compression`` sends it: ``fp16`` casts floating-point
     gradients to float16 before they travel and back after (horovod/torch/compression.py,
-    byteps/torch/compression.py), half the bytes; under mixed precision they are float16
-    already and the cast changes nothing. The casts' GPU time is not charged (an
+    byteps/torch/compression.py), half the bytes; under mixed precision, and where the
+    point's precision already sends 16-bit gradients (fp16, bf16, fp8), the cast changes
+    nothing. The casts' GPU time is not charged (an
     element-wise kernel over the gradients, far below a millisecond per iteration)."""
-    if getattr(parsed, "compression", "none") != "fp16" or sched.precision == "mixed":
+    if getattr(parsed, "compression", "none") != "fp16" or sched.precision == "mixed" \
+            or hardware.gradient_bytes(sched.precision) <= 2:
         return wl
     return wl.resized(0.5)
 
@@ -178,7 +183,8 @@ class _Sim:
 
     def __init__(self, workload: Workload | None, cluster: contract.Cluster, *,
                  symmetric: bool = True, summation: float = math.inf,
-                 trace: bool = True, transport: hardware.Transport | None = None) -> None:
+                 trace: bool = True, transport: hardware.Transport | None = None,
+                 itemsize: int = ITEMSIZE) -> None:
         c = cluster
         tr = transport or hardware.transport(c.transport)
         link = hardware.intra_link(c.intra_link)
@@ -191,7 +197,7 @@ class _Sim:
         self.workers = c.workers if symmetric else self.num_hosts
         self._init_links(c, tr, link)
         self._init_servers(c, tr, summation)
-        self._init_hosts(c, symmetric)
+        self._init_hosts(c, symmetric, itemsize)
         self.timeline: list[Span] = []
         self.trace_steps = self.trace_sums = trace
         self._seq = 0
@@ -250,9 +256,10 @@ class _Sim:
         self.server_thread = (update_gbps * 1e9 / 8 * hardware.MXNET_SERVER_BYTES["update"]
                               if tr.server_cpu and summation < math.inf else 0.0)
 
-    def _init_hosts(self, c: contract.Cluster, symmetric: bool) -> None:
-        """Name the hosts (workers', then dedicated servers') and zero their byte counts."""
-        self.itemsize = ITEMSIZE
+    def _init_hosts(self, c: contract.Cluster, symmetric: bool, itemsize: int = ITEMSIZE) -> None:
+        """Name the hosts (workers', then dedicated servers') and zero their byte counts;
+        ``itemsize`` is the bytes per gradient element every strategy sends."""
+        self.itemsize = itemsize
         self.dedicated = 0 if symmetric else c.dedicated_servers()
         self.num_servers = self.dedicated or self.num_hosts
         nhosts = self.num_hosts + self.dedicated
@@ -747,7 +754,8 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
     if machine is not None or c.machine is not None:
         c, wl, transport, summation = _on_machine(machine or c.machine, backend, c, wl)
     sim = _Sim(wl, c, symmetric=cls.symmetric, summation=summation * 1e9 / 8,
-               trace=trace, transport=transport)
+               trace=trace, transport=transport,
+               itemsize=hardware.gradient_bytes(sched.precision))
     ends = _without_gc(lambda: sim.run_training(cls(sim, parsed), sched.iterations))
     return _result(sim, ends, sched, backend=backend, symmetric=cls.symmetric, parsed=parsed,
                    batch=batch)

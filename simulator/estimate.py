@@ -147,7 +147,7 @@ def estimate(workload: Any, backend: str, **kwargs: Any) -> Estimate | None:
 
         h = cluster.num_hosts
         servers = cluster.dedicated_servers() or h
-        parts = _parts(wl, backend, parsed, servers)
+        parts = _parts(wl, backend, parsed, servers, hardware.gradient_bytes(sched.precision))
         loopback = hardware.transport(cluster.transport).loopback and not cluster.dedicated_servers()
         f = 1.0 if cluster.dedicated_servers() or loopback else 1.0 - 1.0 / h
         t = 0.0 if cluster.transport == "ideal" else 1.0
@@ -177,10 +177,10 @@ def _sharded_collectives(wl: Any, backend: str, knobs: dict[str, Any],
     return float(min(units, math.ceil(wl.total_params / bucket)) + 1), ring_steps
 
 
-def _parts(wl: Any, backend: str, knobs: dict[str, Any], servers: int) -> int:
-    """Return the parts one iteration pushes per host (the backend's placement rule)."""
+def _parts(wl: Any, backend: str, knobs: dict[str, Any], servers: int, itemsize: int) -> int:
+    """Return the parts one iteration pushes per host (the backend's placement rule), its
+    gradients ``itemsize`` bytes per element."""
     from ddpbench.rules.placement import part_count
-    from ddpbench.simulator.workload import ITEMSIZE
 
     if backend == "kvstore":
         rule = "tensorflow" if knobs.get("system") == "tensorflow" else "kvstore"
@@ -189,7 +189,7 @@ def _parts(wl: Any, backend: str, knobs: dict[str, Any], servers: int) -> int:
         rule, opts = "p3", {"slice_params": knobs["slice_params"]}
     elif backend == "byteps":
         rule = "byteps"
-        opts = {"partition_elems": max(1, knobs["partition_bytes"] // ITEMSIZE)}
+        opts = {"partition_elems": max(1, knobs["partition_bytes"] // itemsize)}
     else:  # a parameter-server strategy registered elsewhere: one part per tensor
         return len(wl.tensors)
     return sum(part_count(rule, t.numel, servers=servers, **opts) for t in wl.tensors)

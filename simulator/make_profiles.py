@@ -31,6 +31,8 @@ from pathlib import Path
 
 import yaml
 
+from ddpbench.profiling.llm import LLAMA_VOCAB, LLAMAS
+
 PROFILES = Path(__file__).resolve().parent / "profiles"
 BATCH_IMAGES = 128
 GPU = ("the single GPU of PipeDream's published profiles (model not recorded; a V100-class "
@@ -535,9 +537,185 @@ def resnet101() -> dict:
                      "the measured times of layer3.5, the same shapes."}
 
 
+# -- workloads of today: decoder-only transformers and ViT-L, at a device's bf16 peak --------
+
+LLM_DEVICE, LLM_PRECISION = "H100", "bf16"
+"""The device and precision the transformer profiles below stand for (a point rescales them
+to its own by the device and precision rules of :mod:`ddpbench.hardware`)."""
+
+MFU = 0.47
+"""Achievable model FLOP utilisation of a training step: NVIDIA/Megatron-LM's README
+("up to 47% Model FLOP Utilization (MFU) on H100 clusters", GPT models of 2B to 462B
+parameters at sequence length 4096, bf16). One constant for every profile built here: a
+step's time is its model FLOPs over ``MFU x`` the device's dense peak at the profile's
+precision. It is the best figure Megatron-LM reports, communication included, so for one
+device's compute alone it errs on the slow side of what the kernels reach. It is a bf16
+figure: a profile generated at another precision applies it to that precision's peak (at
+fp8, optimistic); the shipped profiles are bf16 and a point's ``precision`` rescales them
+by :func:`ddpbench.hardware.precision_factor` instead."""
+
+# Llama-style decoder-only transformers: their shapes and sources are
+# ddpbench.profiling.llm's LLAMAS (which also builds them as torch modules to measure).
+LLAMA_SEQ_LEN, LLAMA_MICRO_BATCH = 4096, 1  # Llama 2's context length; one sequence
+
+
+class _Roofline:
+    """Layers of a profile from FLOPs and element-wise bytes at a device's peaks.
+
+    A layer's forward takes ``mm / F + ew x B / M`` (its matrix-product FLOPs at the dense
+    peak ``F`` of the precision, its element-wise elements read or written at ``B`` bytes
+    each over the memory bandwidth ``M``), its backward twice that; then every time is
+    scaled so that the step takes its model FLOPs (3 x the forward matrix products) over
+    :data:`MFU` x ``F``. The matmul fraction is the matrix products' share at the peaks.
+    """
+
+    def __init__(self, device: str, precision: str) -> None:
+        from ddpbench import hardware
+
+        dev = hardware.device(device)
+        if precision not in hardware.ACTIVATION_BYTES:
+            raise ValueError(f"unknown precision {precision!r}; known: "
+                             f"{list(hardware.ACTIVATION_BYTES)}")
+        peak = dev.peak_tflops(precision)
+        if peak is None:
+            have = [d.name for d in hardware.DEVICES.values() if d.peak_tflops(precision)]
+            raise ValueError(f"precision {precision!r}: device {device!r} has no {precision} "
+                             f"arithmetic; devices with it: {have}")
+        self.device, self.precision = device, precision
+        self.flops, self.bps = peak * 1e12, dev.mem_gbps * 1e9
+        self.nbytes = hardware.ACTIVATION_BYTES[precision]
+        self.raw: list[tuple[str, list[dict], float, float]] = []
+
+    def add(self, name: str, tensors: list[dict], mm: float, ew: float) -> None:
+        """Add a layer of ``mm`` forward matrix-product FLOPs and ``ew`` element-wise elements."""
+        self.raw.append((name, tensors, mm, ew))
+
+    @property
+    def model_flops(self) -> float:
+        """Training FLOPs of one step: 3 x the forward matrix products (forward, and the
+        backward's two products per forward one)."""
+        return 3 * sum(mm for _, _, mm, _ in self.raw)
+
+    def profile(self, name: str, batch: int, notes: str, seq_len: int | None) -> dict:
+        t_mm = sum(3 * mm / self.flops for _, _, mm, _ in self.raw)
+        t_ew = sum(3 * ew * self.nbytes / self.bps for _, _, _, ew in self.raw)
+        scale = self.model_flops / (MFU * self.flops) / (t_mm + t_ew)
+        layers = []
+        for lname, tensors, mm, ew in self.raw:
+            fwd = (mm / self.flops + ew * self.nbytes / self.bps) * scale * 1e3
+            layers.append({"name": lname, "fwd_ms": float(f"{fwd:.6g}"),
+                           "bwd_ms": float(f"{2 * fwd:.6g}"), "tensors": tensors})
+        prof: dict = {"name": name, "batch_size": batch,
+                      "gpu": f"{self.device}, {self.precision} (a compute model at MFU {MFU:g})",
+                      "device": self.device, "matmul_fraction": round(t_mm / (t_mm + t_ew), 3),
+                      "precision": self.precision}
+        if seq_len is not None:
+            prof["seq_len"] = seq_len
+        prof["notes"] = (notes + f" Times: the step's model FLOPs ({self.model_flops:.4g} per "
+                         f"iteration) at MFU {MFU:g} of the {self.device}'s dense "
+                         f"{self.precision} peak (Megatron-LM's reported MFU), split over "
+                         "layers by their matrix products at that peak and element-wise "
+                         "bytes at its memory bandwidth; backward = 2x forward.")
+        prof["layers"] = layers
+        return prof
+
+
+def llama_params(hidden: int, inter: int, layers: int, heads: int, kv_heads: int,
+                 vocab: int = LLAMA_VOCAB) -> int:
+    """Return a Llama-style model's parameters in closed form: embeddings and an untied
+    lm_head (``2 V h``), per layer the attention (``2 h^2 + 2 h kv d``, ``d = h / heads``),
+    the gated MLP (``3 h f``) and two RMSNorms (``2 h``), and the final norm."""
+    kv = kv_heads * (hidden // heads)
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter + 2 * hidden
+    return 2 * vocab * hidden + layers * per_layer + hidden
+
+
+def llama_flops_per_token(hidden: int, inter: int, layers: int, heads: int, kv_heads: int,
+                          seq_len: int, vocab: int = LLAMA_VOCAB) -> float:
+    """Return training FLOPs per token in closed form: ``6 N_mm + 12 L h s``, ``N_mm`` the
+    parameters of the matrix products (every linear weight and lm_head; not the embedding
+    lookup or the norms) and ``12 L h s`` the attention's scores and weighted sums over the
+    full ``s`` x ``s`` (PaLM, Chowdhery et al. 2022, appendix B)."""
+    n_mm = llama_params(hidden, inter, layers, heads, kv_heads, vocab) - vocab * hidden \
+        - (2 * layers + 1) * hidden
+    return 6 * n_mm + 12 * layers * hidden * seq_len
+
+
+def llama(size: str, seq_len: int = LLAMA_SEQ_LEN, micro_batch: int = LLAMA_MICRO_BATCH,
+          device: str = LLM_DEVICE, precision: str = LLM_PRECISION) -> dict:
+    """Return the profile of Llama-style ``size`` (a key of :data:`LLAMAS`) for ``micro_batch``
+    sequences of ``seq_len`` tokens per worker: one layer per decoder layer, one tensor per
+    weight (Hugging Face LlamaForCausalLM's names and creation order)."""
+    if size not in LLAMAS:
+        raise ValueError(f"unknown Llama size {size!r}; known: {sorted(LLAMAS)}")
+    if seq_len < 1 or micro_batch < 1:
+        raise ValueError(f"seq_len and micro_batch must be >= 1, got {seq_len} and {micro_batch}")
+    h, ff, nlayers, heads, kv_heads = LLAMAS[size]
+    kv, v, tok = kv_heads * (h // heads), LLAMA_VOCAB, micro_batch * seq_len
+    net = _Roofline(device, precision)
+    net.add("model.embed_tokens", [{"name": "model.embed_tokens.weight", "numel": v * h}],
+            0, tok * h * 2)
+    for i in range(nlayers):
+        p = f"model.layers.{i}"
+        tensors = [{"name": f"{p}.self_attn.{n}_proj.weight", "numel": h * (kv if n in "kv" else h)}
+                   for n in ("q", "k", "v", "o")]
+        tensors += [{"name": f"{p}.mlp.{n}_proj.weight", "numel": h * ff}
+                    for n in ("gate", "up", "down")]
+        tensors += [{"name": f"{p}.{n}.weight", "numel": h}
+                    for n in ("input_layernorm", "post_attention_layernorm")]
+        mm = 2 * tok * (2 * h * h + 2 * h * kv + 3 * h * ff) + 4 * tok * seq_len * h
+        # Two RMSNorms, rotary embeddings of q and k, the SiLU gate, two residual adds, and
+        # the attention kernel's inputs and output (a fused attention: no s x s scores).
+        ew = tok * (4 * h + 2 * (h + kv) + 3 * ff + 6 * h + 2 * (h + kv))
+        net.add(p, tensors, mm, ew)
+    net.add("model.norm", [{"name": "model.norm.weight", "numel": h}], 0, tok * h * 2)
+    net.add("lm_head", [{"name": "lm_head.weight", "numel": v * h}], 2 * tok * h * v, tok * v * 3)
+    n = llama_params(h, ff, nlayers, heads, kv_heads)
+    return net.profile(f"llama_{size}", micro_batch,
+                       f"Llama-style decoder-only transformer, {n / 1e9:.2f}B parameters "
+                       f"(hidden {h}, intermediate {ff}, {nlayers} layers, {heads} heads, "
+                       f"{kv_heads} key-value heads, vocabulary {v}, untied lm_head; sources in "
+                       "ddpbench/profiling/llm.py LLAMAS). Batch: "
+                       f"{micro_batch} sequence(s) of {seq_len} tokens per worker.", seq_len)
+
+
+VIT_L = (1024, 4096, 24, 16, 16, 224)  # hidden, MLP, layers, heads, patch, image side
+"""ViT-L/16 (Dosovitskiy et al. 2021, Table 1: 24 layers, hidden 1024, MLP 4096, 16 heads),
+at 224 x 224 with a 1000-class head, as torchvision's vit_l_16 builds it (its parameter
+names and order, so ``ddpbench profile torchvision:vit_l_16 --compare vit_l`` lines up)."""
+
+
+def vit_l(batch: int = 64, device: str = LLM_DEVICE, precision: str = LLM_PRECISION) -> dict:
+    """Return the ViT-L/16 profile at ``batch`` images of 224 x 224 per worker."""
+    h, ff, nlayers, heads, patch, side = VIT_L
+    seq = (side // patch) ** 2 + 1
+    tok = batch * seq
+    net = _Roofline(device, precision)
+    net.add("conv_proj", [{"name": "class_token", "numel": h},
+                          {"name": "conv_proj.weight", "numel": 3 * patch * patch * h},
+                          {"name": "conv_proj.bias", "numel": h},
+                          {"name": "encoder.pos_embedding", "numel": seq * h}],
+            2 * batch * (seq - 1) * 3 * patch * patch * h, batch * 3 * side * side + tok * h)
+    for i in range(nlayers):
+        p = f"encoder.layers.encoder_layer_{i}"
+        tensors = _norm(f"{p}.ln_1", h) + [
+            {"name": f"{p}.self_attention.in_proj_weight", "numel": 3 * h * h},
+            {"name": f"{p}.self_attention.in_proj_bias", "numel": 3 * h}] \
+            + _lin(f"{p}.self_attention.out_proj", h, h) + _norm(f"{p}.ln_2", h) \
+            + _lin(f"{p}.mlp.0", h, ff) + _lin(f"{p}.mlp.3", ff, h)
+        mm = 2 * tok * (4 * h * h + 2 * h * ff) + 4 * tok * seq * h
+        # Two LayerNorms, the softmax over every head's scores, GELU, two residual adds.
+        ew = tok * (4 * h + 3 * heads * seq + 2 * ff + 6 * h)
+        net.add(p, tensors, mm, ew)
+    net.add("heads", _norm("encoder.ln", h) + _lin("heads.head", h, 1000),
+            2 * batch * h * 1000, tok * h * 2)
+    return net.profile("vit_l", batch, "ViT-L/16 at 224 x 224 (197 tokens), 1000 classes; "
+                       f"batch {batch} images per worker.", None)
+
+
 def main() -> None:
     for build in (resnet50, vgg19, seq2seq_lstm, bert_base, vgg16, resnet101, inception_v3,
-                  transformer_big, bert_large, gpt2_xl, sockeye):
+                  transformer_big, bert_large, gpt2_xl, sockeye, *_TODAY):
         prof = build()
         params = sum(t["numel"] for layer in prof["layers"] for t in layer["tensors"])
         ntensors = sum(len(layer["tensors"]) for layer in prof["layers"])
@@ -548,6 +726,10 @@ def main() -> None:
         text = yaml.safe_dump(prof, sort_keys=False, width=100, default_flow_style=None)
         (PROFILES / f"{prof['name']}.yaml").write_text(header + text)
         print(f"{prof['name']}: {len(prof['layers'])} layers, {ntensors} tensors, {params:,} params")
+
+
+_TODAY = (lambda: llama("1b"), lambda: llama("7b"), lambda: llama("13b"), lambda: llama("70b"),
+          vit_l)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
     gpu: "V100, fp32"           # what the times stand for (free text)
     device: V100                # the device of ddpbench.hardware.DEVICES they were taken on
     matmul_fraction: 0.7        # share of the time in matrix products (device rescaling)
+    precision: fp32             # the arithmetic the times were taken in (fp32 if absent)
     mixed_precision_speedup: 3  # measured mixed-precision speedup on device (precision: mixed)
     layers:                     # forward order; backward runs them in reverse
       - name: fc1
@@ -19,7 +20,10 @@ A profile is a YAML mapping (the shipped ones live in ``simulator/profiles/``)::
 ``device`` and ``matmul_fraction`` are optional; without them a point may not name a
 ``device`` or ``batch_size`` other than the profile's (see :func:`ddpbench.hardware.compute_factor`).
 ``mixed_precision_speedup`` is optional too; without it a point may not run ``precision:
-mixed``.
+mixed``. ``seq_len`` (optional) says the samples are sequences of that many tokens: such a
+profile's compute grows linearly with a point's ``batch_size`` (no half-saturation batch:
+one sequence of thousands of tokens already fills a GPU's matrix products). ``precision`` (``fp32``, ``tf32``, ``fp16``, ``bf16`` or ``fp8``; fp32 if absent) is
+what a point's own ``precision`` is rescaled from (:func:`ddpbench.hardware.precision_factor`).
 
 A profile written by ``ddpbench profile`` (:mod:`ddpbench.profiling`) also records how it
 was measured, all optional and ignored by the simulator: a top-level ``measured`` mapping
@@ -47,8 +51,12 @@ __all__ = ["WORKLOADS", "Layer", "Tensor", "Workload", "load_workload"]
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16",
                               "resnet101", "inception_v3", "transformer_big", "bert_large",
-                              "gpt2_xl", "sockeye")
-ITEMSIZE = 4  # gradients travel as fp32
+                              "gpt2_xl", "sockeye", "llama_1b", "llama_7b", "llama_13b",
+                              "llama_70b", "vit_l")
+ITEMSIZE = 4
+"""Bytes per gradient element at the default precision (fp32). A point's own item size
+follows its ``precision`` (:func:`ddpbench.hardware.gradient_bytes`): the simulator hands it
+to the strategies as ``SimContext.itemsize``."""
 
 
 class Tensor(BaseModel):
@@ -87,6 +95,11 @@ class Workload(BaseModel):
     gpu: str = ""
     device: str = ""
     matmul_fraction: float | None = Field(None, ge=0, le=1)
+    precision: str = Field("fp32", description="the arithmetic the times were taken in "
+                                               "(ddpbench.hardware.ACTIVATION_BYTES' keys)")
+    seq_len: int | None = Field(None, gt=0, description="tokens per sample, for a profile "
+                                "whose samples are token sequences (its compute then grows "
+                                "linearly with the batch)")
     mixed_precision_speedup: float | None = Field(None, gt=1, description="how much faster "
                                                   "the model trains in mixed precision than "
                                                   "in fp32 on ``device`` (measured)")
@@ -100,6 +113,9 @@ class Workload(BaseModel):
     def _check_layers(self) -> Workload:
         if self.device:
             hardware.device(self.device)
+        if self.precision not in hardware.ACTIVATION_BYTES:
+            raise ValueError(f"precision must be one of {list(hardware.ACTIVATION_BYTES)}, "
+                             f"got {self.precision!r}")
         for t in self.tensors:
             if t.layer >= len(self.layers):
                 raise ValueError(f"tensor {t.name!r} has layer {t.layer}, but there are only "
@@ -113,7 +129,7 @@ class Workload(BaseModel):
 
     @property
     def model_bytes(self) -> int:
-        """Bytes of one full gradient in fp32."""
+        """Bytes of one full gradient in fp32 (the default precision's :data:`ITEMSIZE`)."""
         return ITEMSIZE * self.total_params
 
     @classmethod
@@ -126,7 +142,7 @@ class Workload(BaseModel):
         if not isinstance(data, dict):
             raise ValueError(f"{source}: a workload profile must be a mapping, got "
                              f"{type(data).__name__}")
-        keys = {"name", "batch_size", "gpu", "device", "matmul_fraction",
+        keys = {"name", "batch_size", "gpu", "device", "matmul_fraction", "precision", "seq_len",
                 "mixed_precision_speedup", "notes", "measured", "layers"}
         unknown = set(data) - keys
         if unknown:
@@ -157,6 +173,7 @@ class Workload(BaseModel):
             return cls(name=data.get("name", source), batch_size=data.get("batch_size", 0),
                        gpu=data.get("gpu", ""), device=data.get("device", ""),
                        matmul_fraction=data.get("matmul_fraction"),
+                       precision=data.get("precision", "fp32"), seq_len=data.get("seq_len"),
                        mixed_precision_speedup=data.get("mixed_precision_speedup"),
                        notes=data.get("notes", ""),
                        measured=data.get("measured"), layers=tuple(layers), tensors=tuple(tensors))
@@ -184,26 +201,48 @@ class Workload(BaseModel):
                        for x in self.layers)
         return self.model_copy(update={"layers": layers})
 
-    def compute_factor(self, device: str | None, batch_size: int | None) -> float:
-        """Return the factor on compute times for ``device`` at ``batch_size`` per worker.
+    def compute_factor(self, device: str | None, batch_size: int | None,
+                       precision: str | None = None) -> float:
+        """Return the factor on compute times for ``device`` at ``batch_size`` per worker,
+        computing in ``precision``.
 
-        ``None`` keeps the profile's own device or batch. The rule and its limits:
-        :func:`ddpbench.hardware.compute_factor`.
+        ``None`` keeps the profile's own device, batch or precision. The rules and their
+        limits: :func:`ddpbench.hardware.compute_factor` (device and batch, at the profile's
+        precision), then :func:`ddpbench.hardware.precision_factor` on the point's device.
+        Where the point's device lacks the profile's precision (a bf16 profile on a V100),
+        the precision changes first, on the profile's device, and the device rule runs at
+        the point's precision.
 
         Raises:
-            ValueError: an unknown device, a batch < 1, or a profile that does not record
-                its device and matmul fraction (so it cannot be rescaled).
+            ValueError: an unknown device or precision, a batch < 1, a device without the
+                precision, or a profile that does not record its device and matmul
+                fraction (so it cannot be rescaled).
         """
-        if device is None and (batch_size is None or batch_size == self.batch_size):
+        same_precision = precision is None or precision == self.precision
+        if device is None and (batch_size is None or batch_size == self.batch_size) \
+                and same_precision:
             return 1.0
         if not self.device or self.matmul_fraction is None:
-            raise ValueError(f"device/batch_size: workload {self.name!r} does not record the "
-                             "device and matmul_fraction its times were taken at, so they "
-                             "cannot be rescaled; add both to its profile")
+            raise ValueError(f"device/batch_size/precision: workload {self.name!r} does not "
+                             "record the device and matmul_fraction its times were taken at, "
+                             "so they cannot be rescaled; add both to its profile")
         ref = hardware.device(self.device)
         dev = hardware.device(device) if device is not None else ref
-        return hardware.compute_factor(self.matmul_fraction, ref, dev, self.batch_size,
-                                       batch_size or self.batch_size)
+        batches = (self.batch_size, batch_size or self.batch_size)
+        a = self.matmul_fraction
+        if precision is not None and not same_precision \
+                and dev.peak_tflops(self.precision) is None \
+                and ref.peak_tflops(precision) is not None:
+            first = hardware.precision_factor(a, ref, self.precision, precision)
+            mm = a * _peak(ref, self.precision) / _peak(ref, precision)
+            return first * hardware.compute_factor(mm / first, ref, dev, *batches, precision,
+                                                   saturation=self.seq_len is None)
+        factor = hardware.compute_factor(a, ref, dev, *batches, self.precision,
+                                         saturation=self.seq_len is None)
+        if same_precision or precision is None:
+            return factor
+        a = hardware.matmul_fraction_on(a, ref, dev, self.precision)
+        return factor * hardware.precision_factor(a, dev, self.precision, precision)
 
     def resized(self, size_scale: float) -> Workload:
         """Return a copy whose tensors hold ``size_scale`` times the elements (rounded, >= 1).
@@ -240,6 +279,12 @@ def _prod(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _peak(dev: hardware.Device, precision: str) -> float:
+    peak = dev.peak_tflops(precision)
+    assert peak is not None  # the caller checked
+    return peak
 
 
 def _ms(raw: dict, key: str, where: str) -> float:

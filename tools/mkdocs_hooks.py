@@ -329,6 +329,18 @@ def schema() -> str:
 
 
 # -- hardware presets -------------------------------------------------------------------------
+def _precision_peaks(hw: Any) -> list[str]:
+    """Return the devices' dense peaks per precision (``precision`` of a point) as lines."""
+    rows = [[_code(d.name), *(d.peak_tflops(p) or "-" for p in hw.PRECISIONS),
+             hw.device(d.name).peaks_source or "-"]
+            for d in hw.DEVICES.values() if any(d.peak_tflops(p) for p in hw.PRECISIONS[1:])]
+    return ["## Dense peaks per precision (`precision`)", "",
+            "TFLOP/s of matrix products without sparsity; `-`: the device has no such "
+            "arithmetic. Bytes per gradient element: " + ", ".join(
+                f"{p} {b}" for p, b in hw.GRADIENT_BYTES.items()) + ".", "",
+            _table(["name", *hw.PRECISIONS, "source"], rows)]
+
+
 def hardware() -> str:
     from ddpbench import hardware as hw
 
@@ -343,6 +355,7 @@ def hardware() -> str:
         "## Devices (`device`)", "",
         _table(["name", "fp32 TFLOP/s", "memory GB/s", "b0 (batch)", "compute capability",
                 "ResNet-50 (batch: images/s)", "like", "overlap slowdown", "source"], devices),
+        "", *_precision_peaks(hw),
         "", "## Transports (`transport`)", "",
         _table(["name", "efficiency", "per message (us)", "duplex", "one connection (Gbit/s)",
                 "source"], transports),

@@ -6,15 +6,33 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "profile a PyTorch model (torchvision:NAME or package.module:factory) into a workload YAML"
+HELP = ("profile a PyTorch model (torchvision:NAME or package.module:factory) into a workload "
+        "YAML, or write a generated one (llama_1b/7b/13b/70b, vit_l) at a sequence length and "
+        "micro-batch of your own")
+
+GENERATED = ("llama_1b", "llama_7b", "llama_13b", "llama_70b", "vit_l")
+"""Models that ``ddpbench profile NAME`` writes from their layer definitions (FLOPs at a
+device's peak, simulator/make_profiles.py) instead of measuring: no torch, no GPU."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="torchvision:NAME (built without weights, nothing is "
                                       "downloaded) or package.module:factory returning a "
-                                      "torch.nn.Module")
+                                      "torch.nn.Module, measured; or one of "
+                                      f"{', '.join(GENERATED)}, generated from its layer "
+                                      "definitions (ddpbench.profiling.llm:llama_7b measures "
+                                      "the same model)")
     parser.add_argument("--batch-size", "-B", type=int, required=True,
-                        help="samples per step (one worker's batch)")
+                        help="samples per step (one worker's batch; a generated Llama's "
+                             "micro-batch of sequences)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="a generated Llama's tokens per sequence (default 4096)")
+    parser.add_argument("--on", default=None, metavar="DEVICE",
+                        help="a generated model's device of ddpbench.hardware.DEVICES "
+                             "(default H100)")
+    parser.add_argument("--precision", default=None,
+                        help="a generated model's precision: fp32, tf32, fp16, bf16 or fp8 "
+                             "(default bf16)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where to run the steps (default cpu)")
     parser.add_argument("--input-shape", type=_shape, default=None, metavar="C,H,W",
@@ -65,6 +83,12 @@ def main(args: argparse.Namespace) -> int:
     if out.suffix not in (".yaml", ".yml"):
         raise UsageError(f"--output {args.output!r}: a workload file ends in .yaml or .yml")
     check_writable_file(args.output, "--output")
+    if args.model in GENERATED:
+        return _generate(args, out)
+    for flag in ("seq_len", "on", "precision"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} is for a generated model "
+                             f"({', '.join(GENERATED)}), not {args.model!r}")
     other = None
     if args.compare:
         try:
@@ -114,6 +138,44 @@ def main(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     if other is not None:
         _compare(workload, other, args.compare)
+    return 0
+
+
+def _generate(args: argparse.Namespace, out: Path) -> int:
+    """Write the generated profile of ``args.model`` (:data:`GENERATED`) to ``out``."""
+    from ddpbench.cli import UsageError
+    from ddpbench.simulator import Workload, make_profiles
+
+    kw = {"device": args.on or make_profiles.LLM_DEVICE,
+          "precision": args.precision or make_profiles.LLM_PRECISION}
+    try:
+        if args.model == "vit_l":
+            if args.seq_len is not None:
+                raise ValueError("--seq-len: vit_l's sequence is its 197 patches and class token")
+            data = make_profiles.vit_l(args.batch_size, **kw)
+        else:
+            data = make_profiles.llama(args.model.removeprefix("llama_"),
+                                       seq_len=args.seq_len or make_profiles.LLAMA_SEQ_LEN,
+                                       micro_batch=args.batch_size, **kw)
+        if args.name:
+            data["name"] = args.name
+        workload = Workload.from_dict(data, source=str(out))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    command = (f"ddpbench profile {args.model} --batch-size {args.batch_size}"
+               + (f" --seq-len {args.seq_len}" if args.seq_len else "")
+               + f" --on {kw['device']} --precision {kw['precision']} -o {args.output}")
+    header = (f"# Workload profile {data['name']}: {len(workload.tensors)} tensors, "
+              f"{workload.total_params:,} parameters.\n# Written by `{command}`;\n"
+              "# generated from layer definitions (simulator/make_profiles.py): milliseconds "
+              "per step at batch_size.\n")
+    out.write_text(header + _dump(data))
+    step = sum(x.fwd_s + x.bwd_s for x in workload.layers)
+    print(f"{data['name']}: {len(data['layers'])} layers, {len(workload.tensors)} tensors, "
+          f"{workload.total_params:,} parameters; step {step * 1e3:.1f} ms on {kw['device']} "
+          f"in {kw['precision']} at MFU {make_profiles.MFU:g}, matmul fraction "
+          f"{data['matmul_fraction']}")
+    print(f"wrote {out}")
     return 0
 
 

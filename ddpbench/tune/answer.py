@@ -445,11 +445,14 @@ def _cell(row: Any, knob: str) -> Any:
 
 
 def gradient_dtype(request: Mapping[str, Any], row: Any = None) -> str:
-    """Return the dtype gradients are summed in: float16 under mixed precision or where the
+    """Return the dtype gradients are summed in: float16 under mixed precision and fp16,
+    bfloat16 under bf16 and fp8 (Transformer Engine's gradients are bf16), float16 where the
     configuration's ``compression`` (searched or fixed) is ``fp16``, else float32."""
     precision = str((request.get("schedule") or {}).get("precision") or "fp32")
     if precision in ("mixed", "fp16", "float16"):
         return "float16"
+    if precision in ("bf16", "fp8"):
+        return "bfloat16"
     compression = _cell(row, "compression")
     if compression is None and row is not None:
         compression = _fixed(request, str(row["backend"])).get("compression")

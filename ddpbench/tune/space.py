@@ -8,8 +8,8 @@ machine never pushes, so its partitioning and scheduling do nothing, unless
 ``force_distributed``). Parameter-server backends get the servers' placement as a parameter
 when the cluster has dedicated server hosts: colocated, or 1 up to that many of them.
 Horovod's ``gradient_predivide_factor`` runs from 1 to the world size and is searched under
-fp16 compression (or mixed precision, where ``compression`` is not searched: gradients are
-float16 already); it changes no time, only what the answer's numerics verdict judges.
+fp16 compression (or mixed, fp16, bf16 or fp8 precision, where ``compression`` is not
+searched: gradients are 16-bit already); it changes no time, only what the answer's numerics verdict judges.
 
 ``--fix`` and ``--range`` narrow the space; both are checked here, before any trial, against
 the contract (:func:`ddpbench.contract.validate_knobs`): an unknown knob lists the valid
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ddpbench import contract
+from ddpbench import contract, hardware
 from ddpbench.contract import parse_value
 
 __all__ = ["Param", "Space", "build_space", "fmt_value", "parse_assignments", "parse_value"]
@@ -224,12 +224,17 @@ def parse_assignments(items: Iterable[str], option: str) -> list[tuple[str | Non
     return out
 
 
+def _half(schedule: contract.Schedule) -> bool:
+    """Return whether the schedule's gradients are 16-bit already (mixed, fp16, bf16, fp8)."""
+    return schedule.precision == "mixed" or hardware.gradient_bytes(schedule.precision) == 2
+
+
 def _drop_reason(backend: str, knob: str, cluster: contract.Cluster,
                  fixed: Mapping[str, Any], schedule: contract.Schedule) -> str | None:
     """Return why ``knob`` cannot change a result on ``cluster``, or None."""
-    if knob == "compression" and schedule.precision == "mixed":
-        return ("gradients are float16 already under mixed precision: the fp16 cast changes "
-                "nothing")
+    if knob == "compression" and _half(schedule):
+        return (f"gradients are 16-bit already under {schedule.precision} precision: the fp16 "
+                "cast changes nothing")
     if knob == "gradient_predivide_factor" and cluster.workers < 2:
         return "one worker sums nothing"
     if backend == "horovod" and knob == "hierarchical" and (
@@ -253,7 +258,7 @@ def _fitted(param: Param, cluster: contract.Cluster, schedule: contract.Schedule
     if param.knob != "gradient_predivide_factor":
         return param
     when = {k: v for k, v in param.when.items()
-            if not (k == "compression" and schedule.precision == "mixed")}
+            if not (k == "compression" and _half(schedule))}
     return replace(param, high=min(float(param.high or 1.0), float(cluster.workers)),
                    when=when)
 

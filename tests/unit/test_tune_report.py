@@ -375,6 +375,9 @@ def test_a_configurations_dtype_is_float16_under_fp16_compression_or_mixed_preci
         1.0, 1.0, 1.0, 64.0, 1.0]
     mixed = _fp16_request(precision="mixed")
     assert {answer.gradient_dtype(mixed, r) for _, r in rows.iterrows()} == {"float16"}
+    for precision, dtype in (("bf16", "bfloat16"), ("fp8", "bfloat16"), ("fp16", "float16")):
+        half = _fp16_request(precision=precision)
+        assert {answer.gradient_dtype(half, r) for _, r in rows.iterrows()} == {dtype}
     # a fixed compression counts as a chosen one; a plain dict row is read too
     fixed = {**request, "fixed": {"horovod": {"compression": "fp16"}}}
     assert answer.gradient_dtype(fixed, {"backend": "horovod"}) == "float16"

@@ -81,6 +81,13 @@ def test_compression_and_predivide_are_searched_where_the_original_offers_them()
     assert [k for b, k, _ in mixed.dropped] == ["compression", "compression"]
     f = next(p for p in mixed.of("horovod") if p.knob == "gradient_predivide_factor")
     assert f.when == {}
+    # so under bf16 (and fp16, fp8): the gradients travel in 16 bits already
+    for precision in ("bf16", "fp16", "fp8"):
+        half = build_space(["horovod", "byteps"], EIGHT_GPUS,
+                           schedule=contract.Schedule(precision=precision))
+        assert [k for b, k, _ in half.dropped] == ["compression", "compression"]
+    tf32 = build_space(["horovod"], EIGHT_GPUS, schedule=contract.Schedule(precision="tf32"))
+    assert "compression" not in [k for _, k, _ in tf32.dropped]
     # one worker sums nothing
     one = build_space(["horovod"], contract.Cluster(workers=1))
     assert ("horovod", "gradient_predivide_factor", "one worker sums nothing") in one.dropped

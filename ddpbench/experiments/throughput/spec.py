@@ -41,7 +41,8 @@ from ddpbench.experiments.schema import ENVELOPE, Frozen, YamlMap, YamlSeq, as_a
 __all__ = ["GanttOptions", "RealOptions", "ReportOptions", "ThroughputSpec", "check", "prepare"]
 
 BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16", "resnet101",
-                     "inception_v3", "transformer_big", "bert_large", "gpt2_xl", "sockeye")
+                     "inception_v3", "transformer_big", "bert_large", "gpt2_xl", "sockeye",
+                     "llama_1b", "llama_7b", "llama_13b", "llama_70b", "vit_l")
 
 
 def _strict(kind: type) -> BeforeValidator:
