@@ -1108,6 +1108,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "priority": True, "precision": "fp32", "bind": "none",
     "fuse_grad_size_mb": 0.0,
     "compression": "none", "gradient_predivide_factor": 1.0,
+    "activation_checkpointing": False,
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed
@@ -1137,6 +1138,12 @@ class Schedule(BaseModel):
             precision as measured: compute takes 1 / the profile's measured
             ``mixed_precision_speedup`` of its time (only on the profile's own device) and
             gradients move as fp16, half the bytes.
+        activation_checkpointing: ``True`` recomputes every layer's forward pass during its
+            backward pass, as full activation checkpointing does (torch/utils/checkpoint.py:
+            a checkpointed segment keeps only its inputs and runs its forward again when
+            the backward reaches it; torchtitan's and FSDP recipes wrap every transformer
+            block): each layer's backward takes its forward time more. Selective
+            checkpointing (some operators only) is not modelled.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -1155,6 +1162,8 @@ class Schedule(BaseModel):
     precision: Literal["fp32", "mixed", "tf32", "fp16", "bf16", "fp8"] = Field(
         "fp32", json_schema_extra={"expect": "one of fp32, tf32, fp16, bf16, fp8 or mixed "
                                              "(a profile's measured mixed-precision speedup)"})
+    activation_checkpointing: bool = Field(False, strict=True, json_schema_extra={
+        "expect": "true or false (recompute every layer's forward in its backward)"})
 
     @classmethod
     def from_point(cls, params: Mapping[str, Any]) -> Schedule:

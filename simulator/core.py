@@ -155,7 +155,8 @@ def _rescaled(wl: Workload, c: contract.Cluster, sched: contract.Schedule) -> Wo
                              f"measured on {measured_on or wl.device}, not {c.device}")
         factor /= wl.mixed_precision_speedup
         wl = wl.resized(0.5)  # fp16 gradients: half the bytes
-    return wl.scaled(factor)
+    wl = wl.scaled(factor)
+    return wl.recomputed() if sched.activation_checkpointing else wl
 
 
 def _compressed(wl: Workload, parsed: Any, sched: contract.Schedule) -> Workload:

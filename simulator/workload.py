@@ -188,6 +188,13 @@ class Workload(BaseModel):
                              bwd_s=x.bwd_s * compute_scale) for x in self.layers)
         return self.model_copy(update={"layers": layers})
 
+    def recomputed(self) -> Workload:
+        """Return a copy under full activation checkpointing: every layer's backward also
+        runs its forward again (torch/utils/checkpoint.py), so it takes ``fwd + bwd``."""
+        layers = tuple(Layer(name=x.name, fwd_s=x.fwd_s, bwd_s=x.bwd_s + x.fwd_s)
+                       for x in self.layers)
+        return self.model_copy(update={"layers": layers})
+
     def emulated(self, rate: float, overhead_s: float) -> Workload:
         """Return a copy whose non-zero compute times ``t`` are ``t x rate + overhead_s``.
 

@@ -173,6 +173,7 @@ class ThroughputSpec(Frozen):
     seed: tuple[Annotated[int, _STRICT_INT], ...] = (0,)
     batch_size: tuple[Annotated[int | None, _STRICT_INT], ...] = (None,)
     precision: tuple[str, ...] = ("fp32",)
+    activation_checkpointing: tuple[Annotated[bool, _STRICT_BOOL], ...] = (False,)
     machine: tuple[str | None, ...] = (None,)
     paced: tuple[Annotated[bool, _STRICT_BOOL], ...] = (False,)
     repetitions: int = Field(1, ge=1)
