@@ -762,8 +762,8 @@ class Cluster(BaseModel):
             protocols it has and how many rings it opens through the NIC
             (:func:`ddpbench.hardware.nccl_channels`); ``None`` = the newest modelled
             (:data:`ddpbench.hardware.NCCL_NEWEST`); simulated only.
-        nccl_channels: rings (channels) through each host's NIC, as ``NCCL_MIN_NCHANNELS``
-            sets them; ``None`` = the release's default.
+        nccl_channels: rings (channels) through each of a host's NICs, as
+            ``NCCL_MIN_NCHANNELS`` sets them; ``None`` = the release's default.
         nics_per_host: NICs per worker host, each of ``bandwidth_gbps`` (the field stays per
             NIC), rail-optimised: GPU i reaches NIC i mod nics_per_host through its own
             PCIe path. NCCL's channels spread over them (``nccl_channels`` through each);

@@ -11,10 +11,13 @@ calibrate``) all speak of the same things:
 - a :class:`Transport` is how a host's NIC is driven: the fraction of line rate its
   payload reaches, the sender CPU time each message costs, and how much of the
   per-direction rate is left when both directions are busy;
-- an :class:`IntraLink` joins the GPUs of one host (PCIe or NVLink);
-- :func:`nccl_ring` and :func:`nccl_allreduce` are NCCL's own cost model of its ring and
-  trees (latency per protocol and link, the algorithm and protocol its tuner picks), for
-  the collectives of GPUs on a real transport.
+- an :class:`IntraLink` joins the GPUs of one host (PCIe 3/4/5, NVLink 2, or NVLink 3/4/5
+  through NVSwitches);
+- :func:`nccl_ring`, :func:`nccl_allreduce` and :func:`nccl_collective` are NCCL's own cost
+  model of its algorithms (ring, tree, NVLS, NVLSTree, CollNet, PAT: latency per protocol
+  and link, the algorithm and protocol its tuner picks), for the collectives of GPUs on a
+  real transport; :func:`nccl_link_bytes` what each algorithm sends through each NIC and
+  out of each GPU.
 
 Rescaling rule of compute times (:func:`compute_factor`), used by the simulator when a point
 names a ``device`` or a ``batch_size`` other than its profile's:
@@ -564,7 +567,7 @@ INTRA_LINKS: dict[str, IntraLink] = {x.name: x for x in (
               "(nccl-tests, NVIDIA/nccl issue #527); NCCL counts 12 x 20 GB/s "
               "(SM80_NVLINK_BW, src/graph/topo.h); no NVLS (compute capability 8.0); each "
               "pair of GPUs and its NICs under one PCIe 4.0 switch to the CPU (NVIDIA DGX "
-              "A100 User Guide, network ports), 24 GB/s as NCCL counts a Gen4 x16 path",
+              "A100 System Architecture white paper), 24 GB/s as NCCL counts a Gen4 x16 path",
               hw="nvlink", host_gbps=192.0, host_share=2, nvswitch=True,
               nvlink_gbytes=240.0),
     IntraLink("nvlink4-nvswitch", 2960.0, 3.0,
@@ -672,7 +675,7 @@ def nccl_release(value: str | None) -> tuple[int, int, int]:
 
 
 def nccl_channels(release: tuple[int, int, int], intra_link: str, gpus_per_host: int = 2) -> int:
-    """Return the rings (channels) NCCL opens through a host's one NIC by default.
+    """Return the rings (channels) NCCL opens through each of a host's NICs by default.
 
     As each release's topology code decides it (NVIDIA/nccl, read at the release tags):
     2.3.x gives each inter-host ring a NIC of its own, so one NIC carries one ring
@@ -680,7 +683,9 @@ def nccl_channels(release: tuple[int, int, int], intra_link: str, gpus_per_host:
     span several nodes (src/misc/rings.cc, "Duplicate the rings in case of
     multinode+NVLink"); from 2.5 the search finds one channel at the NIC's speed and
     src/graph/connect.cc doubles every channel. Each channel opens its own connection.
-    One GPU per host has no NVLink to duplicate over.
+    One GPU per host has no NVLink to duplicate over. On rail-optimised hosts of several
+    NICs the search finds channels through every NIC alike (each GPU's nearest), so the
+    count holds per NIC and a host has ``nics_per_host`` times as many.
     """
     if release < (2, 4, 0):
         return 1
