@@ -55,6 +55,7 @@ __all__ = [
     "NCCL_ALGORITHMS",
     "NCCL_ALGO_SINCE",
     "NCCL_CURRENT_SOURCE",
+    "NCCL_FLUSH_LATENCY_SINCE",
     "NCCL_NVLS_EFFICIENCY",
     "NCCL_LL128_SINCE",
     "NCCL_NEWEST",
@@ -902,20 +903,31 @@ def _protocol_on(proto: NcclProtocol, state: int, intra_link: str, compute_capab
     return not (proto.name == "LL128" and release < NCCL_LL128_SINCE)
 
 
-def _net_hop_us(base_us: float, proto: str, net_us: float) -> float:
+NCCL_FLUSH_LATENCY_SINCE = (2, 18, 1)
+"""From NCCL 2.18.1-1 tuning.cc adds the network's latency a second time to Simple's steps
+between hosts ("Also add the flush extra latency"); ``latencyInter`` itself is there from
+2.12.7-1 (NVIDIA/nccl history of src/graph/tuning.cc)."""
+
+
+def _net_hop_us(base_us: float, proto: str, net_us: float,
+                release: tuple[int, int, int] = NCCL_NEWEST) -> float:
     """Return a step between hosts: the table's NET latency plus the network's own, twice
-    for Simple (tuning.cc: ``interLat += latencyInter``, and again for the flush)."""
-    return base_us + net_us * (2 if proto == "Simple" else 1)
+    for Simple from :data:`NCCL_FLUSH_LATENCY_SINCE` (tuning.cc: ``interLat +=
+    latencyInter``, and again for the flush). The network's latency counts in every
+    release: before 2.12.7 NCCL's tuner did not know it, but its steps paid it."""
+    twice = proto == "Simple" and release >= NCCL_FLUSH_LATENCY_SINCE
+    return base_us + net_us * (2 if twice else 1)
 
 
 def nccl_tree_latency(proto: NcclProtocol, ranks: int, nodes: int, intra_link: str,
-                      net_us: float = 0.0) -> float:
+                      net_us: float = 0.0,
+                      release: tuple[int, int, int] = NCCL_NEWEST) -> float:
     """Return the tree's latency under ``proto``, microseconds (``NCCL_SOURCE``):
     ``base + 2 ((ranks/nodes - 1) intra_hop + log2(nodes) net_hop)``: a chain through each
     host's GPUs and a binary tree of depth log2(nodes) between hosts, up and down; a net
     hop adds the network's own latency ``net_us`` (:func:`_net_hop_us`)."""
     assert proto.tree_step_us is not None
-    hop = _net_hop_us(proto.tree_step_us["net"], proto.name, net_us)
+    hop = _net_hop_us(proto.tree_step_us["net"], proto.name, net_us, release)
     intra = proto.tree_step_us[nccl_hw(intra_link)]
     return proto.tree_base_us + 2 * ((ranks // nodes - 1) * intra + _log2i(nodes) * hop)
 
@@ -983,7 +995,8 @@ def _nvls_bus_gbytes(coll: str, intra_link: str, ppn: int, compute_capability: f
 
 def _extra_allreduce(name: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
                      compute_capability: float, ring_bus_gbytes: float,
-                     fabric: NcclFabric) -> tuple[float, float]:
+                     fabric: NcclFabric,
+                     release: tuple[int, int, int] = NCCL_NEWEST) -> tuple[float, float]:
     """Return (latency us, bandwidth GB/s of ``nbytes``) of an allreduce on NVLS, NVLSTree,
     CollNetDirect or CollNetChain as tuning.cc prices it (Simple only;
     ``NCCL_CURRENT_SOURCE``). The graphs' bandwidths: one GPU's NVLS share
@@ -997,7 +1010,7 @@ def _extra_allreduce(name: str, nbytes: float, ranks: int, nodes: int, intra_lin
     hw = nccl_hw(intra_link)
     lat_tab = _NCCL_SIMPLE_LAT[name]
     net_tab = _NCCL_TREE_NET_SIMPLE_US if ppn == 1 else lat_tab["net"]
-    inter_lat = _net_hop_us(net_tab, "Simple", fabric.net_us)
+    inter_lat = _net_hop_us(net_tab, "Simple", fabric.net_us, release)
     nic_total = fabric.nics * fabric.nic_gbytes
     ratio = ranks / (2 * (ranks - 1))
     if name in ("NVLS", "NVLSTree"):
@@ -1059,7 +1072,7 @@ def _ring_and_tree(nbytes: float, ranks: int, nodes: int, intra_link: str,
             continue
         share = 7 / 9 if proto.name == "LL128" and nodes == 1 else proto.tree_share
         corr = proto.tree_correction[k] if k < len(proto.tree_correction) else 1.0
-        lat = nccl_tree_latency(proto, ranks, nodes, intra_link, fab.net_us) * 1e-6
+        lat = nccl_tree_latency(proto, ranks, nodes, intra_link, fab.net_us, release) * 1e-6
         time = lat + model_bytes / (share * corr)
         if time < tree_time:
             tree = NcclChoice("Tree", proto.name, lat, 0.92 * share * corr, time)
@@ -1113,7 +1126,7 @@ def nccl_allreduce(nbytes: float, ranks: int, nodes: int, intra_link: str,
                 name, ranks, nodes, intra_link, compute_capability, fab.collnet):
             continue
         lat, bw = _extra_allreduce(name, nbytes, ranks, nodes, intra_link,
-                                   compute_capability, ring_bus, fab)
+                                   compute_capability, ring_bus, fab, release)
         if name == "NVLSTree" and compute_capability >= 10.0 and k < 24:
             bw *= NCCL_PROTOCOLS[2].tree_correction[min(k, 22)]
         time = lat * 1e-6 + nbytes / (bw * 1e9)
@@ -1178,7 +1191,7 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
         if nodes > 1:
             overhead = _NCCL_NET_OVERHEAD_US * (3 if proto.name == "Simple" else 1)
             intra = max(intra, overhead)
-        net = _net_hop_us(proto.step_us["net"], proto.name, net_us)
+        net = _net_hop_us(proto.step_us["net"], proto.name, net_us, release)
         lat = proto.base_us + (steps - inter) * intra + inter * net
         if (proto.name == "Simple" and nodes > 1 and coll == "allreduce"
                 and nbytes / ranks >= 64):
@@ -1237,7 +1250,8 @@ def nccl_collective(coll: str, nbytes: float, ranks: int, nodes: int, intra_link
     ring_bus = (nbytes * (ranks - 1) / ranks / transfer_s / 1e9
                 if transfer_s > 0 and ranks > 1 else math.inf)
     ppn = ranks // nodes
-    inter = _net_hop_us(_NCCL_TREE_NET_SIMPLE_US if ppn == 1 else 0.0, "Simple", fab.net_us)
+    inter = _net_hop_us(_NCCL_TREE_NET_SIMPLE_US if ppn == 1 else 0.0, "Simple", fab.net_us,
+                        release)
     nic_total = fab.nics * fab.nic_gbytes
     for name in ("CollNetDirect", "NVLS", "PAT"):
         if not algos.get(name) or ranks < 2 or states["Simple"] == 0 or not nccl_allowed(

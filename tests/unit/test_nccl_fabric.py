@@ -53,6 +53,12 @@ def test_the_networks_own_latency_reaches_nccls_net_step():
     _, more, _ = hardware.nccl_ring("allreduce", 1 << 20, 4, 4, "pcie", 8.0, 1e-3, **kw,
                                     net_us=78.0)
     assert more - base == pytest.approx(2 * 4 * 2 * 78.0 * 1.4 * 1e-6)
+    # before 2.18.1 no flush term: the network's latency once per step
+    old = dict(kw, release=(2, 17, 1))
+    _, base, _ = hardware.nccl_ring("allreduce", 1 << 20, 4, 4, "pcie", 8.0, 1e-3, **old)
+    _, more, _ = hardware.nccl_ring("allreduce", 1 << 20, 4, 4, "pcie", 8.0, 1e-3, **old,
+                                    net_us=78.0)
+    assert more - base == pytest.approx(2 * 4 * 78.0 * 1.4 * 1e-6)
 
 
 def test_per_message_us_now_moves_nccls_pricing_and_the_default_does_not():
