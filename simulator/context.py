@@ -57,6 +57,7 @@ class SimContext(Protocol):
     nccl_fabric: NcclFabric  # the network as NCCL's tuner knows it
     nics: int  # NICs per host (rail-optimised)
     nvls_bandwidth: float  # bytes/s of bus bandwidth of an NVLS allreduce in a host, 0 = none
+    nic_path_bandwidth: float  # bytes/s the GPUs' PCIe paths take to several NICs at once
     mpich: bool  # the MPI library's allreduce runs MPICH's algorithm (a real transport)
     negotiation: float
     summation: float

@@ -240,6 +240,10 @@ class _Sim:
             c.bandwidth_gbps / 8, c.collnet,
             self.intra_bandwidth / 1e9 if tr.nccl_net_us is not None else 0.0)
         self.nvls_bandwidth = (link.nvls_gbps or 0.0) * 1e9 / 8
+        # Rail-optimised NICs: each GPU reaches its own through its PCIe path, so a host's
+        # NICs together take at most what min(GPUs, NICs) such paths carry.
+        self.nic_path_bandwidth = (min(c.gpus_per_host, c.nics_per_host) * link.host_gbps
+                                   * 1e9 / 8)
         # MPI_Allreduce as MPICH runs it over a real transport; the ideal network and a
         # calibrated machine (its fitted cost is a call's) keep the ring's closed form.
         self.mpich = tr.name not in ("ideal", "machine")

@@ -182,6 +182,18 @@ def _host_nics(sim: SimContext, procs: int | None = None) -> int:
     return max(1, min(procs or 1, sim.nics))
 
 
+def _host_rate(sim: SimContext, rate: float, procs: int | None = None) -> float:
+    """Return what a host's NICs carry at once, bytes/s, each at ``rate``: over
+    :func:`_host_nics` of them, and with several NICs at most what the GPUs' own PCIe
+    paths take to them (each GPU reaches its NICs through its own x16 path,
+    :attr:`ddpbench.hardware.IntraLink.host_gbps`; ``sim.nic_path_bandwidth``). One NIC:
+    ``rate`` itself, as before."""
+    k = _host_nics(sim, procs)
+    if k == 1:
+        return rate
+    return min(k * rate, sim.nic_path_bandwidth)
+
+
 def _ring_step(sim: SimContext, chunk_bytes: float) -> tuple[float, float]:
     """Return (fixed, transfer) seconds of one ring step whose biggest chunk is ``chunk_bytes``.
 
@@ -192,13 +204,12 @@ def _ring_step(sim: SimContext, chunk_bytes: float) -> tuple[float, float]:
     rings spread a step's bytes over the host's NICs (:func:`_host_nics`).
     """
     nic = sim.latency + sim.per_message
-    k = _host_nics(sim)
     if sim.gpus == 1:
-        return nic, chunk_bytes / (k * min(sim.ring_bandwidth, sim.flow_bandwidth))
+        return nic, chunk_bytes / _host_rate(sim, min(sim.ring_bandwidth, sim.flow_bandwidth))
     intra = (sim.intra_latency, chunk_bytes / sim.intra_bandwidth)
     if sim.num_hosts == 1:
         return intra
-    cross = (nic, chunk_bytes / (k * min(sim.ring_bandwidth, sim.flow_bandwidth)))
+    cross = (nic, chunk_bytes / _host_rate(sim, min(sim.ring_bandwidth, sim.flow_bandwidth)))
     return cross if cross[0] + cross[1] >= intra[0] + intra[1] else intra
 
 
@@ -246,7 +257,7 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
     held = tx
     if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
         # Rings share the NIC at its speed; each ring's own connection may be slower.
-        nic_tx = largest / (_host_nics(sim) * sim.ring_bandwidth) / share
+        nic_tx = largest / _host_rate(sim, sim.ring_bandwidth) / share
         if sim.nccl is not None:
             held, lat = nic_tx, lat + (tx - nic_tx)
         else:
@@ -332,7 +343,7 @@ def mpich_allreduce(sim: SimContext, n: int, itemsize: int,
             yield env.timeout(sim.intra_latency + size / sim.intra_bandwidth)
             peer: int | str = 0
         else:
-            yield env.timeout(nic + max(g * size / (_host_nics(sim, g) * sim.ring_bandwidth),
+            yield env.timeout(nic + max(g * size / _host_rate(sim, sim.ring_bandwidth, g),
                                         size / sim.flow_bandwidth))
             sent += g * size
             peer = (distance // g) % sim.num_hosts
@@ -388,8 +399,8 @@ def nccl_tree_allreduce(sim: SimContext, nbytes: int, layer: int, choice: hardwa
     t_nic = 0.0
     if h > 1:
         nic_bytes, conns = (nbytes, 1) if h == 2 else (2 * nbytes, 2)
-        t_nic = nic_bytes / (_host_nics(sim) * min(sim.ring_bandwidth,
-                                                   conns * sim.flow_bandwidth)) / choice.share
+        t_nic = nic_bytes / _host_rate(sim, min(sim.ring_bandwidth,
+                                               conns * sim.flow_bandwidth)) / choice.share
     t_chain = nbytes / sim.intra_bandwidth / choice.share if g > 1 else 0.0
     sim.comm_begin()
     start = env.now
@@ -429,14 +440,13 @@ def nccl_switch_allreduce(sim: SimContext, nbytes: int, layer: int,
     them.
     """
     env = sim.env
-    h, g, k = sim.num_hosts, sim.gpus, _host_nics(sim)
+    h, g = sim.num_hosts, sim.gpus
     name = choice.algorithm
-    nic_bytes, _ = hardware.nccl_link_bytes(name, nbytes, sim.workers, h, k)
-    if name == "NVLSTree" and h > 2:
-        nic_bytes = 2 * nbytes / k  # an inner host: a parent and two children
-    elif name == "NVLSTree":
-        nic_bytes = nbytes / k
-    t_nic = nic_bytes / min(sim.ring_bandwidth, sim.flow_bandwidth) if h > 1 else 0.0
+    # the busiest host's bytes across its NICs: an inner host of a tree (a parent and two
+    # children) twice the message; otherwise the message once
+    host_bytes = 2.0 * nbytes if name == "NVLSTree" and h > 2 else float(nbytes)
+    rate = _host_rate(sim, min(sim.ring_bandwidth, sim.flow_bandwidth))
+    t_nic = host_bytes / rate if h > 1 else 0.0
     if g == 1:
         t_intra = 0.0
     elif name in ("NVLS", "NVLSTree"):
@@ -462,7 +472,7 @@ def nccl_switch_allreduce(sim: SimContext, nbytes: int, layer: int,
                                      1 % h if h > 1 else ""))
     sim.comm_end()
     if h > 1:
-        sim.add_sent_hosts(k * hardware.nccl_link_bytes(name, nbytes, sim.workers, h, k)[0])
+        sim.add_sent_hosts(hardware.nccl_link_bytes(name, nbytes, sim.workers, h)[0])
 
 
 def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
@@ -514,7 +524,7 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
         sent = 0.0
         for _, size in mpich_allreduce_steps(h, -(-n // g), itemsize):
             start = env.now
-            yield env.timeout(nic + max(g * size / (_host_nics(sim, g) * sim.ring_bandwidth),
+            yield env.timeout(nic + max(g * size / _host_rate(sim, sim.ring_bandwidth, g),
                                         size / sim.flow_bandwidth))
             sent += g * size
             if record is not None:
@@ -523,7 +533,7 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
     elif h > 1:
         chunk = -(-n // (g * h)) * itemsize
         step = sim.latency + sim.per_message + max(
-            g * chunk / (_host_nics(sim, g) * sim.ring_bandwidth), chunk / sim.flow_bandwidth)
+            g * chunk / _host_rate(sim, sim.ring_bandwidth, g), chunk / sim.flow_bandwidth)
         for _ in range(2 * (h - 1)):
             start = env.now
             yield env.timeout(step)

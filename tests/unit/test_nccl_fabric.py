@@ -78,10 +78,12 @@ def test_per_message_us_now_moves_nccls_pricing_and_the_default_does_not():
 @pytest.mark.parametrize("nics", [1, 2, 4])
 def test_nccl_ring_spreads_over_the_nics_closed_form(nics):
     # 4 hosts of one GPU over ib, NCCL's Simple ring: 2 (p-1) steps of a chunk n/p each,
-    # the host's bytes spread over its NICs (rail-optimised channels).
+    # the host's bytes spread over its NICs (rail-optimised channels); the GPU's PCIe 5.0
+    # path (48 GB/s) takes four NICs of 12 GB/s.
     n, p = 1 << 22, 4
     kw: dict = dict(workers=p, bandwidth_gbps=100, device="V100", transport="ib",
-                    nccl_proto="Simple", nccl_algo="Ring", nics_per_host=nics)
+                    nccl_proto="Simple", nccl_algo="Ring", nics_per_host=nics,
+                    intra_link="pcie5")
     t = simulate_collective("allreduce", 4 * n, **kw)
     bw = 100e9 / 8 * hardware.transport("ib").efficiency
     tx = 2 * (p - 1) * (n // p * 4) / (nics * bw)
@@ -93,6 +95,10 @@ def test_nccl_ring_spreads_over_the_nics_closed_form(nics):
     net, _ = hardware.nccl_link_bytes("Ring", 4 * n, p, p, nics)
     assert per_nic == {f"worker{h}": pytest.approx(net) for h in range(p)}
     assert net == pytest.approx(2 * (p - 1) / p * 4 * n / nics)
+    # over PCIe 3.0 one GPU's x16 path (12 GB/s) cannot feed two NICs of 12 GB/s
+    slow = simulate_collective("allreduce", 4 * n, **{**kw, "intra_link": "pcie"})
+    tx = 2 * (p - 1) * (n // p * 4) / (min(nics * bw, 96e9 / 8))
+    assert slow == pytest.approx(lat + tx, rel=1e-9)
 
 
 def test_parameter_servers_keep_one_nic_and_mpi_one_per_process():
