@@ -768,7 +768,9 @@ class Cluster(BaseModel):
             NIC), rail-optimised: GPU i reaches NIC i mod nics_per_host through its own
             PCIe path. NCCL's channels spread over them (``nccl_channels`` through each);
             MPI's processes use their nearest NIC; parameter-server backends use one
-            (ps-lite and BytePS bind one interface per process, ``DMLC_INTERFACE``).
+            (ps-lite, and BytePS over it, bind one interface per process, ``DMLC_INTERFACE``:
+            "MXNet often chooses the first available network interface", apache/mxnet
+            docs/faq/env_var.md).
             Simulated only.
         collnet: the fabric reduces in the network (InfiniBand SHARP through NCCL's CollNet
             plugin, ``NCCL_COLLNET_ENABLE=1``): NCCL's CollNet algorithms, and NVLS across
