@@ -934,6 +934,12 @@ def nccl_tree_latency(proto: NcclProtocol, ranks: int, nodes: int, intra_link: s
     return proto.tree_base_us + 2 * ((ranks // nodes - 1) * intra + _log2i(nodes) * hop)
 
 
+_NCCL_TOPOLOGY_HINT = ("NVLS needs NVSwitches with NVLink SHARP (nvlink4-nvswitch, "
+                       "nvlink5-nvswitch), compute capability 9.0 and 2+ GPUs per host, and "
+                       "across hosts collnet: true; NVLSTree several hosts; CollNet collnet: "
+                       "true and several hosts")
+
+
 def nccl_allowed(algorithm: str, ranks: int, nodes: int, intra_link: str,
                  compute_capability: float, collnet: bool = False,
                  coll: str = "allreduce", nics: int = 1) -> bool:
@@ -1137,7 +1143,8 @@ def nccl_allreduce(nbytes: float, ranks: int, nodes: int, intra_link: str,
     if best is None:
         raise ValueError(f"nccl_algo: none of the algorithms on "
                          f"({[a for a, on in algos.items() if on]}) is possible for an "
-                         f"allreduce over {ranks} GPUs on {nodes} hosts with {intra_link!r}")
+                         f"allreduce over {ranks} GPUs on {nodes} hosts with {intra_link!r} "
+                         f"({_NCCL_TOPOLOGY_HINT})")
     return best
 
 
@@ -1277,7 +1284,8 @@ def nccl_collective(coll: str, nbytes: float, ranks: int, nodes: int, intra_link
     if best is None:
         raise ValueError(f"nccl_algo: none of the algorithms on "
                          f"({[a for a, on in algos.items() if on]}) is possible for "
-                         f"{coll} over {ranks} GPUs on {nodes} hosts with {intra_link!r}")
+                         f"{coll} over {ranks} GPUs on {nodes} hosts with {intra_link!r} "
+                         f"({_NCCL_TOPOLOGY_HINT})")
     return best
 
 

@@ -143,6 +143,11 @@ def test_which_algorithms_a_topology_allows():
     assert not allowed("CollNetChain", 16, 2, "pcie", 8.0)
     assert allowed("CollNetChain", 16, 2, "pcie", 8.0, collnet=True)
     assert not allowed("CollNetDirect", 16, 2, "pcie", 8.0, collnet=True)  # no NVSwitch
+    # reduce-scatter and allgather across hosts: the network's collective and a NIC per GPU
+    rs = dict(coll="reduce_scatter", collnet=True)
+    assert allowed("NVLS", 16, 2, "nvlink4-nvswitch", 9.0, nics=8, **rs)
+    assert not allowed("NVLS", 16, 2, "nvlink4-nvswitch", 9.0, nics=4, **rs)
+    assert not allowed("NVLSTree", 16, 2, "nvlink4-nvswitch", 9.0, coll="all_gather")
     assert allowed("PAT", 8, 8, "pcie", 9.0, coll="all_gather")
     assert not allowed("PAT", 8, 8, "pcie", 9.0)  # never an allreduce
 
