@@ -136,6 +136,8 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
         params["batch_size"] = s.batch_size
     if s.precision != "fp32":
         params["precision"] = s.precision
+    if s.activation_checkpointing:
+        params["activation_checkpointing"] = True
     if backend in ("kvstore", "p3", "byteps"):
         params["servers"] = s.servers
     params.update(override or {})
