@@ -203,15 +203,17 @@ def _workload(args: argparse.Namespace, folder: Path, schedule: Any) -> str:
 
 
 def _check_cost(args: argparse.Namespace, workload: str, request: Any, trials: int | None
-                ) -> None:
+                ) -> list[str]:
     """Refuse a tune whose simulations pass the size limits (without ``--allow-large``);
-    say what it will cost."""
+    say what it will cost. Without ``--backends`` (every backend), one whose default
+    simulation passes them is left out instead, with a note: return those names."""
     from ddpbench import contract
     from ddpbench.cli import UsageError
     from ddpbench.simulator import estimate
 
     fields = {**request.cluster.model_dump(), **request.schedule.model_dump()}
     worst = None
+    dropped: list[str] = []
     for b in request.space.backends:
         knobs = {**contract.defaults(b), **request.space.fixed.get(b, {})}
         point = {**fields, "servers": knobs.pop("servers", fields["servers"])}
@@ -219,7 +221,11 @@ def _check_cost(args: argparse.Namespace, workload: str, request: Any, trials: i
             est = estimate.estimate(workload, b, **point, **knobs)
             estimate.check(est, allow=args.allow_large)
         except ValueError as err:
-            raise UsageError(f"{b}: {err}") from None
+            if args.backends is not None or len(dropped) + 1 == len(request.space.backends):
+                raise UsageError(f"{b}: {err}") from None
+            print(f"{b}: left out of the search: {err}", file=sys.stderr)
+            dropped.append(b)
+            continue
         if est is not None and (worst is None or est.events > worst.events):
             worst = est
     if worst is not None:
@@ -227,6 +233,7 @@ def _check_cost(args: argparse.Namespace, workload: str, request: Any, trials: i
         total = worst.seconds * (trials or 1) / max(1, args.jobs)
         print(f"each default simulation: up to {worst.describe()}; {n}: about "
               f"{total / 60:,.0f} min with {args.jobs} job(s)", file=sys.stderr)
+    return dropped
 
 
 def main(args: argparse.Namespace) -> int:
@@ -266,7 +273,15 @@ def main(args: argparse.Namespace) -> int:
     trials = args.trials if args.trials is not None or args.time is not None else 100
     if args.confirm is not None:
         _confirm_check(args, workload, cluster, schedule, space.backends)
-    _check_cost(args, workload, request, trials)
+    dropped = _check_cost(args, workload, request, trials)
+    if dropped:
+        try:
+            space = build_space([b for b in backends if b not in dropped], cluster,
+                                fix=args.fix, ranges=args.range,
+                                originals_only=args.originals_only, schedule=schedule)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        request = search.Request(workload, cluster, schedule, space, seed=args.search_seed)
     if space.empty:
         print(f"the space is empty (every knob fixed or none to tune): only the "
               f"{len(space.backends)} default configuration(s) run", file=sys.stderr)
@@ -374,6 +389,7 @@ def _print_answer(done: Any, space: Any, folder: Path, cluster: Any,
             break
     print(f"{'':3}{'backend':<11}{'iteration ms':>13}{'samples/s':>12}{'vs default':>12}  knobs")
     safe = [answer.verdict_of(request, r).safe for r, _ in top]
+    fits = _fits(request, [r for r, _ in top])
     for i, (r, knobs) in enumerate(top, 1):
         base = default.get(r["backend"])
         gain = f"{base / r['iteration_time_s'] - 1:+.1%}" if base else "-"
@@ -383,6 +399,7 @@ def _print_answer(done: Any, space: Any, folder: Path, cluster: Any,
             text += " *"
             own = True
         text += "" if safe[i - 1] else " !"
+        text += "" if fits[i - 1] else " m"
         print(f"{i:>2} {r['backend']:<11}{r['iteration_time_s'] * 1e3:>13.2f}"
               f"{r['throughput']:>12,.1f}{gain:>12}  {text}")
     if own:
@@ -391,14 +408,32 @@ def _print_answer(done: Any, space: Any, folder: Path, cluster: Any,
     if not all(safe):
         print("! its float16 gradient sums are NOT numerically safe at this world size and "
               "predivide factor (the report's Numerics says why): never recommended")
-    if default:
+    if not all(fits):
+        print("m its model states do not fit the device's memory (the report's Memory says "
+              "how much they need): never recommended while a configuration tried fits")
+    if not any(fits):
+        print("none of these fits; the report's Answer names the fastest configuration "
+              "that does")
+    elif default:
         fastest = min(default, key=lambda b: default[b])
-        best = next((r for (r, _), ok in zip(top, safe) if ok), top[0][0])
+        best = next((r for (r, _), ok, fit in zip(top, safe, fits) if ok and fit),
+                    top[0][0])
         print(f"best{' numerically safe' if not safe[0] and any(safe) else ''} against the "
               f"fastest default ({fastest}, "
               f"{default[fastest] * 1e3:.2f} ms): "
               f"{default[fastest] / best['iteration_time_s'] - 1:+.1%}")
     print(f"results: {folder / 'results.csv'}")
+
+
+def _fits(request: Any, rows: list[Any]) -> list[bool]:
+    """Return whether each row's model states fit the device
+    (:func:`ddpbench.tune.report.memory_cells`; True where it cannot tell)."""
+    import pandas as pd
+
+    from ddpbench.tune.report import memory_cells
+
+    return [bool(memory_cells(request, str(r["backend"]), pd.Series(r)).get("fits", True))
+            for r in rows]
 
 
 def _render(folder: Path) -> None:

@@ -25,7 +25,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -588,30 +588,42 @@ class Recommendation:
     verdict: NumericsVerdict | None
     unsafe: tuple[tuple[int, NumericsVerdict], ...] = ()
     safe: bool = True
+    too_large: tuple[int, ...] = ()
 
 
-def recommended(request: Mapping[str, Any], rank: Any, *, numerics: bool = True
-                ) -> Recommendation:
-    """Return the fastest configuration of ``rank`` whose numerics verdict is safe.
+def recommended(request: Mapping[str, Any], rank: Any, *, numerics: bool = True,
+                fits: Callable[[Any], bool] | None = None) -> Recommendation:
+    """Return the fastest configuration of ``rank`` that fits and whose numerics verdict is
+    safe.
 
-    A faster configuration that sums float16 gradients out of range (an fp16 compression
-    with too small a predivide factor at this world size) is passed over and listed, so
-    the answer never recommends it silently. Without ``numerics`` the fastest is returned.
+    A faster configuration whose model states do not fit the device (``fits`` says so of a
+    row: :func:`ddpbench.tune.report.memory_cells`) or that sums float16 gradients out of
+    range (an fp16 compression with too small a predivide factor at this world size) is
+    passed over and listed, so the answer never recommends it silently. When no row fits,
+    memory is not judged. Without ``numerics`` the fastest (that fits) is returned.
 
     Raises:
         ValueError: an empty ranking.
     """
     if not len(rank):
         raise ValueError("no trial finished: there is no configuration to recommend")
+    order = list(range(len(rank)))
+    too_large: tuple[int, ...] = ()
+    if fits is not None:
+        big = [i for i in order if not fits(rank.iloc[i])]
+        if len(big) < len(order):
+            too_large = tuple(big)
+            order = [i for i in order if i not in set(big)]
     if not numerics:
-        return Recommendation(0, None)
+        return Recommendation(order[0], None, too_large=too_large)
     unsafe: list[tuple[int, NumericsVerdict]] = []
-    for i in range(min(len(rank), MAX_VERDICTS)):
+    for i in order[:MAX_VERDICTS]:
         verdict = verdict_of(request, rank.iloc[i])
         if verdict.safe:
-            return Recommendation(i, verdict, tuple(unsafe))
+            return Recommendation(i, verdict, tuple(unsafe), too_large=too_large)
         unsafe.append((i, verdict))
-    return Recommendation(0, unsafe[0][1], tuple(unsafe), safe=False)
+    return Recommendation(order[0], unsafe[0][1], tuple(unsafe), safe=False,
+                          too_large=too_large)
 
 
 # -- the experiment file ---------------------------------------------------------------------

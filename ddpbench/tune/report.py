@@ -92,12 +92,14 @@ def render(folder: Path, *, top: int = 5, validation: str | Path = answer.VALIDA
 
 def _recommend(request: Mapping[str, Any], rank: Any,
                numerics: bool) -> answer.Recommendation | None:
-    """Return the recommendation (the fastest numerically safe configuration), or None when
-    numerics are not judged or the model cannot judge this setting."""
-    if not numerics:
-        return None
+    """Return the recommendation (the fastest configuration that fits the device and, where
+    numerics are judged, is numerically safe), or None when the model cannot judge this
+    setting."""
+    def fits(row: Any) -> bool:
+        return bool(memory_cells(request, str(row["backend"]), row).get("fits", True))
+
     try:
-        return answer.recommended(request, rank)
+        return answer.recommended(request, rank, numerics=numerics, fits=fits)
     except (ValueError, TypeError) as err:
         log.warning("no numerics verdict: %s", err)
         return None
@@ -124,8 +126,8 @@ def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: An
     best = rank.iloc[rec.index] if rec is not None else rank.iloc[0]
     backend = str(best["backend"])
     doc.heading("Answer")
-    what = "Fastest" if rec is None or not rec.unsafe or not rec.safe else \
-        "Fastest numerically safe"
+    what = "Fastest" + (" that fits" if rec is not None and rec.too_large else "") + \
+        ("" if rec is None or not rec.unsafe or not rec.safe else " numerically safe")
     lines = [f"{what}: `{best['configuration']}`, predicted "
              f"{_ms(best['iteration_time_s']):.4g} ms per iteration, "
              f"{float(best['throughput']):,.1f} samples/s"
@@ -153,7 +155,7 @@ def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: An
                              published=published)
     lines.append("How sure: " + _lower_first(band.describe()))
     lines.append(_compute_bound_line(request, best, base))
-    memory = _memory_line(request, best, rank)
+    memory = _memory_line(request, best, rank, rec)
     if memory:
         lines.append(memory)
     if rec is not None and rec.verdict is not None:
@@ -321,7 +323,7 @@ def _backends_section(doc: Document, request: Mapping[str, Any], df: Any, rank: 
                      "default_ms": _ms(d["iteration_time_s"]) if d is not None else math.nan,
                      "x its default": answer.gain(r, d) if d is not None else math.nan,
                      "trials": int((ok["backend"] == b).sum()),
-                     **_memory_cells(request, b, r)})
+                     **memory_cells(request, b, r)})
     device = (request.get("cluster") or {}).get("device")
     memory = (" `model_states_gb`: each GPU's parameters, gradients and Adam states in mixed "
               "precision, 2 + 2 + 12 bytes per parameter divided by the ranks for what the "
@@ -332,22 +334,32 @@ def _backends_section(doc: Document, request: Mapping[str, Any], df: Any, rank: 
               "configuration's iteration time." + memory)
 
 
-def _memory_line(request: Mapping[str, Any], best: Any, rank: Any) -> str:
-    """Return the answer's memory line where the fastest configuration's model states do not
-    fit the device (:func:`_memory_cells`), naming the fastest that fits; else ''."""
-    cells = _memory_cells(request, str(best["backend"]), best)
+def _memory_line(request: Mapping[str, Any], best: Any, rank: Any,
+                 rec: answer.Recommendation | None) -> str:
+    """Return the answer's memory line: the faster configurations passed over because their
+    model states do not fit the device (:func:`memory_cells`), or, where none fits, that the
+    answer does not either; else ''."""
+    device = (request.get("cluster") or {}).get("device")
+    rule = (f"the {device}'s {_device_gb(device):g} GB (ZeRO paper, section 3: 2 + 2 + 12 "
+            f"bytes per parameter in mixed-precision Adam, divided by the ranks for what is "
+            f"sharded)")
+    if rec is not None and rec.too_large:
+        faster = [i for i in rec.too_large if i < rec.index]
+        if not faster:
+            return ""
+        rows = [rank.iloc[i] for i in faster[:3]]
+        passed = "; ".join(
+            f"`{r['configuration']}`, {_ms(r['iteration_time_s']):.4g} ms, "
+            f"{memory_cells(request, str(r['backend']), r)['model_states_gb']:,.1f} GB"
+            for r in rows)
+        more = f" (and {len(faster) - 3} more)" if len(faster) > 3 else ""
+        return (f"Memory: faster, but their model states per GPU do not fit {rule}, so not "
+                f"recommended: {passed}{more}.")
+    cells = memory_cells(request, str(best["backend"]), best)
     if not cells or cells["fits"]:
         return ""
-    device = (request.get("cluster") or {}).get("device")
-    line = (f"Memory: its model states need {cells['model_states_gb']:,.1f} GB per GPU, more "
-            f"than the {device}'s {_device_gb(device):g} GB (ZeRO paper, section 3: 2 + 2 + 12 "
-            f"bytes per parameter in mixed-precision Adam, divided by the ranks for what is "
-            f"sharded): it would not fit.")
-    for _, r in rank.iterrows():
-        if _memory_cells(request, str(r["backend"]), r).get("fits"):
-            return (line + f" The fastest that fits is `{r['configuration']}`, "
-                    f"{_ms(r['iteration_time_s']):.4g} ms.")
-    return line + " No configuration tried fits."
+    return (f"Memory: its model states need {cells['model_states_gb']:,.1f} GB per GPU, more "
+            f"than {rule}: it would not fit, and no configuration tried fits.")
 
 
 def _device_gb(device: Any) -> float:
@@ -356,7 +368,7 @@ def _device_gb(device: Any) -> float:
     return DEVICE_MEMORY_GB.get(str(device), math.nan)
 
 
-def _memory_cells(request: Mapping[str, Any], backend: str, r: Any) -> dict[str, Any]:
+def memory_cells(request: Mapping[str, Any], backend: str, r: Any) -> dict[str, Any]:
     """Return the ``model_states_gb`` and ``fits`` cells of a backend's best configuration
     (:func:`ddpbench.simulator.sharded.model_state_bytes` against the device's memory), or
     none where the workload or the device's memory is unknown."""

@@ -433,14 +433,27 @@ def test_the_answer_says_when_a_replica_does_not_fit_and_which_configuration_doe
          "sharding_strategy": math.nan, "iteration_time_s": 1.1},
         {"backend": "fsdp", "configuration": "fsdp (default)", "stage": math.nan,
          "sharding_strategy": "FULL_SHARD", "iteration_time_s": 1.2}])
-    cells = [report._memory_cells(request, r["backend"], r) for _, r in rank.iterrows()]
+    cells = [report.memory_cells(request, r["backend"], r) for _, r in rank.iterrows()]
     assert [c["fits"] for c in cells] == [False, True, True]
     assert cells[0]["model_states_gb"] == pytest.approx(16 * 6.7)
     assert cells[1]["model_states_gb"] == pytest.approx(4 * 6.7 + 12 * 6.7 / 128)
     assert cells[2]["model_states_gb"] == pytest.approx(16 * 6.7 / 128)
-    line = report._memory_line(request, rank.iloc[0], rank)
-    assert "107.2 GB per GPU, more than the H100's 80 GB" in line
-    assert "The fastest that fits is `zero[stage=1]`, 1100 ms." in line
-    assert report._memory_line(request, rank.iloc[2], rank) == ""
+    from ddpbench.tune import answer
+
+    def fits(row: Any) -> bool:
+        return bool(report.memory_cells(request, str(row["backend"]), row)["fits"])
+
+    rec = answer.recommended(request, rank, numerics=False, fits=fits)
+    assert rec.index == 1 and rec.too_large == (0,)  # never the replica that does not fit
+    line = report._memory_line(request, rank.iloc[1], rank, rec)
+    assert line.startswith("Memory: faster, but their model states per GPU do not fit the "
+                           "H100's 80 GB")
+    assert "`horovod (default)`, 1000 ms, 107.2 GB" in line
+    none_fit = rank.iloc[[0]]
+    rec = answer.recommended(request, none_fit, numerics=False, fits=fits)
+    assert rec.index == 0 and rec.too_large == ()  # nothing fits: memory is not judged
+    line = report._memory_line(request, none_fit.iloc[0], none_fit, rec)
+    assert "107.2 GB per GPU, more than the H100's 80 GB" in line and "no configuration" in line
+    assert report._memory_line(request, rank.iloc[2], rank, None) == ""
     request["cluster"]["device"] = "M60"  # no datasheet figure here: no claim either way
-    assert report._memory_cells(request, "horovod", rank.iloc[0]) == {}
+    assert report.memory_cells(request, "horovod", rank.iloc[0]) == {}
