@@ -45,7 +45,7 @@ def error_of(text: str) -> schema.ExperimentError:
          "workers[1]", "valid integer"),
         # an unknown key, the valid ones listed
         ("name: x\nworkloads: [resnet50]\nbackends: [p3]\nbandwith_gbps: 10\n", 4,
-         "bandwith_gbps", "valid keys: ['backends', 'bandwidth_gbps'"),
+         "bandwith_gbps", "valid keys: ['activation_checkpointing', 'backends', 'bandwidth_gbps'"),
         ("name: x\nworkloads: [resnet50]\nbackends: [p3]\nreal:\n  timeout: 3\n", 5,
          "real.timeout", "valid keys: ['bind', 'compute', 'timeout_s']"),
         # a missing workload: the key, or a name that does not exist
