@@ -248,9 +248,12 @@ class _Engine:
 
     # -- the collectives ----------------------------------------------------------------
     def check(self, kind: str, names: list[Any], tensors: list[np.ndarray]) -> None:
+        """Raise MismatchError on every rank unless all ranks make this call with the same
+        names, element counts and dtypes (one 16-byte allreduce of a fingerprint first)."""
         if self.validate and self.comm.size > 1:
-            shapes = tuple((tuple(t.shape), dtype_name(t.dtype)) for t in tensors)
-            check_consistent(self.comm, Meta(kind, tuple(names), repr(shapes), ()))
+            dtypes = ",".join(dtype_name(t.dtype) for t in tensors)
+            sizes = tuple(int(t.size) for t in tensors)
+            check_consistent(self.comm, Meta(kind, tuple(names), dtypes, sizes))
 
     def allreduce(self, bufs: list[np.ndarray], op: ReduceOp, comm: Any = None) -> None:
         """Allreduce flat arrays of one dtype as one buffer (a bucket)."""

@@ -3,6 +3,7 @@ has them against NumPy references, and the ``zero``/``fsdp`` engines against one
 the whole batch."""
 
 import pytest
+from conftest import gpu_or_skip
 from mpiutil import SCRIPTS, results, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -72,3 +73,19 @@ def test_torch_fully_sharded_data_parallel_on_n_ranks_equals_one_process(n):
     assert full["allgather"] == ahead["allgather"] == 54 and full["reduce_scatter"] == 48
     # ZeRO-3: one all-gather bucket per unit (prefetch 5e7), 9 gathers in all
     assert by[("zero", (("param_persistence_threshold", 0), ("stage", 3)))]["allgather"] == 9
+
+
+@pytest.mark.gpu
+def test_cupy_arrays_go_through_the_sharding_stores_staged_on_the_host():
+    gpu_or_skip()
+    out = run_mpi(2, SCRIPTS / "zero_check.py", "gpu", timeout=180)
+    assert len(results(out, "gpu", size=2)) == 3, out[-3000:]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranks_that_disagree_get_one_error_on_every_rank(n):
+    out = run_mpi(n, SCRIPTS / "zero_check.py", "mismatch", timeout=120)
+    rows = results(out, "mismatch")
+    assert sorted(r["backend"] for r in rows) == ["fsdp", "zero"], out[-3000:]
+    assert all("Mismatched shape for ('a',): rank 0 sent (4,), rank 1 sent (5,)" in r["message"]
+               for r in rows)
