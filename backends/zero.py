@@ -84,7 +84,7 @@ from ddpbench.contract import FsdpKnobs, ZeroKnobs
 from ddpbench.optim import SGD
 from ddpbench.tensor_ops import byte_view
 
-__all__ = ["RANKS_PER_HOST_ENV", "FsdpStore", "ZeroStore", "shard_counts"]
+__all__ = ["RANKS_PER_HOST_ENV", "FrontEndPlan", "FsdpStore", "ZeroStore", "shard_counts"]
 
 RANKS_PER_HOST_ENV = "DDPBENCH_RANKS_PER_HOST"
 """HYBRID_SHARD's host size when ``ranks_per_host`` is None and this variable is set (a
@@ -150,6 +150,24 @@ def _back(host: np.ndarray, a: Any) -> None:
     if is_cupy(a):
         with a.device:
             a.set(host)
+
+
+_ANY = 1 << 62  # no bound
+
+
+@dataclass(frozen=True)
+class FrontEndPlan:
+    """When a front end (:class:`ddpbench.torch.FullyShardedDataParallel`) gathers and frees
+    a sharded unit: at most ``*_elements`` elements and ``*_units`` units per gather call
+    before a forward and a backward, a prefetch after a unit's backward, and the gathered
+    elements beyond which a unit is freed after its forward (0: always)."""
+
+    forward_elements: int
+    forward_units: int
+    backward_elements: int
+    backward_units: int
+    backward_post_prefetch: bool
+    max_live_elements: int
 
 
 def _starts(counts: list[int]) -> list[int]:
@@ -447,10 +465,17 @@ class ZeroStore(EngineStore):
         HYBRID_SHARD): ``push_pull`` does not write them, :meth:`gather` does."""
         return not self._zero.plan.keep_full
 
-    def prefetch_plan(self) -> tuple[int, int]:
-        """(elements, units) a front end gathers at most in one call before a unit's
-        forward: DeepSpeed's ``stage3_prefetch_bucket_size`` elements, any number of units."""
-        return self.options.prefetch_bucket_size, 1 << 30
+    def front_end_plan(self) -> FrontEndPlan:
+        """ZeRO-3's fetch and release (``partitioned_param_coordinator.py``): before a
+        module's forward or backward its parameters and, ahead in execution order, the next
+        modules' within ``prefetch_bucket_size`` elements; after its forward and after its
+        backward a module is released once more than ``max_live_parameters`` elements are
+        gathered (DeepSpeed
+        also keeps one reused within ``stage3_max_reuse_distance``, 1e9 elements by
+        default, which this rule does not model)."""
+        o = self.options
+        return FrontEndPlan(o.prefetch_bucket_size, _ANY, o.prefetch_bucket_size, _ANY,
+                            False, o.max_live_parameters)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -634,10 +659,18 @@ class FsdpStore(ZeroStore):
     def _plan(self) -> _Plan:
         return _plan_fsdp(self.options)
 
-    def prefetch_plan(self) -> tuple[int, int]:
-        """FSDP gathers the unit about to run and, with ``forward_prefetch``, the next one
-        (``_runtime_utils.py``, ``_prefetch_handle``): at most two units, whatever size."""
-        return 1 << 62, 2 if self.options.forward_prefetch else 1
+    def front_end_plan(self) -> FrontEndPlan:
+        """FSDP's unshard and reshard (``_runtime_utils.py``): before a unit's forward its
+        all-gather, with ``forward_prefetch`` the next unit's too (``_prefetch_handle``);
+        FULL_SHARD and HYBRID_SHARD free a unit after its forward (``_post_forward_reshard``)
+        and gather it again before its backward, BACKWARD_PRE with the next unit in
+        backward order, BACKWARD_POST that one after the unit's gradients, ``none``
+        neither; after its backward a unit is freed again (``_post_backward_reshard``)."""
+        o = self.options
+        prefetch = o.backward_prefetch
+        return FrontEndPlan(_ANY, 2 if o.forward_prefetch else 1, _ANY,
+                            2 if prefetch == "BACKWARD_PRE" else 1,
+                            prefetch == "BACKWARD_POST", 0)
 
     def _make_comms(self) -> tuple[Any, Any, Any]:
         comm = self._world.role_comm.Dup()

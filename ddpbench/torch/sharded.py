@@ -11,17 +11,27 @@ and keeps its parameters in a ``zero`` or ``fsdp`` store, which holds the optimi
   HYBRID_SHARD) every parameter is then freed (an empty tensor);
 - before a unit's forward, a pre-forward hook all-gathers its parameters (and, as
   DeepSpeed's prefetch of ``prefetch_bucket_size`` elements or FSDP's ``forward_prefetch``,
-  the next units' in the same call): ``stage3.py``'s ``fetch_sub_module``, FSDP's
-  ``_pre_forward_unshard`` (``_runtime_utils.py``);
+  the next units' in the same call): ``partitioned_param_coordinator.py``'s
+  ``fetch_sub_module``, FSDP's ``_pre_forward_unshard`` (``_runtime_utils.py``);
+- after the forward the unit is freed where the store's plan says
+  (:meth:`~ddpbench.backends.zero.ZeroStore.front_end_plan`: FSDP's FULL_SHARD and
+  HYBRID_SHARD always, ``_post_forward_reshard``; ZeRO-3 once more than
+  ``max_live_parameters`` elements are gathered, ``release_sub_module``), and gathered
+  again in a pre-backward hook (FSDP's BACKWARD_PRE prefetches the next unit in backward
+  order in the same call; BACKWARD_POST gathers it once this unit's gradients are all
+  accumulated); when they are, the unit is freed by the same rule
+  (``_post_backward_reshard``);
 - :meth:`step` hands every gradient to one ``push_pull`` (the store reduce-scatters in its
   buckets, updates its shard and, below stage 3, all-gathers the new weights into the
   parameters), then frees the sharded parameters again.
 
-The gathered parameters live from their unit's forward to the step (through backward),
-so this front end does not bound them by ``max_live_parameters``; gradients are reduced
-after backward, not overlapped with it. N ranks on batch/N equal one process on the whole
-batch (tests/mpi/test_zero.py). CPU tensors are shared with the store without copies;
-CUDA tensors are staged through host memory by the store.
+A freed parameter is an empty tensor; autograd saved the parameter objects, not their
+data, so a unit gathered again before its backward computes with its whole values.
+Gradients are reduced at :meth:`step`, after backward, not overlapped with it (the
+simulator models ``overlap_comm``). ``stats`` counts the gather calls, the units freed and
+the peak of gathered elements. N ranks on batch/N equal one process on the whole batch
+(tests/mpi/test_zero.py). CPU tensors are shared with the store without copies; CUDA
+tensors are staged through host memory by the store.
 
 Example:
     >>> kv = ddpbench.create("zero", stage=3, param_persistence_threshold=0)
@@ -93,36 +103,79 @@ class FullyShardedDataParallel(torch.nn.Module):
                               root_rank=root_rank)
         self.kv.set_optimizer(optimizer)
         self.sharded = bool(self.kv.holds_sharded_params)
+        self.plan = self.kv.front_end_plan()
         self._live: set[int] = set()
-        self.stats = {"gathers": 0, "gathered_elements": 0}
+        self._sizes = [sum(math.prod(self._shapes[n]) for n, _ in unit) for unit in self._units]
+        self._waiting = [0] * len(self._units)  # gradients of a unit not yet accumulated
+        self.stats = {"gathers": 0, "gathered_elements": 0, "max_live_elements": 0,
+                      "freed_after_forward": 0, "freed_after_backward": 0}
         if self.sharded:
             self._free()
             for i, sub in enumerate(self._owners()):
-                sub.register_forward_pre_hook(self._pre_forward(i))
+                self._hook(i, sub)
 
     def _owners(self) -> list[torch.nn.Module]:
         """The modules of :func:`_units`, in the same order."""
         return [sub for _, sub in self.module.named_modules()
                 if any(True for _ in sub.parameters(recurse=False))]
 
-    def _pre_forward(self, index: int) -> Any:
-        def hook(_module: torch.nn.Module, _args: Any) -> None:
-            self._gather(index)
-        return hook
+    def _hook(self, i: int, sub: torch.nn.Module) -> None:
+        """Unit ``i``'s gathers and frees around its forward and backward."""
+        plan, last = self.plan, len(self._units)
 
-    def _gather(self, index: int) -> None:
-        """All-gather unit ``index`` and the following units within the prefetch budget."""
-        if index in self._live:
-            return
-        budget, units = self.kv.prefetch_plan()
+        def pre_forward(_m: Any, _args: Any) -> None:
+            self._gather(range(i, last), plan.forward_elements, plan.forward_units)
+            self._waiting[i] = len(self._units[i])
+
+        def post_forward(_m: Any, _args: Any, _out: Any) -> None:
+            self._release(i, "freed_after_forward")
+
+        def pre_backward(_m: Any, _grad: Any) -> None:
+            self._gather(range(i, -1, -1), plan.backward_elements, plan.backward_units)
+
+        def grad_ready(_p: torch.Tensor) -> None:
+            # the unit's gradients are all accumulated: its backward is done (FSDP's
+            # post-backward hook)
+            self._waiting[i] -= 1
+            if self._waiting[i]:
+                return
+            if plan.backward_post_prefetch and i > 0:
+                self._gather(range(i - 1, -1, -1), plan.backward_elements, 1)
+            self._release(i, "freed_after_backward")
+
+        sub.register_forward_pre_hook(pre_forward)
+        sub.register_forward_hook(post_forward)
+        sub.register_full_backward_pre_hook(pre_backward)
+        for _, p in self._units[i]:
+            p.register_post_accumulate_grad_hook(grad_ready)
+
+    def _release(self, i: int, counter: str) -> None:
+        """Free unit ``i`` once more than the plan's live elements are gathered."""
+        if i in self._live and self._live_elements() > self.plan.max_live_elements:
+            self._free([i])
+            self.stats[counter] += 1
+
+    def _live_elements(self) -> int:
+        return sum(self._sizes[j] for j in self._live)
+
+    def _gather(self, order: range, budget: int, units: int, count: bool = True) -> None:
+        """All-gather, in one call, the units among the first ``units`` of ``order`` (the
+        one about to run, then the prefetch) that are not whole, within ``budget``
+        elements (the first always); ``count``: record the live peak."""
         todo: list[int] = []
         held = 0
-        for j in range(index, len(self._units)):
-            size = sum(math.prod(self._shapes[n]) for n, _ in self._units[j])
-            if j in self._live or (todo and (held + size > budget or len(todo) >= units)):
+        for k, j in enumerate(order):
+            if k >= units:
+                break
+            if j in self._live:
+                continue
+            size = self._sizes[j]
+            if todo and held + size > budget:
                 break
             todo.append(j)
             held += size
+        if not todo:
+            return
         named = [item for j in todo for item in self._units[j]]
         with torch.no_grad():
             for name, p in named:
@@ -131,13 +184,20 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._live.update(todo)
         self.stats["gathers"] += 1
         self.stats["gathered_elements"] += held
+        if count:
+            self.stats["max_live_elements"] = max(self.stats["max_live_elements"],
+                                                  self._live_elements())
 
-    def _free(self) -> None:
-        """Drop the whole parameters (the store keeps this rank's shard)."""
+    def _free(self, units: list[int] | None = None) -> None:
+        """Drop the whole parameters of ``units`` (default: all); the store keeps this
+        rank's shard. Autograd saved the parameter objects, not their data, so a unit
+        gathered again before its backward computes with its whole values."""
+        chosen = range(len(self._units)) if units is None else units
         with torch.no_grad():
-            for _, p in self._named:
-                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        self._live.clear()
+            for j in chosen:
+                for _, p in self._units[j]:
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._live.difference_update(chosen)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -161,4 +221,5 @@ class FullyShardedDataParallel(torch.nn.Module):
     def gather_parameters(self) -> None:
         """Make every parameter whole now (e.g. to evaluate or save). Collective."""
         for i in range(len(self._units)):
-            self._gather(i)
+            self._gather(range(i, len(self._units)), self.plan.forward_elements,
+                         self.plan.forward_units, count=False)

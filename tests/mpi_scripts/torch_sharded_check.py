@@ -71,7 +71,10 @@ CONFIGS = [
     ("zero", {"stage": 3, "param_persistence_threshold": 0}),
     ("zero", {"stage": 3, "param_persistence_threshold": 0, "prefetch_bucket_size": 100}),
     ("zero", {"stage": 3}),
+    ("zero", {"stage": 3, "param_persistence_threshold": 0, "max_live_parameters": 100,
+              "prefetch_bucket_size": 100}),
     ("fsdp", {}), ("fsdp", {"forward_prefetch": True}),
+    ("fsdp", {"backward_prefetch": "BACKWARD_POST"}), ("fsdp", {"backward_prefetch": "none"}),
     ("fsdp", {"sharding_strategy": "SHARD_GRAD_OP"}), ("fsdp", {"sharding_strategy": "NO_SHARD"}),
     ("fsdp", {"sharding_strategy": "HYBRID_SHARD", "ranks_per_host": 1}),
 ]
