@@ -160,7 +160,8 @@ class FrontEndPlan:
     """When a front end (:class:`ddpbench.torch.FullyShardedDataParallel`) gathers and frees
     a sharded unit: at most ``*_elements`` elements and ``*_units`` units per gather call
     before a forward and a backward, a prefetch after a unit's backward, and the gathered
-    elements beyond which a unit is freed after its forward (0: always)."""
+    elements beyond which a unit is freed after its forward and after its backward (0:
+    always)."""
 
     forward_elements: int
     forward_units: int
@@ -254,7 +255,7 @@ class _Engine:
         p = self.params.get(name)
         if p is None or not p.counts or p.numel != tensor.size or p.dtype != tensor.dtype:
             if self.optimizer is not None:
-                raise KeyError(f"zero: {name!r} is not a parameter of this store (or has "
+                raise ValueError(f"zero: {name!r} is not a parameter of this store (or has "
                                f"another size or dtype): broadcast it before push_pull with "
                                f"an optimizer, as kv.init in MXNet")
             counts = shard_counts(tensor.size, self.shard.size)
@@ -394,7 +395,7 @@ class _Engine:
         for n, o in zip(names, outs):
             p = self.params.get(n)
             if p is None:
-                raise KeyError(f"zero: {n!r} is not a parameter of this store; broadcast it "
+                raise ValueError(f"zero: {n!r} is not a parameter of this store; broadcast it "
                                f"first")
             if p.numel != o.size or p.dtype != o.dtype:
                 raise ValueError(f"zero: gather of {n!r} into {o.dtype}{list(o.shape)}, the "
