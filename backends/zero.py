@@ -159,9 +159,11 @@ _ANY = 1 << 62  # no bound
 class FrontEndPlan:
     """When a front end (:class:`ddpbench.torch.FullyShardedDataParallel`) gathers and frees
     a sharded unit: at most ``*_elements`` elements and ``*_units`` units per gather call
-    before a forward and a backward, a prefetch after a unit's backward, and the gathered
+    before a forward and a backward, a prefetch after a unit's backward, the gathered
     elements beyond which a unit is freed after its forward and after its backward (0:
-    always)."""
+    always), and whether gradients are reduced during backward (in buckets of
+    ``reduce_bucket_elements``, filled by parameter or by unit, asynchronously with
+    ``reduce_async``) or all at the step."""
 
     forward_elements: int
     forward_units: int
@@ -169,6 +171,10 @@ class FrontEndPlan:
     backward_units: int
     backward_post_prefetch: bool
     max_live_elements: int
+    reduce_in_backward: bool = False
+    reduce_async: bool = False
+    reduce_bucket_elements: int = _ANY
+    reduce_per_parameter: bool = False
 
 
 def _starts(counts: list[int]) -> list[int]:
@@ -475,8 +481,13 @@ class ZeroStore(EngineStore):
         also keeps one reused within ``stage3_max_reuse_distance``, 1e9 elements by
         default, which this rule does not model)."""
         o = self.options
+        # stage_1_and_2.py: gradient hooks reduce buckets during backward at stage 2 or
+        # with overlap_comm (asynchronously then), else all after backward; stage3.py
+        # always from its hooks
+        in_backward = o.stage == 3 or (o.stage == 2 or o.overlap()) and o.stage > 0
         return FrontEndPlan(o.prefetch_bucket_size, _ANY, o.prefetch_bucket_size, _ANY,
-                            False, o.max_live_parameters)
+                            False, o.max_live_parameters, in_backward, o.overlap(),
+                            o.reduce_bucket_size, True)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -669,9 +680,11 @@ class FsdpStore(ZeroStore):
         neither; after its backward a unit is freed again (``_post_backward_reshard``)."""
         o = self.options
         prefetch = o.backward_prefetch
+        # every strategy reduces a unit's gradient in its post-backward hook, on its own
+        # stream (_post_backward_hook, _reduce_grad)
         return FrontEndPlan(_ANY, 2 if o.forward_prefetch else 1, _ANY,
                             2 if prefetch == "BACKWARD_PRE" else 1,
-                            prefetch == "BACKWARD_POST", 0)
+                            prefetch == "BACKWARD_POST", 0, True, True, 1)
 
     def _make_comms(self) -> tuple[Any, Any, Any]:
         comm = self._world.role_comm.Dup()

@@ -21,15 +21,23 @@ and keeps its parameters in a ``zero`` or ``fsdp`` store, which holds the optimi
   order in the same call; BACKWARD_POST gathers it once this unit's gradients are all
   accumulated); when they are, the unit is freed by the same rule
   (``_post_backward_reshard``);
-- :meth:`step` hands every gradient to one ``push_pull`` (the store reduce-scatters in its
-  buckets, updates its shard and, below stage 3, all-gathers the new weights into the
-  parameters), then frees the sharded parameters again.
+- gradients go to the store (``push_pull``: it reduce-scatters in its buckets, updates its
+  shard and, below stage 3, all-gathers the new weights into the parameters) from
+  post-accumulate-grad hooks where the original reduces during backward: FSDP every unit's
+  at the end of its backward, asynchronously (``_post_backward_hook``); ZeRO stage 2 and
+  3, and any stage with ``overlap_comm``, each parameter's into a bucket of
+  ``reduce_bucket_size`` elements that goes when the next would overflow it, asynchronously
+  with ``overlap_comm`` (``stage_1_and_2.py``, ``stage3.py``); otherwise (stages 0 and 1)
+  all of them at :meth:`step`;
+- :meth:`step` sends what is left, waits for every reduction, then frees the sharded
+  parameters again.
 
 A freed parameter is an empty tensor; autograd saved the parameter objects, not their
 data, so a unit gathered again before its backward computes with its whole values.
-Gradients are reduced at :meth:`step`, after backward, not overlapped with it (the
-simulator models ``overlap_comm``). ``stats`` counts the gather calls, the units freed and
-the peak of gathered elements. N ranks on batch/N equal one process on the whole batch
+An asynchronous reduction runs on the engine thread while backward goes on (the
+parameters it updates are those whose gradients are complete); every rank issues the same
+calls in the same order, the order autograd runs the hooks. ``stats`` counts the gather
+calls, the units freed, the reductions and the peak of gathered elements. N ranks on batch/N equal one process on the whole batch
 (tests/mpi/test_zero.py). CPU tensors are shared with the store without copies; CUDA
 tensors are staged through host memory by the store.
 
@@ -44,6 +52,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -108,11 +117,16 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._sizes = [sum(math.prod(self._shapes[n]) for n, _ in unit) for unit in self._units]
         self._waiting = [0] * len(self._units)  # gradients of a unit not yet accumulated
         self.stats = {"gathers": 0, "gathered_elements": 0, "max_live_elements": 0,
-                      "freed_after_forward": 0, "freed_after_backward": 0}
+                      "freed_after_forward": 0, "freed_after_backward": 0, "reductions": 0}
+        # gradients by their index in self._named: those waiting for a fuller bucket, sent
+        self._index = {name: k for k, (name, _) in enumerate(self._named)}
+        self._pending: list[int] = []
+        self._sent: set[int] = set()
+        self._handles: list[Any] = []
         if self.sharded:
             self._free()
-            for i, sub in enumerate(self._owners()):
-                self._hook(i, sub)
+        for i, sub in enumerate(self._owners()):
+            self._hook(i, sub)
 
     def _owners(self) -> list[torch.nn.Module]:
         """The modules of :func:`_units`, in the same order."""
@@ -120,11 +134,13 @@ class FullyShardedDataParallel(torch.nn.Module):
                 if any(True for _ in sub.parameters(recurse=False))]
 
     def _hook(self, i: int, sub: torch.nn.Module) -> None:
-        """Unit ``i``'s gathers and frees around its forward and backward."""
+        """Unit ``i``'s gathers, frees and gradient reduction around its forward and
+        backward."""
         plan, last = self.plan, len(self._units)
 
         def pre_forward(_m: Any, _args: Any) -> None:
-            self._gather(range(i, last), plan.forward_elements, plan.forward_units)
+            if self.sharded:
+                self._gather(range(i, last), plan.forward_elements, plan.forward_units)
             self._waiting[i] = len(self._units[i])
 
         def post_forward(_m: Any, _args: Any, _out: Any) -> None:
@@ -133,21 +149,65 @@ class FullyShardedDataParallel(torch.nn.Module):
         def pre_backward(_m: Any, _grad: Any) -> None:
             self._gather(range(i, -1, -1), plan.backward_elements, plan.backward_units)
 
-        def grad_ready(_p: torch.Tensor) -> None:
-            # the unit's gradients are all accumulated: its backward is done (FSDP's
-            # post-backward hook)
+        own = [self._index[name] for name, _ in self._units[i]]
+
+        def grad_ready(k: int) -> None:
+            # DeepSpeed's gradient hook: each parameter's gradient into the bucket
+            if plan.reduce_in_backward and plan.reduce_per_parameter:
+                self._bucket([k])
             self._waiting[i] -= 1
             if self._waiting[i]:
                 return
-            if plan.backward_post_prefetch and i > 0:
+            # the unit's gradients are all accumulated: FSDP's post-backward hook
+            if self.sharded and plan.backward_post_prefetch and i > 0:
                 self._gather(range(i - 1, -1, -1), plan.backward_elements, 1)
+            if plan.reduce_in_backward and not plan.reduce_per_parameter:
+                self._bucket(own)
             self._release(i, "freed_after_backward")
 
         sub.register_forward_pre_hook(pre_forward)
-        sub.register_forward_hook(post_forward)
-        sub.register_full_backward_pre_hook(pre_backward)
-        for _, p in self._units[i]:
-            p.register_post_accumulate_grad_hook(grad_ready)
+        for k, (_, p) in zip(own, self._units[i]):
+            p.register_post_accumulate_grad_hook(lambda _p, k=k: grad_ready(k))
+        if self.sharded:
+            sub.register_forward_hook(post_forward)
+            sub.register_full_backward_pre_hook(pre_backward)
+
+    def _bucket(self, ks: list[int]) -> None:
+        """Add gradients ``ks`` (a parameter's, or a unit's) to the bucket being filled: a
+        bucket they would overflow goes first (DeepSpeed's ``reduce_independent_p_g_buckets_
+        and_remove_grads``), a full one at once (FSDP: each unit's at its backward's end)."""
+        limit = self.plan.reduce_bucket_elements
+        size = sum(self._numel(k) for k in ks)
+        if self._pending and sum(self._numel(k) for k in self._pending) + size > limit:
+            self._send(self._pending)
+            self._pending = []
+        self._pending.extend(ks)
+        if sum(self._numel(k) for k in self._pending) >= limit:
+            self._send(self._pending)
+            self._pending = []
+
+    def _numel(self, k: int) -> int:
+        return math.prod(self._shapes[self._named[k][0]])
+
+    def _send(self, ks: list[int]) -> None:
+        """One ``push_pull`` of these gradients (asynchronous where the plan overlaps it
+        with backward); a parameter without a gradient sends zeros."""
+        names, grads, outs = [], [], []
+        for k in ks:
+            name, p = self._named[k]
+            g = p.grad
+            if g is None:
+                g = torch.zeros(self._shapes[name], dtype=p.dtype, device=p.device)
+            names.append(name)
+            grads.append(as_array(g.detach().contiguous()))
+            outs.append(as_array(g.detach().clone()) if self.sharded else as_array(p.data))
+        self._sent.update(ks)
+        self.stats["reductions"] += 1
+        if self.plan.reduce_async:
+            self._handles.append(self.kv.push_pull_async(names, grads, output=outs,
+                                                         op="average"))
+        else:
+            self.kv.push_pull(names, grads, output=outs, op="average")
 
     def _release(self, i: int, counter: str) -> None:
         """Free unit ``i`` once more than the plan's live elements are gathered."""
@@ -203,18 +263,21 @@ class FullyShardedDataParallel(torch.nn.Module):
         return self.module(*args, **kwargs)
 
     def step(self) -> None:
-        """Reduce every gradient and update (collective: every rank calls it).
-
-        A parameter without a gradient sends zeros, so every rank makes the same call.
-        """
-        grads, outs = [], []
-        for name, p in self._named:
-            g = p.grad
-            if g is None:
-                g = torch.zeros(self._shapes[name], dtype=p.dtype, device=p.device)
-            grads.append(as_array(g.detach().contiguous()))
-            outs.append(as_array(p.data) if not self.sharded else as_array(g.detach().clone()))
-        self.kv.push_pull([n for n, _ in self._named], grads, output=outs, op="average")
+        """Reduce every gradient not reduced during backward, wait for all, update
+        (collective: every rank calls it), then free the sharded parameters."""
+        if self._pending:
+            self._send(self._pending)
+        rest = [k for k in range(len(self._named)) if k not in self._sent]
+        if rest:
+            saved, self.plan = self.plan, dataclasses.replace(self.plan, reduce_async=False)
+            try:
+                self._send(rest)
+            finally:
+                self.plan = saved
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.wait()
+        self._pending, self._sent = [], set()
         if self.sharded:
             self._free()
 

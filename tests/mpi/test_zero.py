@@ -63,7 +63,7 @@ def test_torch_fully_sharded_data_parallel_on_n_ranks_equals_one_process(n):
     pytest.importorskip("torch")
     out = run_mpi(n, SCRIPTS / "torch_sharded_check.py", timeout=300)
     rows = results(out, "torch_sharded", size=n)
-    assert len(rows) == 14, out[-3000:]
+    assert len(rows) == 17, out[-3000:]
     assert all(r["max_abs_diff"] < 1e-5 for r in rows)
     by = {(r["backend"], tuple(sorted(r["knobs"].items()))): r["stats"] for r in rows}
     # units: Linear(7, 11) 88, Linear(11, 9) 108, Linear(9, 5) 50 elements; 8 steps and a
@@ -90,6 +90,17 @@ def test_torch_fully_sharded_data_parallel_on_n_ranks_equals_one_process(n):
     tight = by[("zero", (("max_live_parameters", 100), ("param_persistence_threshold", 0),
                          ("prefetch_bucket_size", 100), ("stage", 3)))]
     assert tight["freed_after_forward"] == tight["freed_after_backward"] == 16
+    # gradients reduced from the backward hooks in 100-element buckets (backward order:
+    # 50, then 108 overflows it: [50] goes, [108] is full and goes, [88] at the step) at
+    # stage 2 (DeepSpeed's partition_gradients) and with overlap_comm (asynchronously);
+    # stage 1 without overlap_comm reduces everything after backward in one call
+    for knobs in ((("reduce_bucket_size", 100), ("stage", 2)),
+                  (("overlap_comm", True), ("reduce_bucket_size", 100), ("stage", 1))):
+        assert by[("zero", knobs)]["reductions"] == 24
+        assert by[("zero", knobs)]["reduce_scatter"] == 24
+    assert by[("zero", (("reduce_bucket_size", 100), ("stage", 1)))]["reductions"] == 8
+    # FSDP reduces every unit at the end of its backward: 3 a step
+    assert full["reductions"] == 24
 
 
 @pytest.mark.gpu

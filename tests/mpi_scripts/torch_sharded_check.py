@@ -68,6 +68,9 @@ def run(backend: str, knobs: dict) -> tuple[float, dict]:
 
 CONFIGS = [
     ("zero", {"stage": 0}), ("zero", {"stage": 1}), ("zero", {"stage": 2}),
+    ("zero", {"stage": 1, "reduce_bucket_size": 100}),
+    ("zero", {"stage": 1, "reduce_bucket_size": 100, "overlap_comm": True}),
+    ("zero", {"stage": 2, "reduce_bucket_size": 100}),
     ("zero", {"stage": 3, "param_persistence_threshold": 0}),
     ("zero", {"stage": 3, "param_persistence_threshold": 0, "prefetch_bucket_size": 100}),
     ("zero", {"stage": 3}),
