@@ -52,7 +52,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -189,9 +188,9 @@ class FullyShardedDataParallel(torch.nn.Module):
     def _numel(self, k: int) -> int:
         return math.prod(self._shapes[self._named[k][0]])
 
-    def _send(self, ks: list[int]) -> None:
+    def _send(self, ks: list[int], wait: bool = False) -> None:
         """One ``push_pull`` of these gradients (asynchronous where the plan overlaps it
-        with backward); a parameter without a gradient sends zeros."""
+        with backward, unless ``wait``); a parameter without a gradient sends zeros."""
         names, grads, outs = [], [], []
         for k in ks:
             name, p = self._named[k]
@@ -203,7 +202,7 @@ class FullyShardedDataParallel(torch.nn.Module):
             outs.append(as_array(g.detach().clone()) if self.sharded else as_array(p.data))
         self._sent.update(ks)
         self.stats["reductions"] += 1
-        if self.plan.reduce_async:
+        if self.plan.reduce_async and not wait:
             self._handles.append(self.kv.push_pull_async(names, grads, output=outs,
                                                          op="average"))
         else:
@@ -269,11 +268,7 @@ class FullyShardedDataParallel(torch.nn.Module):
             self._send(self._pending)
         rest = [k for k in range(len(self._named)) if k not in self._sent]
         if rest:
-            saved, self.plan = self.plan, dataclasses.replace(self.plan, reduce_async=False)
-            try:
-                self._send(rest)
-            finally:
-                self.plan = saved
+            self._send(rest, wait=True)
         handles, self._handles = self._handles, []
         for h in handles:
             h.wait()
