@@ -47,9 +47,11 @@ last ranks' shards may be short or empty). Buckets hold whole parameters in call
 the bucket goes alone) and one dtype each.
 
 Every call is collective and runs in call order on the process's engine thread (one
-``MPI_Reduce_scatter``/``MPI_Allgatherv``/``MPI_Allreduce`` per bucket); with
-``check_consistency`` (default) each call first compares the names, shapes and dtypes of
-every rank, so a disagreement raises on every rank instead of hanging.
+``MPI_Reduce_scatter``/``MPI_Allgatherv``/``MPI_Allreduce`` per bucket); a list given to
+``push_pull`` is one call, bucketed as a whole; ``push_pull_async`` returns at once, so a
+front end overlaps the reduction with its backward pass. With ``check_consistency``
+(default) each call first compares the names, element counts and dtypes of every rank,
+so a disagreement raises on every rank instead of hanging.
 
 Example:
     >>> kv = ddpbench.create("zero", stage=2)     # ddpbench launch -n 4 -- ...
