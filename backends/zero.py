@@ -47,9 +47,11 @@ last ranks' shards may be short or empty). Buckets hold whole parameters in call
 the bucket goes alone) and one dtype each.
 
 Every call is collective and runs in call order on the process's engine thread (one
-``MPI_Reduce_scatter``/``MPI_Allgatherv``/``MPI_Allreduce`` per bucket); with
-``check_consistency`` (default) each call first compares the names, shapes and dtypes of
-every rank, so a disagreement raises on every rank instead of hanging.
+``MPI_Reduce_scatter``/``MPI_Allgatherv``/``MPI_Allreduce`` per bucket); a list given to
+``push_pull`` is one call, bucketed as a whole; ``push_pull_async`` returns at once, so a
+front end overlaps the reduction with its backward pass. With ``check_consistency``
+(default) each call first compares the names, element counts and dtypes of every rank,
+so a disagreement raises on every rank instead of hanging.
 
 Example:
     >>> kv = ddpbench.create("zero", stage=2)     # ddpbench launch -n 4 -- ...
@@ -84,7 +86,7 @@ from ddpbench.contract import FsdpKnobs, ZeroKnobs
 from ddpbench.optim import SGD
 from ddpbench.tensor_ops import byte_view
 
-__all__ = ["RANKS_PER_HOST_ENV", "FsdpStore", "ZeroStore", "shard_counts"]
+__all__ = ["RANKS_PER_HOST_ENV", "FrontEndPlan", "FsdpStore", "ZeroStore", "shard_counts"]
 
 RANKS_PER_HOST_ENV = "DDPBENCH_RANKS_PER_HOST"
 """HYBRID_SHARD's host size when ``ranks_per_host`` is None and this variable is set (a
@@ -150,6 +152,31 @@ def _back(host: np.ndarray, a: Any) -> None:
     if is_cupy(a):
         with a.device:
             a.set(host)
+
+
+_ANY = 1 << 62  # no bound
+
+
+@dataclass(frozen=True)
+class FrontEndPlan:
+    """When a front end (:class:`ddpbench.torch.FullyShardedDataParallel`) gathers and frees
+    a sharded unit: at most ``*_elements`` elements and ``*_units`` units per gather call
+    before a forward and a backward, a prefetch after a unit's backward, the gathered
+    elements beyond which a unit is freed after its forward and after its backward (0:
+    always), and whether gradients are reduced during backward (in buckets of
+    ``reduce_bucket_elements``, filled by parameter or by unit, asynchronously with
+    ``reduce_async``) or all at the step."""
+
+    forward_elements: int
+    forward_units: int
+    backward_elements: int
+    backward_units: int
+    backward_post_prefetch: bool
+    max_live_elements: int
+    reduce_in_backward: bool = False
+    reduce_async: bool = False
+    reduce_bucket_elements: int = _ANY
+    reduce_per_parameter: bool = False
 
 
 def _starts(counts: list[int]) -> list[int]:
@@ -236,7 +263,7 @@ class _Engine:
         p = self.params.get(name)
         if p is None or not p.counts or p.numel != tensor.size or p.dtype != tensor.dtype:
             if self.optimizer is not None:
-                raise KeyError(f"zero: {name!r} is not a parameter of this store (or has "
+                raise ValueError(f"zero: {name!r} is not a parameter of this store (or has "
                                f"another size or dtype): broadcast it before push_pull with "
                                f"an optimizer, as kv.init in MXNet")
             counts = shard_counts(tensor.size, self.shard.size)
@@ -248,9 +275,12 @@ class _Engine:
 
     # -- the collectives ----------------------------------------------------------------
     def check(self, kind: str, names: list[Any], tensors: list[np.ndarray]) -> None:
+        """Raise MismatchError on every rank unless all ranks make this call with the same
+        names, element counts and dtypes (one 16-byte allreduce of a fingerprint first)."""
         if self.validate and self.comm.size > 1:
-            shapes = tuple((tuple(t.shape), dtype_name(t.dtype)) for t in tensors)
-            check_consistent(self.comm, Meta(kind, tuple(names), repr(shapes), ()))
+            dtypes = ",".join(dtype_name(t.dtype) for t in tensors)
+            sizes = tuple(int(t.size) for t in tensors)
+            check_consistent(self.comm, Meta(kind, tuple(names), dtypes, sizes))
 
     def allreduce(self, bufs: list[np.ndarray], op: ReduceOp, comm: Any = None) -> None:
         """Allreduce flat arrays of one dtype as one buffer (a bucket)."""
@@ -373,7 +403,7 @@ class _Engine:
         for n, o in zip(names, outs):
             p = self.params.get(n)
             if p is None:
-                raise KeyError(f"zero: {n!r} is not a parameter of this store; broadcast it "
+                raise ValueError(f"zero: {n!r} is not a parameter of this store; broadcast it "
                                f"first")
             if p.numel != o.size or p.dtype != o.dtype:
                 raise ValueError(f"zero: gather of {n!r} into {o.dtype}{list(o.shape)}, the "
@@ -444,10 +474,22 @@ class ZeroStore(EngineStore):
         HYBRID_SHARD): ``push_pull`` does not write them, :meth:`gather` does."""
         return not self._zero.plan.keep_full
 
-    def prefetch_plan(self) -> tuple[int, int]:
-        """(elements, units) a front end gathers at most in one call before a unit's
-        forward: DeepSpeed's ``stage3_prefetch_bucket_size`` elements, any number of units."""
-        return self.options.prefetch_bucket_size, 1 << 30
+    def front_end_plan(self) -> FrontEndPlan:
+        """ZeRO-3's fetch and release (``partitioned_param_coordinator.py``): before a
+        module's forward or backward its parameters and, ahead in execution order, the next
+        modules' within ``prefetch_bucket_size`` elements; after its forward and after its
+        backward a module is released once more than ``max_live_parameters`` elements are
+        gathered (DeepSpeed
+        also keeps one reused within ``stage3_max_reuse_distance``, 1e9 elements by
+        default, which this rule does not model)."""
+        o = self.options
+        # stage_1_and_2.py: gradient hooks reduce buckets during backward at stage 2 or
+        # with overlap_comm (asynchronously then), else all after backward; stage3.py
+        # always from its hooks
+        in_backward = o.stage == 3 or (o.stage == 2 or o.overlap()) and o.stage > 0
+        return FrontEndPlan(o.prefetch_bucket_size, _ANY, o.prefetch_bucket_size, _ANY,
+                            False, o.max_live_parameters, in_backward, o.overlap(),
+                            o.reduce_bucket_size, True)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -631,10 +673,20 @@ class FsdpStore(ZeroStore):
     def _plan(self) -> _Plan:
         return _plan_fsdp(self.options)
 
-    def prefetch_plan(self) -> tuple[int, int]:
-        """FSDP gathers the unit about to run and, with ``forward_prefetch``, the next one
-        (``_runtime_utils.py``, ``_prefetch_handle``): at most two units, whatever size."""
-        return 1 << 62, 2 if self.options.forward_prefetch else 1
+    def front_end_plan(self) -> FrontEndPlan:
+        """FSDP's unshard and reshard (``_runtime_utils.py``): before a unit's forward its
+        all-gather, with ``forward_prefetch`` the next unit's too (``_prefetch_handle``);
+        FULL_SHARD and HYBRID_SHARD free a unit after its forward (``_post_forward_reshard``)
+        and gather it again before its backward, BACKWARD_PRE with the next unit in
+        backward order, BACKWARD_POST that one after the unit's gradients, ``none``
+        neither; after its backward a unit is freed again (``_post_backward_reshard``)."""
+        o = self.options
+        prefetch = o.backward_prefetch
+        # every strategy reduces a unit's gradient in its post-backward hook, on its own
+        # stream (_post_backward_hook, _reduce_grad)
+        return FrontEndPlan(_ANY, 2 if o.forward_prefetch else 1, _ANY,
+                            2 if prefetch == "BACKWARD_PRE" else 1,
+                            prefetch == "BACKWARD_POST", 0, True, True, 1)
 
     def _make_comms(self) -> tuple[Any, Any, Any]:
         comm = self._world.role_comm.Dup()

@@ -11,17 +11,35 @@ and keeps its parameters in a ``zero`` or ``fsdp`` store, which holds the optimi
   HYBRID_SHARD) every parameter is then freed (an empty tensor);
 - before a unit's forward, a pre-forward hook all-gathers its parameters (and, as
   DeepSpeed's prefetch of ``prefetch_bucket_size`` elements or FSDP's ``forward_prefetch``,
-  the next units' in the same call): ``stage3.py``'s ``fetch_sub_module``, FSDP's
-  ``_pre_forward_unshard`` (``_runtime_utils.py``);
-- :meth:`step` hands every gradient to one ``push_pull`` (the store reduce-scatters in its
-  buckets, updates its shard and, below stage 3, all-gathers the new weights into the
-  parameters), then frees the sharded parameters again.
+  the next units' in the same call): ``partitioned_param_coordinator.py``'s
+  ``fetch_sub_module``, FSDP's ``_pre_forward_unshard`` (``_runtime_utils.py``);
+- after the forward the unit is freed where the store's plan says
+  (:meth:`~ddpbench.backends.zero.ZeroStore.front_end_plan`: FSDP's FULL_SHARD and
+  HYBRID_SHARD always, ``_post_forward_reshard``; ZeRO-3 once more than
+  ``max_live_parameters`` elements are gathered, ``release_sub_module``), and gathered
+  again in a pre-backward hook (FSDP's BACKWARD_PRE prefetches the next unit in backward
+  order in the same call; BACKWARD_POST gathers it once this unit's gradients are all
+  accumulated); when they are, the unit is freed by the same rule
+  (``_post_backward_reshard``);
+- gradients go to the store (``push_pull``: it reduce-scatters in its buckets, updates its
+  shard and, below stage 3, all-gathers the new weights into the parameters) from
+  post-accumulate-grad hooks where the original reduces during backward: FSDP every unit's
+  at the end of its backward, asynchronously (``_post_backward_hook``); ZeRO stage 2 and
+  3, and any stage with ``overlap_comm``, each parameter's into a bucket of
+  ``reduce_bucket_size`` elements that goes when the next would overflow it, asynchronously
+  with ``overlap_comm`` (``stage_1_and_2.py``, ``stage3.py``); otherwise (stages 0 and 1)
+  all of them at :meth:`step`;
+- :meth:`step` sends what is left, waits for every reduction, then frees the sharded
+  parameters again.
 
-The gathered parameters live from their unit's forward to the step (through backward),
-so this front end does not bound them by ``max_live_parameters``; gradients are reduced
-after backward, not overlapped with it. N ranks on batch/N equal one process on the whole
-batch (tests/mpi/test_zero.py). CPU tensors are shared with the store without copies;
-CUDA tensors are staged through host memory by the store.
+A freed parameter is an empty tensor; autograd saved the parameter objects, not their
+data, so a unit gathered again before its backward computes with its whole values.
+An asynchronous reduction runs on the engine thread while backward goes on (the
+parameters it updates are those whose gradients are complete); every rank issues the same
+calls in the same order, the order autograd runs the hooks. ``stats`` counts the gather
+calls, the units freed, the reductions and the peak of gathered elements. N ranks on batch/N equal one process on the whole batch
+(tests/mpi/test_zero.py). CPU tensors are shared with the store without copies; CUDA
+tensors are staged through host memory by the store.
 
 Example:
     >>> kv = ddpbench.create("zero", stage=3, param_persistence_threshold=0)
@@ -93,36 +111,130 @@ class FullyShardedDataParallel(torch.nn.Module):
                               root_rank=root_rank)
         self.kv.set_optimizer(optimizer)
         self.sharded = bool(self.kv.holds_sharded_params)
+        self.plan = self.kv.front_end_plan()
         self._live: set[int] = set()
-        self.stats = {"gathers": 0, "gathered_elements": 0}
+        self._sizes = [sum(math.prod(self._shapes[n]) for n, _ in unit) for unit in self._units]
+        self._waiting = [0] * len(self._units)  # gradients of a unit not yet accumulated
+        self.stats = {"gathers": 0, "gathered_elements": 0, "max_live_elements": 0,
+                      "freed_after_forward": 0, "freed_after_backward": 0, "reductions": 0}
+        # gradients by their index in self._named: those waiting for a fuller bucket, sent
+        self._index = {name: k for k, (name, _) in enumerate(self._named)}
+        self._pending: list[int] = []
+        self._sent: set[int] = set()
+        self._handles: list[Any] = []
         if self.sharded:
             self._free()
-            for i, sub in enumerate(self._owners()):
-                sub.register_forward_pre_hook(self._pre_forward(i))
+        for i, sub in enumerate(self._owners()):
+            self._hook(i, sub)
 
     def _owners(self) -> list[torch.nn.Module]:
         """The modules of :func:`_units`, in the same order."""
         return [sub for _, sub in self.module.named_modules()
                 if any(True for _ in sub.parameters(recurse=False))]
 
-    def _pre_forward(self, index: int) -> Any:
-        def hook(_module: torch.nn.Module, _args: Any) -> None:
-            self._gather(index)
-        return hook
+    def _hook(self, i: int, sub: torch.nn.Module) -> None:
+        """Unit ``i``'s gathers, frees and gradient reduction around its forward and
+        backward."""
+        plan, last = self.plan, len(self._units)
 
-    def _gather(self, index: int) -> None:
-        """All-gather unit ``index`` and the following units within the prefetch budget."""
-        if index in self._live:
-            return
-        budget, units = self.kv.prefetch_plan()
+        def pre_forward(_m: Any, _args: Any) -> None:
+            if self.sharded:
+                self._gather(range(i, last), plan.forward_elements, plan.forward_units)
+            self._waiting[i] = len(self._units[i])
+
+        def post_forward(_m: Any, _args: Any, _out: Any) -> None:
+            self._release(i, "freed_after_forward")
+
+        def pre_backward(_m: Any, _grad: Any) -> None:
+            self._gather(range(i, -1, -1), plan.backward_elements, plan.backward_units)
+
+        own = [self._index[name] for name, _ in self._units[i]]
+
+        def grad_ready(k: int) -> None:
+            # DeepSpeed's gradient hook: each parameter's gradient into the bucket
+            if plan.reduce_in_backward and plan.reduce_per_parameter:
+                self._bucket([k])
+            self._waiting[i] -= 1
+            if self._waiting[i]:
+                return
+            # the unit's gradients are all accumulated: FSDP's post-backward hook
+            if self.sharded and plan.backward_post_prefetch and i > 0:
+                self._gather(range(i - 1, -1, -1), plan.backward_elements, 1)
+            if plan.reduce_in_backward and not plan.reduce_per_parameter:
+                self._bucket(own)
+            self._release(i, "freed_after_backward")
+
+        sub.register_forward_pre_hook(pre_forward)
+        for k, (_, p) in zip(own, self._units[i]):
+            p.register_post_accumulate_grad_hook(lambda _p, k=k: grad_ready(k))
+        if self.sharded:
+            sub.register_forward_hook(post_forward)
+            sub.register_full_backward_pre_hook(pre_backward)
+
+    def _bucket(self, ks: list[int]) -> None:
+        """Add gradients ``ks`` (a parameter's, or a unit's) to the bucket being filled: a
+        bucket they would overflow goes first (DeepSpeed's ``reduce_independent_p_g_buckets_
+        and_remove_grads``), a full one at once (FSDP: each unit's at its backward's end)."""
+        limit = self.plan.reduce_bucket_elements
+        size = sum(self._numel(k) for k in ks)
+        if self._pending and sum(self._numel(k) for k in self._pending) + size > limit:
+            self._send(self._pending)
+            self._pending = []
+        self._pending.extend(ks)
+        if sum(self._numel(k) for k in self._pending) >= limit:
+            self._send(self._pending)
+            self._pending = []
+
+    def _numel(self, k: int) -> int:
+        return math.prod(self._shapes[self._named[k][0]])
+
+    def _send(self, ks: list[int], wait: bool = False) -> None:
+        """One ``push_pull`` of these gradients (asynchronous where the plan overlaps it
+        with backward, unless ``wait``); a parameter without a gradient sends zeros."""
+        names, grads, outs = [], [], []
+        for k in ks:
+            name, p = self._named[k]
+            g = p.grad
+            if g is None:
+                g = torch.zeros(self._shapes[name], dtype=p.dtype, device=p.device)
+            names.append(name)
+            grads.append(as_array(g.detach().contiguous()))
+            outs.append(as_array(g.detach().clone()) if self.sharded else as_array(p.data))
+        self._sent.update(ks)
+        self.stats["reductions"] += 1
+        if self.plan.reduce_async and not wait:
+            self._handles.append(self.kv.push_pull_async(names, grads, output=outs,
+                                                         op="average"))
+        else:
+            self.kv.push_pull(names, grads, output=outs, op="average")
+
+    def _release(self, i: int, counter: str) -> None:
+        """Free unit ``i`` once more than the plan's live elements are gathered."""
+        if i in self._live and self._live_elements() > self.plan.max_live_elements:
+            self._free([i])
+            self.stats[counter] += 1
+
+    def _live_elements(self) -> int:
+        return sum(self._sizes[j] for j in self._live)
+
+    def _gather(self, order: range, budget: int, units: int, count: bool = True) -> None:
+        """All-gather, in one call, the units among the first ``units`` of ``order`` (the
+        one about to run, then the prefetch) that are not whole, within ``budget``
+        elements (the first always); ``count``: record the live peak."""
         todo: list[int] = []
         held = 0
-        for j in range(index, len(self._units)):
-            size = sum(math.prod(self._shapes[n]) for n, _ in self._units[j])
-            if j in self._live or (todo and (held + size > budget or len(todo) >= units)):
+        for k, j in enumerate(order):
+            if k >= units:
+                break
+            if j in self._live:
+                continue
+            size = self._sizes[j]
+            if todo and held + size > budget:
                 break
             todo.append(j)
             held += size
+        if not todo:
+            return
         named = [item for j in todo for item in self._units[j]]
         with torch.no_grad():
             for name, p in named:
@@ -131,34 +243,41 @@ class FullyShardedDataParallel(torch.nn.Module):
         self._live.update(todo)
         self.stats["gathers"] += 1
         self.stats["gathered_elements"] += held
+        if count:
+            self.stats["max_live_elements"] = max(self.stats["max_live_elements"],
+                                                  self._live_elements())
 
-    def _free(self) -> None:
-        """Drop the whole parameters (the store keeps this rank's shard)."""
+    def _free(self, units: list[int] | None = None) -> None:
+        """Drop the whole parameters of ``units`` (default: all); the store keeps this
+        rank's shard. Autograd saved the parameter objects, not their data, so a unit
+        gathered again before its backward computes with its whole values."""
+        chosen = range(len(self._units)) if units is None else units
         with torch.no_grad():
-            for _, p in self._named:
-                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        self._live.clear()
+            for j in chosen:
+                for _, p in self._units[j]:
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self._live.difference_update(chosen)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
     def step(self) -> None:
-        """Reduce every gradient and update (collective: every rank calls it).
-
-        A parameter without a gradient sends zeros, so every rank makes the same call.
-        """
-        grads, outs = [], []
-        for name, p in self._named:
-            g = p.grad
-            if g is None:
-                g = torch.zeros(self._shapes[name], dtype=p.dtype, device=p.device)
-            grads.append(as_array(g.detach().contiguous()))
-            outs.append(as_array(p.data) if not self.sharded else as_array(g.detach().clone()))
-        self.kv.push_pull([n for n, _ in self._named], grads, output=outs, op="average")
+        """Reduce every gradient not reduced during backward, wait for all, update
+        (collective: every rank calls it), then free the sharded parameters."""
+        if self._pending:
+            self._send(self._pending)
+        rest = [k for k in range(len(self._named)) if k not in self._sent]
+        if rest:
+            self._send(rest, wait=True)
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.wait()
+        self._pending, self._sent = [], set()
         if self.sharded:
             self._free()
 
     def gather_parameters(self) -> None:
         """Make every parameter whole now (e.g. to evaluate or save). Collective."""
         for i in range(len(self._units)):
-            self._gather(i)
+            self._gather(range(i, len(self._units)), self.plan.forward_elements,
+                         self.plan.forward_units, count=False)

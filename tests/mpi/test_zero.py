@@ -3,6 +3,7 @@ has them against NumPy references, and the ``zero``/``fsdp`` engines against one
 the whole batch."""
 
 import pytest
+from conftest import gpu_or_skip
 from mpiutil import SCRIPTS, results, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -62,13 +63,57 @@ def test_torch_fully_sharded_data_parallel_on_n_ranks_equals_one_process(n):
     pytest.importorskip("torch")
     out = run_mpi(n, SCRIPTS / "torch_sharded_check.py", timeout=300)
     rows = results(out, "torch_sharded", size=n)
-    assert len(rows) == 11, out[-3000:]
+    assert len(rows) == 17, out[-3000:]
     assert all(r["max_abs_diff"] < 1e-5 for r in rows)
     by = {(r["backend"], tuple(sorted(r["knobs"].items()))): r["stats"] for r in rows}
-    # FULL_SHARD: one all-gather per parameter (6) before each unit's forward, 8 steps + 1
-    # final gather; with forward_prefetch each call gathers two units, so fewer calls
-    full, ahead = by[("fsdp", ())], by[("fsdp", (("forward_prefetch", True),))]
-    assert full["gathers"] == 27 and ahead["gathers"] == 18
-    assert full["allgather"] == ahead["allgather"] == 54 and full["reduce_scatter"] == 48
-    # ZeRO-3: one all-gather bucket per unit (prefetch 5e7), 9 gathers in all
-    assert by[("zero", (("param_persistence_threshold", 0), ("stage", 3)))]["allgather"] == 9
+    # units: Linear(7, 11) 88, Linear(11, 9) 108, Linear(9, 5) 50 elements; 8 steps and a
+    # final gather_parameters
+    full = by[("fsdp", ())]
+    # FULL_SHARD: every unit gathered before its forward, freed after it, gathered again
+    # before its backward (BACKWARD_PRE: with the next unit in backward order, so the
+    # first two of backward go in one call) and freed after it: 8 x (3 + 2) + 3 calls,
+    # 8 x 6 + 3 unit gathers of two tensors each
+    assert full["gathers"] == 43 and full["allgather"] == 102 and full["reduce_scatter"] == 48
+    assert full["freed_after_forward"] == full["freed_after_backward"] == 24
+    assert full["max_live_elements"] == 108 + 88  # the current unit and the prefetched one
+    assert by[("fsdp", (("forward_prefetch", True),))]["gathers"] == 8 * (2 + 2) + 2
+    none = by[("fsdp", (("backward_prefetch", "none"),))]
+    assert none["gathers"] == 51 and none["max_live_elements"] == 108  # one unit at a time
+    post = by[("fsdp", (("backward_prefetch", "BACKWARD_POST"),))]
+    assert post["gathers"] == 51 and post["max_live_elements"] == 108 + 88
+    # ZeRO-3 at the default prefetch bucket (5e7) and max_live_parameters (1e9): the whole
+    # model in one all-gather before the first forward, kept until the step
+    zero3 = by[("zero", (("param_persistence_threshold", 0), ("stage", 3)))]
+    assert zero3["allgather"] == 9 and zero3["freed_after_forward"] == 0
+    # max_live_parameters 100: a unit is released after its forward and backward while
+    # more than 100 elements are gathered
+    tight = by[("zero", (("max_live_parameters", 100), ("param_persistence_threshold", 0),
+                         ("prefetch_bucket_size", 100), ("stage", 3)))]
+    assert tight["freed_after_forward"] == tight["freed_after_backward"] == 16
+    # gradients reduced from the backward hooks in 100-element buckets (backward order:
+    # 50, then 108 overflows it: [50] goes, [108] is full and goes, [88] at the step) at
+    # stage 2 (DeepSpeed's partition_gradients) and with overlap_comm (asynchronously);
+    # stage 1 without overlap_comm reduces everything after backward in one call
+    for knobs in ((("reduce_bucket_size", 100), ("stage", 2)),
+                  (("overlap_comm", True), ("reduce_bucket_size", 100), ("stage", 1))):
+        assert by[("zero", knobs)]["reductions"] == 24
+        assert by[("zero", knobs)]["reduce_scatter"] == 24
+    assert by[("zero", (("reduce_bucket_size", 100), ("stage", 1)))]["reductions"] == 8
+    # FSDP reduces every unit at the end of its backward: 3 a step
+    assert full["reductions"] == 24
+
+
+@pytest.mark.gpu
+def test_cupy_arrays_go_through_the_sharding_stores_staged_on_the_host():
+    gpu_or_skip()
+    out = run_mpi(2, SCRIPTS / "zero_check.py", "gpu", timeout=180)
+    assert len(results(out, "gpu", size=2)) == 3, out[-3000:]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranks_that_disagree_get_one_error_on_every_rank(n):
+    out = run_mpi(n, SCRIPTS / "zero_check.py", "mismatch", timeout=120)
+    rows = results(out, "mismatch")
+    assert sorted(r["backend"] for r in rows) == ["fsdp", "zero"], out[-3000:]
+    assert all("Mismatched shape for ('a',): rank 0 sent (4,), rank 1 sent (5,)" in r["message"]
+               for r in rows)

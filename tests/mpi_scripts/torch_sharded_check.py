@@ -68,10 +68,16 @@ def run(backend: str, knobs: dict) -> tuple[float, dict]:
 
 CONFIGS = [
     ("zero", {"stage": 0}), ("zero", {"stage": 1}), ("zero", {"stage": 2}),
+    ("zero", {"stage": 1, "reduce_bucket_size": 100}),
+    ("zero", {"stage": 1, "reduce_bucket_size": 100, "overlap_comm": True}),
+    ("zero", {"stage": 2, "reduce_bucket_size": 100}),
     ("zero", {"stage": 3, "param_persistence_threshold": 0}),
     ("zero", {"stage": 3, "param_persistence_threshold": 0, "prefetch_bucket_size": 100}),
     ("zero", {"stage": 3}),
+    ("zero", {"stage": 3, "param_persistence_threshold": 0, "max_live_parameters": 100,
+              "prefetch_bucket_size": 100}),
     ("fsdp", {}), ("fsdp", {"forward_prefetch": True}),
+    ("fsdp", {"backward_prefetch": "BACKWARD_POST"}), ("fsdp", {"backward_prefetch": "none"}),
     ("fsdp", {"sharding_strategy": "SHARD_GRAD_OP"}), ("fsdp", {"sharding_strategy": "NO_SHARD"}),
     ("fsdp", {"sharding_strategy": "HYBRID_SHARD", "ranks_per_host": 1}),
 ]

@@ -203,6 +203,57 @@ def check_train() -> None:
                        stats=stats, shard_elements=shard)
 
 
+def check_gpu() -> None:
+    """CuPy arrays through the sharding stores (staged through the host), against NumPy."""
+    import cupy
+
+    cupy.cuda.Device(world().local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+    for name, knobs in (("zero", {"stage": 2}),
+                        ("zero", {"stage": 3, "param_persistence_threshold": 0}),
+                        ("fsdp", {})):
+        kv = ddpbench.create(name, **knobs)
+        rank, size = kv.rank, kv.num_workers
+        w = cupy.asarray(np.arange(10, dtype=np.float32) * (rank == 0))
+        kv.broadcast(["w"], [w])
+        kv.set_optimizer(ddpbench.SGD(lr=0.5))
+        g = cupy.full(10, float(rank + 1), dtype=cupy.float32)
+        kv.push_pull(["w"], [g], output=[w], op="average")
+        if kv.holds_sharded_params:
+            kv.gather(["w"], [w])
+        want = np.arange(10, dtype=np.float32) - np.float32(0.5 * (size + 1) / 2)
+        assert np.allclose(cupy.asnumpy(w), want, atol=1e-6), (name, cupy.asnumpy(w), want)
+        got = kv.allgather("ag", cupy.full((rank + 1, 2), rank, dtype=cupy.float32))
+        assert isinstance(got, cupy.ndarray)
+        assert np.array_equal(cupy.asnumpy(got), np.concatenate(
+            [np.full((r + 1, 2), r, np.float32) for r in range(size)]))
+        part = kv.reduce_scatter("rs", cupy.ones(7, dtype=cupy.float32))
+        assert np.array_equal(cupy.asnumpy(part), np.array_split(np.full(7, size, np.float32),
+                                                                 size)[rank])
+        kv.close()
+        if rank == 0:
+            result("gpu", backend=name, knobs=knobs, size=size)
+
+
+def check_mismatch() -> None:
+    """Ranks that disagree get the same error on every rank, naming both sides."""
+    from ddpbench.backends._common import MismatchError
+
+    for name in ("zero", "fsdp"):
+        kv = ddpbench.create(name, stage=2) if name == "zero" else ddpbench.create(name)
+        rank = kv.rank
+        kv.broadcast(["a"], [np.zeros(4, np.float32)])
+        grad = np.ones(4 + (rank == 1), np.float32)
+        try:
+            kv.push_pull(["a"], [grad])
+        except MismatchError as err:
+            assert "rank 0 sent (4,), rank 1 sent (5,)" in str(err), err
+            if rank == 0:
+                result("mismatch", backend=name, message=str(err))
+        else:
+            raise AssertionError(f"{name}: no error for shapes that differ across ranks")
+        kv.close()
+
+
 def main() -> None:
     case = sys.argv[1]
     if case == "collectives":
@@ -213,6 +264,10 @@ def main() -> None:
             check_not_implemented(name)
     elif case == "train":
         check_train()
+    elif case == "gpu":
+        check_gpu()
+    elif case == "mismatch":
+        check_mismatch()
     else:
         raise SystemExit(f"unknown case {case!r}")
 
