@@ -433,6 +433,15 @@ class P3Knobs(PSKnobs):
         tune=(1, 16, "log"),
         tune_source="ddpbench's rule: P3's 1 up to 16 slices per socket",
         doc="slices a socket to one server holds before the sending thread blocks")
+    ties: Literal["heap", "fifo"] = knob(
+        "heap", tune="categorical", tune_original=("heap",),
+        source="P3's ps-lite, include/ps/internal/threadsafe_queue.h (std::priority_queue, "
+               "comparator l.priority <= r.priority); libstdc++ bits/stl_heap.h",
+        tune_source="P3's order and ddpbench's FIFO variant",
+        doc="how the sending thread orders slices of equal priority (a parameter's slices "
+            "all carry -its index): 'heap' = as P3's std::priority_queue with its <= "
+            "comparator leaves them (not FIFO; rules.sockets.StlHeap); 'fifo' = in the order "
+            "queued, ddpbench's own")
     water_mark: int = knob(
         0, ge=0, unit="slices", tune=(0, 16, "linear"), tune_original=(0,),
         tune_source="ddpbench's rule: 0 (P3's sockets) or a window of up to 16 slices",
@@ -443,6 +452,11 @@ class P3Knobs(PSKnobs):
         doc="True = slices go by the caller's priority (P3); False = slices go in the order "
             "they are pushed (FIFO), the paper's ablation of slicing without priorities, "
             "not a mode of P3's code")
+
+    def queue_ties(self) -> str:
+        """Return the sending thread's tie rule: ``ties``, or FIFO without priorities (the
+        ablation's slices leave in the order pushed, as ps-lite's FIFO queue sends them)."""
+        return self.ties if self.priority else "fifo"
 
 
 class BytepsKnobs(PSKnobs):

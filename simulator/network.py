@@ -331,10 +331,11 @@ class Sender:
         self.sockets: Sockets[Message] | None = None
         call_later(net.env, 0, self._go, None, 0)  # as a process's Initialize (urgent)
 
-    def use_sockets(self, hwm: int) -> None:
+    def use_sockets(self, hwm: int, ties: str = "heap") -> None:
         """Send through per-destination sockets of ``hwm`` messages (P3's ps-lite,
-        :class:`ddpbench.rules.sockets.Sockets`, the real transport's rule too)."""
-        self.sockets = Sockets(hwm)
+        :class:`ddpbench.rules.sockets.Sockets`, the real transport's rule too); ``ties``
+        orders equal priorities (:data:`ddpbench.rules.sockets.TIES`)."""
+        self.sockets = Sockets(hwm, ties)
 
     def send(self, msg: Message) -> None:
         """Queue ``msg``; larger ``priority`` goes first, equal priorities in FIFO order."""

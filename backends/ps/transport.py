@@ -143,7 +143,7 @@ class Transport(Protocol):
         self.sockets: Sockets[Msg] | None = None  # P3's sockets (:meth:`use_sockets`)
         self.configure(bandwidth_gbps, latency_us, trace)
 
-    def use_sockets(self, hwm: int) -> None:
+    def use_sockets(self, hwm: int, ties: str = "heap") -> None:
         """Send as P3's ps-lite does, with sockets of ``hwm`` messages per destination.
 
         One sending thread pops the best queued message and hands it to its destination's
@@ -151,9 +151,10 @@ class Transport(Protocol):
         thread blocks and everything behind it waits (ps-lite/src/van.cc ``Van::Sending``,
         ps-lite/src/zmq_van.h ``ZMQ_SNDHWM``). The uplink carries messages in the order they
         were handed over. The simulator's :meth:`Sender.use_sockets
-        <ddpbench.simulator.network.Sender.use_sockets>` is the same rule.
+        <ddpbench.simulator.network.Sender.use_sockets>` is the same rule. ``ties``: how
+        equal priorities leave the thread's queue (:data:`ddpbench.rules.sockets.TIES`).
         """
-        self.sockets = Sockets(hwm)
+        self.sockets = Sockets(hwm, ties)
 
     def configure(self, bandwidth_gbps: float | None, latency_us: float, trace: bool) -> None:
         self.bytes_per_s = None if bandwidth_gbps is None else bandwidth_gbps * 1e9 / 8
