@@ -442,6 +442,29 @@ class P3Knobs(PSKnobs):
             "all carry -its index): 'heap' = as P3's std::priority_queue with its <= "
             "comparator leaves them (not FIFO; rules.sockets.StlHeap); 'fifo' = in the order "
             "queued, ddpbench's own")
+    sndbuf_bytes: int = knob(
+        4_194_304, ge=0, unit="bytes",
+        source="Linux net.ipv4.tcp_wmem (Documentation/networking/ip-sysctl.rst: 4096 16384 "
+               "4194304; a busy connection's buffer autotunes from 16 KiB toward the 4 MiB "
+               "maximum, net/ipv4/tcp_input.c tcp_sndbuf_expand); P3's ps-lite sets no "
+               "ZMQ_SNDBUF (src/zmq_van.h), so libzmq leaves the kernel's",
+        tune=(0, 4_194_304, "linear"), tune_original=(4_194_304,),
+        tune_source="ddpbench's rule: no buffer up to Linux's autotuned maximum",
+        doc="bytes of each ps-lite connection's kernel send buffer, part of the flow control: "
+            "a socket holds its high-water mark of messages in ZeroMQ's pipe, one in ZeroMQ's "
+            "engine and as many as fit in this buffer, freed as they leave the host; 0 = not "
+            "modelled (a slice holds its socket until it starts on the wire, ddpbench's "
+            "earlier model); 16384 = the kernel's initial size")
+    server_sockets: Literal["own", "host"] = knob(
+        "own", tune="categorical", tune_original=("own",),
+        source="P3's ps-lite, include/ps/kv_app.h (KVServer::Response calls Van::Send, "
+               "src/zmq_van.h SendMsg: the server's own DEALER sockets, ZMQ_SNDHWM 1)",
+        tune_source="P3's processes and ddpbench's earlier simplification",
+        doc="'own' = a server is a ps-lite process of its own, colocated or not: its replies "
+            "go through its own sockets in the order answered, each counting against that "
+            "connection's high-water mark and kernel buffer, a full one holding the replies "
+            "behind it; 'host' = ddpbench's own: replies go straight onto the host's wire, "
+            "outside any socket")
     water_mark: int = knob(
         0, ge=0, unit="slices", tune=(0, 16, "linear"), tune_original=(0,),
         tune_source="ddpbench's rule: 0 (P3's sockets) or a window of up to 16 slices",

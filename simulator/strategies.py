@@ -1357,8 +1357,10 @@ class P3Strategy(_PSBase):
     worker sends as P3's ps-lite does: one sending thread pops the best slice (ties as
     P3's ``std::priority_queue`` leaves them, ``ties``) into its server's socket, which holds
     ``send_hwm`` slices, and blocks when that socket is full (:meth:`Sender.use_sockets`);
-    servers answer straight into their sockets, in the order the sums complete, without
-    priority. ``water_mark`` > 0 is ddpbench's own variant instead: at most that many
+    servers answer in the order the sums complete, without priority, through their own
+    sockets (a server is a process of its own, colocated or not: ``server_sockets``). Each
+    connection has its own pipe and kernel send buffer (``sndbuf_bytes``), the host's
+    processes one uplink. ``water_mark`` > 0 is ddpbench's own variant instead: at most that many
     slices in flight per server, acknowledged on arrival, gated slices skipped, replies
     by priority. ``priority=False`` keeps the slicing and sends every slice FIFO (the
     paper's slicing-only ablation).
@@ -1380,9 +1382,16 @@ class P3Strategy(_PSBase):
                                  prioritised=self.knobs.priority, per_tensor=True)
 
     def start(self) -> None:
-        if not self.knobs.water_mark:
+        k = self.knobs
+        if not k.water_mark:
+            # ps-lite's processes: each worker's sockets and, a process of its own on its
+            # host, each server's (server_sockets='own'), on the host's one uplink
             for w in range(self.sim.workers):
-                self.net.senders[w].use_sockets(self.knobs.send_hwm, self.knobs.queue_ties())
+                self.net.senders[w].use_sockets(k.send_hwm, k.queue_ties(), k.sndbuf_bytes)
+            if k.server_sockets == "own":
+                hosts = sorted({self.sim.server_host(j) for j in range(self.sim.num_servers)})
+                for h in hosts:
+                    self.net.senders[h].use_server_sockets(k.send_hwm, k.sndbuf_bytes)
         # (without the water mark: gate() is None, replies go straight into the sockets
         # at priority 0)
         self._plain_push = self._direct_replies = not self.knobs.water_mark

@@ -32,7 +32,7 @@ import collections
 import heapq
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["FifoHeap", "StlHeap", "Sockets", "TIES"]
+__all__ = ["FifoHeap", "StlHeap", "Sockets", "TIES", "Wire"]
 
 TIES = ("heap", "fifo")
 """How the sending thread orders equal priorities: ``"heap"`` as P3's ps-lite's
@@ -42,6 +42,9 @@ order queued (:class:`FifoHeap`, ddpbench's own)."""
 
 class _Addressed(Protocol):
     dst: int
+
+    @property
+    def nbytes(self) -> float: ...
 
 
 M = TypeVar("M", bound=_Addressed)
@@ -147,23 +150,83 @@ def make_queue(ties: str) -> StlHeap | FifoHeap:
     raise ValueError(f"ties must be one of {list(TIES)}, got {ties!r}")
 
 
-class Sockets(Generic[M]):
-    """The sending thread's queue, the sockets' occupancy and the wire's order.
+class Wire(Generic[M]):
+    """A host's uplink: messages in the order they entered their connections' kernel buffers.
 
-    Args:
-        hwm: messages a socket holds before the thread blocks (ZMQ's send high-water mark).
-        ties: how the thread's queue orders equal priorities (:data:`TIES`).
+    Every process of the host (a worker and its colocated server, each a ps-lite process of
+    its own) feeds the one NIC; the sockets of each (:class:`Sockets`) put a message here
+    when it enters the connection's kernel send buffer (or, without a buffer, when the
+    thread hands it over). :meth:`take` starts the next on the wire; :meth:`finish` says it
+    has left the host, which frees its bytes in the kernel buffer.
     """
 
-    def __init__(self, hwm: int, ties: str = "heap") -> None:
+    __slots__ = ("q", "air")
+
+    def __init__(self) -> None:
+        # (time it entered, message, its sockets or None for a reply outside them)
+        self.q: collections.deque[tuple[float, M, Sockets[M] | None]] = collections.deque()
+        self.air: dict[int, Sockets[M]] = {}  # id(message) -> its sockets, while sent
+
+    def head_time(self) -> float | None:
+        """Return when the next message entered (None: nothing to send)."""
+        return self.q[0][0] if self.q else None
+
+    def take(self, now: float = 0.0) -> M | None:
+        """Start the next message at ``now``; without a kernel buffer its socket frees a place."""
+        if not self.q:
+            return None
+        _, msg, owner = self.q.popleft()
+        if owner is not None:
+            if owner.sndbuf:
+                self.air[id(msg)] = owner
+            else:
+                owner._taken(msg, now)
+        return msg
+
+    def finish(self, msg: M, now: float = 0.0) -> None:
+        """Say ``msg`` (from :meth:`take`) has left at ``now``: its kernel bytes are free."""
+        owner = self.air.pop(id(msg), None)
+        if owner is not None:
+            owner._finished(msg, now)
+
+
+class Sockets(Generic[M]):
+    """One ps-lite process's sending side: its thread's queue and one socket per connection.
+
+    Each connection (destination) has its own ZeroMQ pipe of ``hwm`` messages and, with
+    ``sndbuf`` > 0, its own kernel send buffer of ``sndbuf`` bytes: ZeroMQ's I/O thread
+    takes one message at a time out of the pipe (a place frees as it does) and writes it
+    into the connection's TCP socket as the kernel buffer has room; the buffer drains onto
+    the host's :class:`Wire`. So a connection holds ``hwm`` messages in its pipe, one in
+    ZeroMQ's engine and as many whole messages in the kernel as fit in ``sndbuf`` bytes (a
+    message larger than the buffer goes in alone when it is empty). A message's bytes stay
+    in the buffer until it has left the wire (:meth:`Wire.finish`). With ``sndbuf`` = 0 the
+    kernel buffer is not modelled: a message holds its pipe place until it starts on the
+    wire (ddpbench's simpler model). The thread blocks on a connection without room, and
+    every message behind it waits (head-of-line blocking), whatever its destination.
+
+    Args:
+        hwm: messages a socket's pipe holds before the thread blocks (ZMQ's send high-water
+            mark).
+        ties: how the thread's queue orders equal priorities (:data:`TIES`).
+        sndbuf: bytes of each connection's kernel send buffer (0: not modelled).
+        wire: the host's uplink, shared with the host's other processes (None: a new one).
+    """
+
+    def __init__(self, hwm: int, ties: str = "heap", sndbuf: int = 0,
+                 wire: Wire[M] | None = None) -> None:
         if hwm < 1:
             raise ValueError(f"hwm must be >= 1 message, got {hwm}")
-        self.hwm = hwm
+        if sndbuf < 0:
+            raise ValueError(f"sndbuf must be >= 0 bytes (0: not modelled), got {sndbuf}")
+        self.hwm, self.sndbuf = hwm, sndbuf
+        self.wire: Wire[M] = Wire() if wire is None else wire
         # (-priority, sequence, ..., message), best first
         self.ready: StlHeap | FifoHeap = make_queue(ties)
-        self.pipes: dict[int, int] = collections.defaultdict(int)
-        # (time handed over, message, counted against its socket)
-        self.wire: collections.deque[tuple[float, M, bool]] = collections.deque()
+        self.pipes: dict[int, int] = collections.defaultdict(int)  # sndbuf 0: not yet sent
+        # sndbuf > 0: per connection, handed over but not yet in the kernel (engine, pipe)
+        self.held: dict[int, collections.deque[M]] = collections.defaultdict(collections.deque)
+        self.kbytes: dict[int, float] = collections.defaultdict(float)
         self.blocked: M | None = None
 
     def queue(self, entry: tuple[Any, ...], now: float = 0.0) -> None:
@@ -171,48 +234,76 @@ class Sockets(Generic[M]):
         if self.blocked is None and not self.ready:
             # (the thread is idle: it hands this message over at once, without the heap)
             msg = entry[-1]
-            if self.pipes[msg.dst] >= self.hwm:
-                self.blocked = msg
+            if self._room(msg.dst):
+                self._put(msg, now)
             else:
-                self.pipes[msg.dst] += 1
-                self.wire.append((now, msg, True))
+                self.blocked = msg
             return
         self.ready.push(entry)
         self._hand_over(now)
 
     def direct(self, msg: M, now: float = 0.0) -> None:
-        """Put a server's reply on the wire behind what is there (not through the queue)."""
-        self.wire.append((now, msg, False))
+        """Put a reply on the wire behind what is there, outside the sockets (a variant)."""
+        self.wire.q.append((now, msg, None))
 
     def head_time(self) -> float | None:
-        """Return when the wire's next message was handed over (None: nothing to send)."""
-        return self.wire[0][0] if self.wire else None
+        """Return when the wire's next message entered (None: nothing to send)."""
+        return self.wire.head_time()
 
     def take(self, now: float = 0.0) -> M | None:
-        """Start the wire's next message at ``now``; its socket frees a place."""
-        if not self.wire:
-            return None
-        _, msg, counted = self.wire.popleft()
-        if counted:
-            self.pipes[msg.dst] -= 1
-        blocked = self.blocked
-        if blocked is not None and self.pipes[blocked.dst] < self.hwm:
-            self.blocked = None
-            self.pipes[blocked.dst] += 1
-            self.wire.append((now, blocked, True))
-            self._hand_over(now)
-        return msg
+        """Start the wire's next message at ``now`` (:meth:`Wire.take`)."""
+        return self.wire.take(now)
+
+    def finish(self, msg: M, now: float = 0.0) -> None:
+        """Say ``msg`` has left the wire (:meth:`Wire.finish`)."""
+        self.wire.finish(msg, now)
 
     def idle(self) -> bool:
-        """Return True when nothing is queued, held or waiting for the wire."""
-        return not (self.ready or self.wire or self.blocked is not None)
+        """Return True when nothing is queued, held, buffered or waiting for the wire."""
+        return not (self.ready or self.wire.q or self.blocked is not None
+                    or any(self.held.values()) or any(self.kbytes.values()))
+
+    def _room(self, dst: int) -> bool:
+        if not self.sndbuf:
+            return self.pipes[dst] < self.hwm
+        return len(self.held[dst]) <= self.hwm  # the engine's one and the pipe's hwm
+
+    def _put(self, msg: M, now: float) -> None:
+        if not self.sndbuf:
+            self.pipes[msg.dst] += 1
+            self.wire.q.append((now, msg, self))
+            return
+        self.held[msg.dst].append(msg)
+        self._to_kernel(msg.dst, now)
+
+    def _to_kernel(self, dst: int, now: float) -> None:
+        held, sndbuf = self.held[dst], self.sndbuf
+        while held and (not self.kbytes[dst] or self.kbytes[dst] + held[0].nbytes <= sndbuf):
+            msg = held.popleft()
+            self.kbytes[dst] += msg.nbytes
+            self.wire.q.append((now, msg, self))
+
+    def _taken(self, msg: M, now: float) -> None:
+        self.pipes[msg.dst] -= 1
+        self._unblock(now)
+
+    def _finished(self, msg: M, now: float) -> None:
+        self.kbytes[msg.dst] -= msg.nbytes
+        self._to_kernel(msg.dst, now)
+        self._unblock(now)
+
+    def _unblock(self, now: float) -> None:
+        blocked = self.blocked
+        if blocked is not None and self._room(blocked.dst):
+            self.blocked = None
+            self._put(blocked, now)
+            self._hand_over(now)
 
     def _hand_over(self, now: float) -> None:
         # The sending thread: best message first into its socket; stop at a full socket.
         while self.blocked is None and self.ready:
             msg = self.ready.pop()[-1]
-            if self.pipes[msg.dst] >= self.hwm:
+            if not self._room(msg.dst):
                 self.blocked = msg
                 return
-            self.pipes[msg.dst] += 1
-            self.wire.append((now, msg, True))
+            self._put(msg, now)
