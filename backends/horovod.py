@@ -87,7 +87,7 @@ from ddpbench.backends._common import (
     mpi_allreduce,
     mpi_module,
 )
-from ddpbench.comm import Protocol
+from ddpbench.comm import Finalizer, Protocol
 from ddpbench.contract import HorovodKnobs
 from ddpbench.rules.fusion import (
     fuse_responses,
@@ -282,6 +282,10 @@ class _HorovodProtocol(Protocol):
         self.half_rule = options.gpu_half_scaling
         self.cache = _ResponseCache(options.cache_capacity)
         self.nccl: Any = None  # made by the first GPU group, at the same point on every rank
+        # Horovod's finalizer thread (gpu_operations.cc FinalizeGPUQueue): completes NCCL
+        # groups while the cycle goes on; made by the first deferred group
+        self.finalizer: Finalizer | None = None
+        self._defer = False  # set while a deferred group is enqueued
         self.stage: Any = None
         self.gpu_fusion: Any = None
         self.pending: dict[Any, Request] = {}
@@ -558,6 +562,9 @@ class _HorovodProtocol(Protocol):
         if tl is not None:  # PerformOperation: Timeline::Start per tensor
             for r in reqs:
                 tl.start(r.meta.name, kind, r.meta.nbytes)
+        if self._deferred(reqs[0].meta):
+            self._execute_deferred(kind, reqs)
+            return
         if kind == "broadcast":
             req = reqs[0]
             try:
@@ -583,6 +590,43 @@ class _HorovodProtocol(Protocol):
             self._end_timeline(reqs, ok=True)
             for req in reqs:
                 req.handle.set_result(req.output)
+
+    def _deferred(self, meta: Meta) -> bool:
+        """Return True when a group's completion goes to the finalizer thread: NCCL on GPU
+        (Horovod's GPU ops return InProgress), without a timeline (ddpbench's timeline is
+        written by the engine thread alone, so a timed run waits in the cycle)."""
+        return meta.device == "gpu" and self.gpu_transport == "nccl" and self.timeline is None
+
+    def _execute_deferred(self, kind: str, reqs: list[Request]) -> None:
+        """Enqueue the group's kernels and NCCL call on the stream, record an event after
+        them and hand its completion to the finalizer thread (FinalizeGPUQueue): it waits on
+        the event and completes the handles; the cycle goes on at once. The next group's
+        copies into the fusion buffer are ordered after this one's on the same stream."""
+        self._defer = True
+        try:
+            if kind == "broadcast":
+                self._reduce_gpu(reqs[0].tensor.reshape(-1), None, root=reqs[0].meta.root)
+            else:
+                self._allreduce(reqs)
+            event = self.nccl.record()
+        except Exception as err:
+            for req in reqs:
+                req.handle.set_error(err)
+            return
+        finally:
+            self._defer = False
+        if self.finalizer is None:
+            self.finalizer = Finalizer("ddpbench-horovod-finalizer")
+        results = [r.tensor if kind == "broadcast" else r.output for r in reqs]
+
+        def done(error: BaseException | None) -> None:
+            for req, result in zip(reqs, results):
+                if error is not None:
+                    req.handle.set_error(error)
+                else:
+                    req.handle.set_result(result)
+
+        self.finalizer.submit(event.synchronize, done)
 
     def _end_timeline(self, reqs: list[Request], ok: bool) -> None:
         """Timeline::End per tensor (with its dtype and shape when it succeeded), on disk
@@ -706,12 +750,13 @@ class _HorovodProtocol(Protocol):
         if self.nccl is None:
             with self.act("INIT_NCCL"):
                 self.nccl = gpu.NcclComm(self.data, buf.device.id)
+        sync = not self._defer  # deferred: the finalizer waits on an event instead
         if op is None:
             with self.act("NCCL_BCAST"):
-                self.nccl.bcast(buf, root)
+                self.nccl.bcast(buf, root, sync)
         else:
             with self.act("NCCL_ALLREDUCE"):
-                self.nccl.allreduce(buf, op)
+                self.nccl.allreduce(buf, op, sync)
 
 
 @register("horovod")
@@ -789,6 +834,8 @@ class HorovodStore(RequestStore):
         proto = self._proto
 
         def free() -> None:
+            if proto.finalizer is not None:  # every deferred group done before NCCL goes
+                proto.finalizer.close()
             if proto.nccl is not None:
                 proto.nccl.close()
             proto.ctrl.Free()
