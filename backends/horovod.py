@@ -40,7 +40,11 @@ CuPy tensors fuse in a GPU buffer, with prescale and postscale done by one kerne
 also copies in and out (:mod:`ddpbench.gpu`; fp16 by Horovod's CUDA rule, half factor and
 half multiply, unless ``gpu_half_scaling="float"``), and reduce through NCCL
 (``gpu_transport="nccl"``, one rank per GPU) or through the CPU path via pinned host
-memory (``"host"``, which also runs several ranks on one GPU).
+memory (``"host"``, which also runs several ranks on one GPU). Under NCCL the cycle does not
+wait for a group: it enqueues the copies and the collective on the stream, records an event
+and hands the group's completion to a finalizer thread (:class:`ddpbench.comm.Finalizer`),
+as Horovod's ``FinalizeGPUQueue`` does (``horovod/common/ops/gpu_operations.cc``); with a
+timeline it still waits.
 
 :mod:`ddpbench.numerics` reproduces ``algorithm="ring"`` bit for bit (the ring's chunk
 order); ``"mpi"`` reduces in the MPI library's own order, which the emulator does not

@@ -448,6 +448,8 @@ class Sender:
                 # Priority orders only the sending thread: on the wire and at the switch
                 # every message is equal (TCP through a plain switch).
                 msg.priority = 0
+            elif self._queue:  # (a host with only a server's sockets sent one plainly)
+                msg = self._next()
         else:
             msg = self._next()
         if msg is None:
