@@ -40,7 +40,11 @@ CuPy tensors fuse in a GPU buffer, with prescale and postscale done by one kerne
 also copies in and out (:mod:`ddpbench.gpu`; fp16 by Horovod's CUDA rule, half factor and
 half multiply, unless ``gpu_half_scaling="float"``), and reduce through NCCL
 (``gpu_transport="nccl"``, one rank per GPU) or through the CPU path via pinned host
-memory (``"host"``, which also runs several ranks on one GPU).
+memory (``"host"``, which also runs several ranks on one GPU). Under NCCL the cycle does not
+wait for a group: it enqueues the copies and the collective on the stream, records an event
+and hands the group's completion to a finalizer thread (:class:`ddpbench.comm.Finalizer`),
+as Horovod's ``FinalizeGPUQueue`` does (``horovod/common/ops/gpu_operations.cc``); with a
+timeline it still waits.
 
 :mod:`ddpbench.numerics` reproduces ``algorithm="ring"`` bit for bit (the ring's chunk
 order); ``"mpi"`` reduces in the MPI library's own order, which the emulator does not
@@ -89,7 +93,7 @@ from ddpbench.backends._common import (
     mpi_module,
     run_gather_scatter,
 )
-from ddpbench.comm import Protocol
+from ddpbench.comm import Finalizer, Protocol
 from ddpbench.contract import HorovodKnobs
 from ddpbench.rules.fusion import (
     fuse_responses,
@@ -284,6 +288,10 @@ class _HorovodProtocol(Protocol):
         self.half_rule = options.gpu_half_scaling
         self.cache = _ResponseCache(options.cache_capacity)
         self.nccl: Any = None  # made by the first GPU group, at the same point on every rank
+        # Horovod's finalizer thread (gpu_operations.cc FinalizeGPUQueue): completes NCCL
+        # groups while the cycle goes on; made by the first deferred group
+        self.finalizer: Finalizer | None = None
+        self._defer = False  # set while a deferred group is enqueued
         self.stage: Any = None
         self.gpu_fusion: Any = None
         self.pending: dict[Any, Request] = {}
@@ -560,6 +568,9 @@ class _HorovodProtocol(Protocol):
         if tl is not None:  # PerformOperation: Timeline::Start per tensor
             for r in reqs:
                 tl.start(r.meta.name, kind, r.meta.nbytes)
+        if self._deferred(reqs[0].meta):
+            self._execute_deferred(kind, reqs)
+            return
         if kind == "broadcast":
             req = reqs[0]
             try:
@@ -597,6 +608,43 @@ class _HorovodProtocol(Protocol):
             self._end_timeline(reqs, ok=True)
             for req in reqs:
                 req.handle.set_result(req.output)
+
+    def _deferred(self, meta: Meta) -> bool:
+        """Return True when a group's completion goes to the finalizer thread: NCCL on GPU
+        (Horovod's GPU ops return InProgress), without a timeline (ddpbench's timeline is
+        written by the engine thread alone, so a timed run waits in the cycle)."""
+        return meta.device == "gpu" and self.gpu_transport == "nccl" and self.timeline is None
+
+    def _execute_deferred(self, kind: str, reqs: list[Request]) -> None:
+        """Enqueue the group's kernels and NCCL call on the stream, record an event after
+        them and hand its completion to the finalizer thread (FinalizeGPUQueue): it waits on
+        the event and completes the handles; the cycle goes on at once. The next group's
+        copies into the fusion buffer are ordered after this one's on the same stream."""
+        self._defer = True
+        try:
+            if kind == "broadcast":
+                self._reduce_gpu(reqs[0].tensor.reshape(-1), None, root=reqs[0].meta.root)
+            else:
+                self._allreduce(reqs)
+            event = self.nccl.record()
+        except Exception as err:
+            for req in reqs:
+                req.handle.set_error(err)
+            return
+        finally:
+            self._defer = False
+        if self.finalizer is None:
+            self.finalizer = Finalizer("ddpbench-horovod-finalizer")
+        results = [r.tensor if kind == "broadcast" else r.output for r in reqs]
+
+        def done(error: BaseException | None) -> None:
+            for req, result in zip(reqs, results):
+                if error is not None:
+                    req.handle.set_error(error)
+                else:
+                    req.handle.set_result(result)
+
+        self.finalizer.submit(event.synchronize, done)
 
     def _end_timeline(self, reqs: list[Request], ok: bool) -> None:
         """Timeline::End per tensor (with its dtype and shape when it succeeded), on disk
@@ -720,12 +768,13 @@ class _HorovodProtocol(Protocol):
         if self.nccl is None:
             with self.act("INIT_NCCL"):
                 self.nccl = gpu.NcclComm(self.data, buf.device.id)
+        sync = not self._defer  # deferred: the finalizer waits on an event instead
         if op is None:
             with self.act("NCCL_BCAST"):
-                self.nccl.bcast(buf, root)
+                self.nccl.bcast(buf, root, sync)
         else:
             with self.act("NCCL_ALLREDUCE"):
-                self.nccl.allreduce(buf, op)
+                self.nccl.allreduce(buf, op, sync)
 
 
 @register("horovod")
@@ -803,6 +852,8 @@ class HorovodStore(RequestStore):
         proto = self._proto
 
         def free() -> None:
+            if proto.finalizer is not None:  # every deferred group done before NCCL goes
+                proto.finalizer.close()
             if proto.nccl is not None:
                 proto.nccl.close()
             proto.ctrl.Free()

@@ -31,7 +31,8 @@ from typing import Any
 
 from ddpbench.api import Handle
 
-__all__ = ["Engine", "Protocol", "World", "engine", "init", "precise_timers", "world"]
+__all__ = ["Engine", "Finalizer", "Protocol", "World", "engine", "init", "precise_timers",
+           "world"]
 
 
 @dataclass(frozen=True)
@@ -349,6 +350,75 @@ class Engine:
                 last_active = time.monotonic()
             elif busy and (idle_s <= spin_s or moving):
                 time.sleep(0)  # yield the GIL (and the core) between polls
+
+
+class Finalizer:
+    """One thread that completes work another thread has only enqueued, in order.
+
+    Horovod's GPU operations return ``InProgress`` once the device work is enqueued and hand
+    its completion to a finalizer thread pool (``horovod/common/ops/gpu_operations.cc``,
+    ``GPUOpContext::FinalizeGPUQueue``; one thread per NCCL stream, ``HOROVOD_NUM_NCCL_STREAMS``
+    = 1 by default, ``operations.cc``): the pool waits for the events recorded after the
+    work, then ends the timeline and calls the entries' callbacks, while the background
+    loop goes on planning the next cycle. :meth:`submit` queues ``(wait, done)``: the
+    thread runs ``wait()`` (e.g. a CUDA event's ``synchronize``), then ``done(None)``, or
+    ``done(error)`` when ``wait`` raised; jobs finish in the order submitted. It imports no
+    GPU module, so its queue logic runs anywhere.
+    """
+
+    def __init__(self, name: str = "ddpbench-finalizer") -> None:
+        self._cv = threading.Condition()
+        self._jobs: list[tuple[Callable[[], Any], Callable[[BaseException | None], None]]] = []
+        self._busy = 0  # submitted and not yet done
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, wait: Callable[[], Any],
+               done: Callable[[BaseException | None], None]) -> None:
+        """Queue one completion; returns at once."""
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the finalizer is closed; no more work can be submitted")
+            self._jobs.append((wait, done))
+            self._busy += 1
+            self._cv.notify_all()
+
+    def pending(self) -> int:
+        """Return how many submitted completions have not finished yet."""
+        with self._cv:
+            return self._busy
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Block until every submitted completion has finished (False: ``timeout`` first)."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._busy == 0, timeout)
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._jobs or self._closed)
+                if not self._jobs:
+                    return
+                wait, done = self._jobs.pop(0)
+            error: BaseException | None = None
+            try:
+                wait()
+            except BaseException as err:  # handed to ``done``, which fails the handles
+                error = err
+            try:
+                done(error)
+            finally:
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
 
 
 def _core_per_rank(local_size: int) -> bool:

@@ -435,6 +435,38 @@ class P3Knobs(PSKnobs):
         tune=(1, 16, "log"),
         tune_source="ddpbench's rule: P3's 1 up to 16 slices per socket",
         doc="slices a socket to one server holds before the sending thread blocks")
+    ties: Literal["heap", "fifo"] = knob(
+        "heap", tune="categorical", tune_original=("heap",),
+        source="P3's ps-lite, include/ps/internal/threadsafe_queue.h (std::priority_queue, "
+               "comparator l.priority <= r.priority); libstdc++ bits/stl_heap.h",
+        tune_source="P3's order and ddpbench's FIFO variant",
+        doc="how the sending thread orders slices of equal priority (a parameter's slices "
+            "all carry -its index): 'heap' = as P3's std::priority_queue with its <= "
+            "comparator leaves them (not FIFO; rules.sockets.StlHeap); 'fifo' = in the order "
+            "queued, ddpbench's own")
+    sndbuf_bytes: int = knob(
+        4_194_304, ge=0, unit="bytes",
+        source="Linux net.ipv4.tcp_wmem (Documentation/networking/ip-sysctl.rst: 4096 16384 "
+               "4194304; a busy connection's buffer autotunes from 16 KiB toward the 4 MiB "
+               "maximum, net/ipv4/tcp_input.c tcp_sndbuf_expand); P3's ps-lite sets no "
+               "ZMQ_SNDBUF (src/zmq_van.h), so libzmq leaves the kernel's",
+        tune=(0, 4_194_304, "linear"), tune_original=(4_194_304,),
+        tune_source="ddpbench's rule: no buffer up to Linux's autotuned maximum",
+        doc="bytes of each ps-lite connection's kernel send buffer, part of the flow control: "
+            "a socket holds its high-water mark of messages in ZeroMQ's pipe, one in ZeroMQ's "
+            "engine and as many as fit in this buffer, freed as they leave the host; 0 = not "
+            "modelled (a slice holds its socket until it starts on the wire, ddpbench's "
+            "earlier model); 16384 = the kernel's initial size")
+    server_sockets: Literal["own", "host"] = knob(
+        "own", tune="categorical", tune_original=("own",),
+        source="P3's ps-lite, include/ps/kv_app.h (KVServer::Response calls Van::Send, "
+               "src/zmq_van.h SendMsg: the server's own DEALER sockets, ZMQ_SNDHWM 1)",
+        tune_source="P3's processes and ddpbench's earlier simplification",
+        doc="'own' = a server is a ps-lite process of its own, colocated or not: its replies "
+            "go through its own sockets in the order answered, each counting against that "
+            "connection's high-water mark and kernel buffer, a full one holding the replies "
+            "behind it; 'host' = ddpbench's own: replies go straight onto the host's wire, "
+            "outside any socket")
     water_mark: int = knob(
         0, ge=0, unit="slices", tune=(0, 16, "linear"), tune_original=(0,),
         tune_source="ddpbench's rule: 0 (P3's sockets) or a window of up to 16 slices",
@@ -445,6 +477,11 @@ class P3Knobs(PSKnobs):
         doc="True = slices go by the caller's priority (P3); False = slices go in the order "
             "they are pushed (FIFO), the paper's ablation of slicing without priorities, "
             "not a mode of P3's code")
+
+    def queue_ties(self) -> str:
+        """Return the sending thread's tie rule: ``ties``, or FIFO without priorities (the
+        ablation's slices leave in the order pushed, as ps-lite's FIFO queue sends them)."""
+        return self.ties if self.priority else "fifo"
 
 
 class BytepsKnobs(PSKnobs):

@@ -254,8 +254,9 @@ class NcclComm:
     """An NCCL communicator over the ranks of an MPI communicator. Collective to create.
 
     Rank 0 makes the unique id and broadcasts it over ``mpi_comm``; every rank then joins
-    with the GPU its tensors live on (pick it with :func:`select_device` by local rank). Calls are stream-ordered; they return once
-    the result is ready, so a handle completed afterwards is safe to read.
+    with the GPU its tensors live on (pick it with :func:`select_device` by local rank). Calls are stream-ordered; by default they return once
+    the result is ready, so a handle completed afterwards is safe to read; with
+    ``sync=False`` they return once enqueued, and :meth:`record`'s event marks completion.
     """
 
     def __init__(self, mpi_comm: Any, device: int) -> None:
@@ -288,17 +289,27 @@ class NcclComm:
             raise TypeError(f"NCCL cannot reduce {name} arrays; supported: {sorted(_NCCL_DTYPES)}")
         return getattr(self._nccl, _NCCL_DTYPES[name])
 
-    def allreduce(self, buf: Any, op: ReduceOp) -> None:
-        """Reduce the contiguous GPU array ``buf`` in place over all ranks."""
+    def allreduce(self, buf: Any, op: ReduceOp, sync: bool = True) -> None:
+        """Reduce the contiguous GPU array ``buf`` in place over all ranks (``sync=False``:
+        return once enqueued on the stream; wait on :meth:`record` instead)."""
         self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._dtype(buf),
                             getattr(self._nccl, _NCCL_OPS[op]), self.stream.ptr)
-        self.stream.synchronize()
+        if sync:
+            self.stream.synchronize()
 
-    def bcast(self, buf: Any, root: int) -> None:
-        """Broadcast ``buf`` from ``root`` in place."""
+    def bcast(self, buf: Any, root: int, sync: bool = True) -> None:
+        """Broadcast ``buf`` from ``root`` in place (``sync`` as for :meth:`allreduce`)."""
         raw = buf.reshape(-1).view(np.uint8)
         self.comm.bcast(raw.data.ptr, raw.size, self._nccl.NCCL_UINT8, root, self.stream.ptr)
-        self.stream.synchronize()
+        if sync:
+            self.stream.synchronize()
+
+    def record(self) -> Any:
+        """Record and return an event after everything enqueued on the stream so far (its
+        ``synchronize()`` returns once that work is done: Horovod's completion marker)."""
+        event = cupy_or_raise().cuda.Event(block=True, disable_timing=True)
+        event.record(self.stream)
+        return event
 
     def close(self) -> None:
         self.comm.destroy()

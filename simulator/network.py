@@ -32,7 +32,7 @@ from typing import Any
 import simpy
 
 from ddpbench import contract
-from ddpbench.rules.sockets import Sockets
+from ddpbench.rules.sockets import Sockets, Wire
 
 __all__ = ["CountingEnvironment", "Gate", "Link", "Message", "Network", "Port", "Sender",
            "call_later", "ecmp_path"]
@@ -316,11 +316,15 @@ class Sender:
     sending thread pops the best queued message and hands it to the socket of its
     destination, which holds at most ``hwm`` messages not yet on the wire; when that socket
     is full the thread blocks, and every message behind it waits (head-of-line blocking),
-    whatever its priority or destination. The uplink carries the sockets' messages in the
-    order they were handed over. There are no acknowledgements and no gates.
+    whatever its priority or destination. With a kernel send buffer (``sndbuf``) each
+    connection also holds the message in ZeroMQ's engine and as many as fit in the buffer.
+    The uplink carries the messages in the order they entered their kernel buffers (or
+    were handed over, without one). A colocated server is a process of its own with its own
+    sockets (:meth:`use_server_sockets`) on the same uplink. No acknowledgements, no gates.
     """
 
-    __slots__ = ("net", "host", "_queue", "_idle", "_msg", "_start", "sockets")
+    __slots__ = ("net", "host", "_queue", "_idle", "_msg", "_start", "sockets",
+                 "server_sockets", "wire", "_fin")
 
     def __init__(self, net: Network, host: int) -> None:
         self.net, self.host = net, host
@@ -329,12 +333,27 @@ class Sender:
         self._msg: Message | None = None
         self._start = 0.0
         self.sockets: Sockets[Message] | None = None
+        self.server_sockets: Sockets[Message] | None = None
+        self.wire: Wire[Message] | None = None
+        self._fin: Message | None = None  # the wire's message to finish at the next _go
         call_later(net.env, 0, self._go, None, 0)  # as a process's Initialize (urgent)
 
-    def use_sockets(self, hwm: int) -> None:
+    def use_sockets(self, hwm: int, ties: str = "heap", sndbuf: int = 0) -> None:
         """Send through per-destination sockets of ``hwm`` messages (P3's ps-lite,
-        :class:`ddpbench.rules.sockets.Sockets`, the real transport's rule too)."""
-        self.sockets = Sockets(hwm)
+        :class:`ddpbench.rules.sockets.Sockets`, the real transport's rule too); ``ties``
+        orders equal priorities (:data:`ddpbench.rules.sockets.TIES`); ``sndbuf``: bytes
+        of each connection's kernel send buffer (0: not modelled)."""
+        if self.wire is None:
+            self.wire = Wire()
+        self.sockets = Sockets(hwm, ties, sndbuf, self.wire)
+
+    def use_server_sockets(self, hwm: int, sndbuf: int = 0) -> None:
+        """Give the host's server process its own sockets (P3's ps-lite): its replies
+        (:meth:`send_direct`) go through them in the order answered, each connection's
+        pipe of ``hwm`` messages and kernel buffer counting them, onto the host's uplink."""
+        if self.wire is None:
+            self.wire = Wire()
+        self.server_sockets = Sockets(hwm, "fifo", sndbuf, self.wire)
 
     def send(self, msg: Message) -> None:
         """Queue ``msg``; larger ``priority`` goes first, equal priorities in FIFO order."""
@@ -359,15 +378,22 @@ class Sender:
         """Put ``msg`` on the wire behind what is already there, bypassing the queue.
 
         A ps-lite server answers from its receiving thread straight into the socket
-        (``KVServer::Response`` calls ``Van::Send``), not through the priority queue.
+        (``KVServer::Response`` calls ``Van::Send``), not through the priority queue: with
+        the server's own sockets (:meth:`use_server_sockets`) in the order answered, a
+        full socket blocking the replies behind it; else onto the wire (a variant).
         """
-        if self.sockets is None:
+        server = self.server_sockets
+        if server is None and self.sockets is None:
             self.send(msg)
             return
         net = self.net  # (next_seq and _wake inlined: once per server reply)
         net._seq += 1
         msg.seq = net._seq
-        self.sockets.direct(msg)
+        if server is not None:
+            server.queue((0, msg.seq, msg))
+        else:
+            assert self.sockets is not None
+            self.sockets.direct(msg)
         if self._idle:
             self._idle = False
             call_later(net.env, 0, self._go)
@@ -411,13 +437,19 @@ class Sender:
         if sent is not None:
             self._msg = None
             net.record(sent, self._start, env._now)
-        sockets = self.sockets
-        if sockets is not None:
-            msg = sockets.take()
+        wire = self.wire
+        if wire is not None:
+            done = self._fin
+            if done is not None:  # it has left: its kernel bytes free, its socket moves on
+                self._fin = None
+                wire.finish(done)
+            msg = self._fin = wire.take()
             if msg is not None:
                 # Priority orders only the sending thread: on the wire and at the switch
                 # every message is equal (TCP through a plain switch).
                 msg.priority = 0
+            elif self._queue:  # (a host with only a server's sockets sent one plainly)
+                msg = self._next()
         else:
             msg = self._next()
         if msg is None:

@@ -959,12 +959,12 @@ class _PSBase(Strategy):
         :mod:`ddpbench.rules.placement`; docs/fidelity/)."""
 
     def placed_parts(self, place: Callable[[int, int], list[Part]], *,
-                     prioritised: bool) -> list[_Part]:
+                     prioritised: bool, per_tensor: bool = False) -> list[_Part]:
         """Every tensor's parts from ``place(key, numel)`` (the real backend's placement
         rule, :mod:`ddpbench.rules.placement`; the key is the one the original's front end
         declares for the tensor, :func:`~ddpbench.rules.placement.declared_keys`, the
         real backend's key counter); ``prioritised`` gives each part its layer's priority,
-        -layer, else 0 (FIFO)."""
+        -layer (``per_tensor``: its tensor's, -index in definition order), else 0 (FIFO)."""
         sim = self.sim
         tensors = sim.workload.tensors
         keys = placement.declared_keys(self.name, [t.name for t in tensors])
@@ -972,8 +972,8 @@ class _PSBase(Strategy):
         for i, (key, t) in enumerate(zip(keys, tensors)):
             for p in place(key, t.numel):
                 if p.count:
-                    parts.append(_Part(len(parts), t.layer, p.count, p.server,
-                                       -t.layer if prioritised else 0,
+                    prio = (-i if per_tensor else -t.layer) if prioritised else 0
+                    parts.append(_Part(len(parts), t.layer, p.count, p.server, prio,
                                        sim.server_host(p.server), p.count * sim.itemsize, i))
         return parts
 
@@ -1455,11 +1455,14 @@ class P3Strategy(_PSBase):
     """``p3``: priority-based parameter propagation.
 
     Slices as P3 places them (:func:`~ddpbench.rules.placement.p3_parts`), each a
-    merged push-pull with priority -layer. By default the worker sends as P3's ps-lite
-    does: one sending thread pops the best slice into its server's socket, which holds
+    merged push-pull with its parameter's priority, -index (P3's trainers). By default the
+    worker sends as P3's ps-lite does: one sending thread pops the best slice (ties as
+    P3's ``std::priority_queue`` leaves them, ``ties``) into its server's socket, which holds
     ``send_hwm`` slices, and blocks when that socket is full (:meth:`Sender.use_sockets`);
-    servers answer straight into their sockets, in the order the sums complete, without
-    priority. ``water_mark`` > 0 is ddpbench's own variant instead: at most that many
+    servers answer in the order the sums complete, without priority, through their own
+    sockets (a server is a process of its own, colocated or not: ``server_sockets``). Each
+    connection has its own pipe and kernel send buffer (``sndbuf_bytes``), the host's
+    processes one uplink. ``water_mark`` > 0 is ddpbench's own variant instead: at most that many
     slices in flight per server, acknowledged on arrival, gated slices skipped, replies
     by priority. ``priority=False`` keeps the slicing and sends every slice FIFO (the
     paper's slicing-only ablation).
@@ -1475,13 +1478,22 @@ class P3Strategy(_PSBase):
 
     def make_parts(self) -> list[_Part]:
         s, size = self.sim.num_servers, self.knobs.slice_params
+        # P3's front ends push parameter i with priority -i (python/mxnet/gluon/trainer.py,
+        # python/mxnet/model.py), every slice of it alike
         return self.placed_parts(lambda key, n: placement.p3_parts(key, n, size, s),
-                                 prioritised=self.knobs.priority)
+                                 prioritised=self.knobs.priority, per_tensor=True)
 
     def start(self) -> None:
-        if not self.knobs.water_mark:
+        k = self.knobs
+        if not k.water_mark:
+            # ps-lite's processes: each worker's sockets and, a process of its own on its
+            # host, each server's (server_sockets='own'), on the host's one uplink
             for w in range(self.sim.workers):
-                self.net.senders[w].use_sockets(self.knobs.send_hwm)
+                self.net.senders[w].use_sockets(k.send_hwm, k.queue_ties(), k.sndbuf_bytes)
+            if k.server_sockets == "own":
+                hosts = sorted({self.sim.server_host(j) for j in range(self.sim.num_servers)})
+                for h in hosts:
+                    self.net.senders[h].use_server_sockets(k.send_hwm, k.sndbuf_bytes)
         # (without the water mark: gate() is None, replies go straight into the sockets
         # at priority 0)
         self._plain_push = self._direct_replies = not self.knobs.water_mark

@@ -318,6 +318,9 @@ class Server:
             self.config = cfg
             if self.dedicated:
                 self.t.configure(cfg["bandwidth_gbps"], cfg["latency_us"], bool(cfg["trace"]))
+                sockets = cfg.get("server_sockets")
+                if sockets:  # P3's ps-lite: the server process's own sockets
+                    self.t.use_server_sockets(int(sockets["hwm"]), int(sockets["sndbuf"]))
         elif cfg != self.config:
             raise RuntimeError(f"workers disagree on the parameter-server options: {self.config} "
                                f"vs worker {msg.src}'s {cfg}")

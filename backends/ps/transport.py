@@ -30,7 +30,7 @@ from ddpbench import trace
 from ddpbench.backends._common import mpi_module
 from ddpbench.backends.ps.wire import ACK, FLAG_DATA, HEADER, TAG, TAG_DATA, Msg, np_dtype
 from ddpbench.comm import Protocol, test_all
-from ddpbench.rules.sockets import Sockets
+from ddpbench.rules.sockets import Sockets, Wire
 
 __all__ = ["Gate", "SendRecord", "Transport"]
 
@@ -141,9 +141,12 @@ class Transport(Protocol):
         # fails its pending handles).
         self.on_fail: list[Callable[[BaseException], None]] = []
         self.sockets: Sockets[Msg] | None = None  # P3's sockets (:meth:`use_sockets`)
+        self.server_sockets: Sockets[Msg] | None = None  # (:meth:`use_server_sockets`)
+        self.wire: Wire[Msg] | None = None  # the sockets' uplink
+        self._on_air: Msg | None = None  # the wire's message until it has left (paced)
         self.configure(bandwidth_gbps, latency_us, trace)
 
-    def use_sockets(self, hwm: int) -> None:
+    def use_sockets(self, hwm: int, ties: str = "heap", sndbuf: int = 0) -> None:
         """Send as P3's ps-lite does, with sockets of ``hwm`` messages per destination.
 
         One sending thread pops the best queued message and hands it to its destination's
@@ -151,9 +154,24 @@ class Transport(Protocol):
         thread blocks and everything behind it waits (ps-lite/src/van.cc ``Van::Sending``,
         ps-lite/src/zmq_van.h ``ZMQ_SNDHWM``). The uplink carries messages in the order they
         were handed over. The simulator's :meth:`Sender.use_sockets
-        <ddpbench.simulator.network.Sender.use_sockets>` is the same rule.
+        <ddpbench.simulator.network.Sender.use_sockets>` is the same rule. ``ties``: how
+        equal priorities leave the thread's queue (:data:`ddpbench.rules.sockets.TIES`);
+        ``sndbuf``: bytes of each connection's kernel send buffer, which a message leaves
+        when paced transmission has carried it (0: not modelled).
         """
-        self.sockets = Sockets(hwm)
+        if self.wire is None:
+            self.wire = Wire()
+        self.sockets = Sockets(hwm, ties, sndbuf, self.wire)
+
+    def use_server_sockets(self, hwm: int, sndbuf: int = 0) -> None:
+        """Send this rank's server replies through sockets of their own (P3's ps-lite: a
+        server is a process with its own DEALER sockets, ``KVServer::Response`` into
+        ``Van::Send``): in the order answered, each connection's pipe of ``hwm`` messages
+        and kernel buffer of ``sndbuf`` bytes counting them, a full one holding the
+        replies behind it; on the same uplink as the rank's worker sockets."""
+        if self.wire is None:
+            self.wire = Wire()
+        self.server_sockets = Sockets(hwm, "fifo", sndbuf, self.wire)
 
     def configure(self, bandwidth_gbps: float | None, latency_us: float, trace: bool) -> None:
         self.bytes_per_s = None if bandwidth_gbps is None else bandwidth_gbps * 1e9 / 8
@@ -164,15 +182,16 @@ class Transport(Protocol):
     def send(self, msg: Msg, direct: bool = False) -> None:
         """Send ``msg``: data through the priority queue, control at once (engine thread).
 
-        ``direct``: a server's reply. With sockets (:meth:`use_sockets`) it goes straight
-        onto the wire behind what is there (ps-lite's ``KVServer::Response``), not through
-        the sending thread's queue. Unpaced, a reply for an empty queue goes out at once,
+        ``direct``: a server's reply. With sockets it goes through the server's own
+        (:meth:`use_server_sockets`, ps-lite's ``KVServer::Response``) or, without them,
+        straight onto the wire behind what is there, not through the sending thread's
+        queue. Unpaced, a reply for an empty queue goes out at once,
         with or without sockets, as the queue would send it: the link is free (MPI's
         ``Isend`` does not wait), so nothing could overtake it. (Queued instead, it waited
         for the end of the receive batch it was answered in, up to ``BATCH_S``.)
         """
         msg.src = self.me
-        msg.direct = direct and self.sockets is not None
+        msg.direct = direct and self.wire is not None
         msg.seq = next(self.seq)
         if msg.dst == self.me:
             self.local.append(msg)  # a part on the local server: no MPI message, no bytes
@@ -185,7 +204,7 @@ class Transport(Protocol):
                 # On the wire every message is equal (sockets); a variant's prioritised
                 # reply keeps its priority in the header.
                 self._transmit(msg, msg.t_enq,
-                               wire_priority=0 if self.sockets is not None else None)
+                               wire_priority=0 if self.wire is not None else None)
                 return
             heapq.heappush(self.queued, (msg.t_enq, msg.seq, (-msg.priority, msg.seq, msg)))
         else:
@@ -222,34 +241,47 @@ class Transport(Protocol):
             return msg
         return None
 
-    def _drain_sockets(self, sockets: Sockets[Msg], now: float) -> bool:
-        """Replay the sending thread and the uplink up to ``now`` (P3's sockets)."""
+    def _drain_sockets(self, wire: Wire[Msg], now: float) -> bool:
+        """Replay the sending threads, the sockets and the uplink up to ``now`` (P3's)."""
         bw = self.bytes_per_s
         queued = self.queued
+        inf = float("inf")
         did = False
         while True:
-            t_queue = queued[0][0] if queued else float("inf")
-            head = sockets.head_time()
-            if head is None:
-                t_wire = float("inf")
+            t_queue = queued[0][0] if queued else inf
+            air = self._on_air
+            t_fin = inf if air is None else (now if bw is None else self.up_free)
+            head = wire.head_time()
+            if air is not None or head is None:
+                t_wire = inf
             else:
                 t_wire = now if bw is None else max(self.up_free, head)
-            t = min(t_queue, t_wire)
+            t = min(t_queue, t_fin, t_wire)
             if t > now:
                 break
-            if t_queue <= t_wire:  # queued at the instant the link frees: it competes
+            if t_queue <= min(t_fin, t_wire):  # queued at the instant the link frees: it competes
                 entry = heapq.heappop(queued)[2]
-                if entry[2].direct:
-                    sockets.direct(entry[2], t)
+                msg = entry[2]
+                if msg.direct and self.server_sockets is not None:
+                    self.server_sockets.queue((0, msg.seq, msg), t)  # in the order answered
+                elif msg.direct:
+                    wire.q.append((t, msg, None))
                 else:
+                    sockets = self.sockets or self.server_sockets
+                    assert sockets is not None
                     sockets.queue(entry, t)
                 continue
-            msg = sockets.take(t)
-            if msg is None:  # pragma: no cover - head_time said there was one
+            if air is not None:  # it has left: its kernel bytes free, its socket moves on
+                self._on_air = None
+                wire.finish(air, t)
+                continue
+            sent = wire.take(t)
+            if sent is None:  # pragma: no cover - head_time said there was one
                 break
             # Priority orders only the sending thread: on the wire (and at the switch) every
             # message is equal, as for TCP through a plain switch.
-            self._transmit(msg, t, wire_priority=0)
+            self._transmit(sent, t, wire_priority=0)
+            self._on_air = sent
             did = True
         return did
 
@@ -272,8 +304,8 @@ class Transport(Protocol):
             msg.after_send()
 
     def _drain_ready(self, now: float) -> bool:
-        if self.sockets is not None:
-            return self._drain_sockets(self.sockets, now)
+        if self.wire is not None:
+            return self._drain_sockets(self.wire, now)
         did = False
         bw = self.bytes_per_s
         queued, ready = self.queued, self.ready
@@ -477,7 +509,10 @@ class Transport(Protocol):
                     or any(self.recvs.values()))
 
     def _sockets_idle(self) -> bool:
-        return self.sockets is None or self.sockets.idle()
+        if self.wire is None:
+            return True
+        return (self._on_air is None and not self.wire.q
+                and all(s is None or s.idle() for s in (self.sockets, self.server_sockets)))
 
     def fail(self, error: BaseException) -> None:
         for fn in list(self.on_fail):

@@ -157,7 +157,8 @@ class PSStore(EngineStore):
         self._gates: dict[Any, Gate] = {}
         self._engine.register(t)
         config = {"bandwidth_gbps": o.bandwidth_gbps, "latency_us": o.latency_us,
-                  "trace": o.trace, "backend": self.type, "sum_order": o.sum_order}
+                  "trace": o.trace, "backend": self.type, "sum_order": o.sum_order,
+                  "server_sockets": self.server_sockets()}
 
         def configure() -> None:
             for j in range(self.num_servers):
@@ -183,6 +184,11 @@ class PSStore(EngineStore):
     def prioritised_replies(self) -> bool:
         """Return True when servers answer with the push's priority (a ddpbench variant)."""
         return False
+
+    def server_sockets(self) -> dict[str, int] | None:
+        """Return the servers' own sockets (``{"hwm": ..., "sndbuf": ...}``, P3's ps-lite
+        processes) or None: replies go out as the transport sends them otherwise."""
+        return None
 
     def gate(self, key: Any, limit: float) -> Gate:
         """Return the gate named ``key`` (created with ``limit`` on first use)."""

@@ -39,7 +39,9 @@ def test_kvstore_one_server_three_workers():
     assert one(out, "broadcast", tag="kvstore")["roots"] == 3
 
 
-@pytest.mark.parametrize("variant,position", [("sockets", 3), ("water_mark", 1), ("fifo", 10)])
+@pytest.mark.parametrize("variant,position", [("sockets", 10), ("sockets_16k", 4),
+                                              ("sockets_nobuf", 3), ("water_mark", 1),
+                                              ("fifo", 10)])
 def test_p3_dedicated_server_send_order_and_pacing(variant, position):
     out = run_mpi(3, SCRIPT, "p3_dedicated", variant, timeout=60, env=roles(2, 1))
     order = one(out, "p3_send_order")

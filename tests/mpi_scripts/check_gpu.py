@@ -83,4 +83,23 @@ for backend in ("collective", "kvstore", "p3", "byteps"):
     kv.broadcast(f"{backend}b", t, root_rank=size - 1)
     expect(f"{backend} broadcast", t, np.full((4, 3), float(size - 1)))
     kv.close()
+if TRANSPORT == "nccl":
+    # Horovod's finalizer (gpu_operations.cc FinalizeGPUQueue): a GPU group behind a busy
+    # stream hands its completion to the finalizer thread, and the cycle goes on to the CPU
+    # group after it, which completes first.
+    kv = ddpbench.create("horovod", gpu_transport="nccl")
+    rank, size = kv.rank, kv.num_workers
+    busy = cupy.ones((4096, 4096), cupy.float32)
+    for _ in range(400):  # matrix products queued on the stream ahead of the allreduce
+        busy = busy @ busy * (1.0 / 4096)
+    late = cupy.asarray(inputs(1 << 20, np.float32, rank))
+    h_gpu = kv.push_pull_async("late", late)
+    h_cpu = kv.push_pull_async("host", np.full(10, rank + 1.0, np.float32))
+    assert np.array_equal(h_cpu.wait(), np.full(10, size * (size + 1) / 2, np.float32))
+    overtaken = not h_gpu.done()
+    h_gpu.wait()
+    allx = np.stack([inputs(1 << 20, np.float32, q).astype(np.float64) for q in range(size)])
+    expect("deferred sum", late, allx.sum(0))
+    kv.close()
+    result("deferred", rank=world().rank, overtaken=overtaken)
 result("done", transport=TRANSPORT, rank=world().rank, size=world().size, checks=checks)

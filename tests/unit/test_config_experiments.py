@@ -62,7 +62,7 @@ def error_of(text: str) -> schema.ExperimentError:
         ("name: x\nname: y\n", 2, "name", "duplicate key"),
         # names checked against the registries
         ("name: x\nworkloads: [resnet50]\nbackends: {p3: {slice: 3}}\n", 3,
-         "backends.p3.slice", "valid knobs: ['local_reduce', 'priority', 'send_hwm', 'slice_params', 'sum_order', 'water_mark'] (or a common axis"),
+         "backends.p3.slice", "valid knobs: ['local_reduce', 'priority', 'send_hwm', 'server_sockets', 'slice_params', 'sndbuf_bytes', 'sum_order', 'ties', 'water_mark'] (or a common axis"),
         ("name: x\nworkloads: [resnet50]\nbackends: [p4]\n", 3, "backends.p4",
          "unknown backend 'p4'"),
         ("name: x\nworkloads: [resnet50]\nbackends: [p3]\nzip: [[workers, bandwidth_gbps]]\n"

@@ -392,7 +392,25 @@ def test_real_and_simulated_traces_come_from_one_writer(tmp_path):
     assert sim["otherData"]["backend"] == "p3"
 
 
-def test_real_sockets_send_like_the_simulated_sockets():
+@pytest.mark.parametrize("ties,order", [
+    # P3's heap (rules.sockets.StlHeap): 2, 3, 4, 10, 11 tie in the thread's heap and come
+    # out 11, 4, 2, 3, 10 unless a better one arrives: 11 goes when 1 leaves the socket, 4
+    # blocks the thread; 99 (1.5 us) and 98 (2.5 us) enter the heap above them; when 4
+    # leaves, 2 (held) goes in, then 98, and the thread blocks on 99; then 3 and 10.
+    ("heap", [0, 1, 11, 4, 2, 98, 99, 3, 10]),
+    # ddpbench's FIFO ties: the thread blocks on server 1's full socket, so server 2's
+    # slices (10, 11) wait behind all of server 1's; key 99 (priority 0, queued at 1.5 us)
+    # is popped only when the thread unblocks and leaves fifth.
+    ("fifo", [0, 1, 2, 3, 99, 98, 4, 10, 11]),
+    # A kernel buffer of two messages per connection (2000 bytes): server 1's connection
+    # takes 0 and 1 into the kernel, 2 into ZeroMQ's engine, 3 into the pipe; the thread
+    # blocks on 4 and 10, 11 wait in its heap. At 1 us 0 has left: 2 enters the kernel, 3
+    # the engine, 4 the pipe, and the thread hands 11 and 10 (heap order) into server 2's
+    # empty buffer. 99 (1.5 us) blocks the thread until 1 has left (2 us); 98 (2.5 us)
+    # waits in server 2's engine until 11 has left (4 us), then enters behind 4.
+    ("heap+2000", [0, 1, 2, 11, 10, 3, 4, 98, 99]),
+])
+def test_real_sockets_send_like_the_simulated_sockets(ties, order):
     # P3's sockets (hwm 1) in the real transport and in the simulator's sender: the same
     # messages queued at the same times leave in the same order at the same times.
     import heapq
@@ -407,7 +425,8 @@ def test_real_sockets_send_like_the_simulated_sockets():
 
     comm = SimpleNamespace(rank=0, Isend=lambda buf, dst, tag: _Sent())
     t = transport.Transport(comm, str, bandwidth_gbps=8, trace=True)
-    t.use_sockets(1)
+    ties, _, sndbuf = ties.partition("+")
+    t.use_sockets(1, ties, int(sndbuf or 0))
     for i, (at, dst, prio, key) in enumerate(sends):
         m = wire.Msg(wire.PUSHPULL, dst, key, 0, priority=prio,
                      payload=np.zeros(nbytes, np.uint8), flags=wire.FLAG_DATA)
@@ -419,16 +438,14 @@ def test_real_sockets_send_like_the_simulated_sockets():
     env = CountingEnvironment()
     log = []
     net = Network(env, 3, bw, 0.0, lambda m, s, e: log.append((m.data, round(s * 1e6, 6))))
-    net.senders[0].use_sockets(1)
+    net.senders[0].use_sockets(1, ties, int(sndbuf or 0))
     for at, dst, prio, key in sends:
         msg = Message(0, dst, nbytes, prio, "push", 0, lambda m: None, key)
         env.timeout(at).callbacks.append(lambda ev, msg=msg: net.send(msg))
     env.run()
     assert real == log
-    # Head-of-line blocking: the thread blocks on server 1's full socket, so server 2's
-    # slices (10, 11) wait behind all of server 1's; key 99 (priority 0, queued at 1.5 us)
-    # is popped only when the thread unblocks and leaves fifth.
-    assert [k for k, _ in real] == [0, 1, 2, 3, 99, 98, 4, 10, 11]
+    assert [k for k, _ in real] == order
+    assert [s for _, s in real] == [float(i) for i in range(9)]  # the link never idles
 
 
 def test_declared_keys_follow_the_originals_front_ends():

@@ -56,13 +56,20 @@ def test_full_trace_horovod_two_workers():
     assert r.events == 27
 
 
-@pytest.mark.parametrize("knobs,position", [({}, 3), ({"water_mark": 1}, 1),
+NOBUF = {"sndbuf_bytes": 0, "server_sockets": "host"}  # ddpbench's earlier socket model
+
+
+@pytest.mark.parametrize("knobs,position", [({}, 10), ({"sndbuf_bytes": 16384}, 4),
+                                            (NOBUF, 3), ({"water_mark": 1}, 1),
                                             ({"priority": False}, 10)])
 def test_p3_send_order_under_a_blocked_socket(knobs, position):
     # The real backend's scenario (tests/mpi_scripts/ps_check.py, case p3_dedicated): ten
-    # low-priority slices queued, a high-priority one becomes ready while the first is on
-    # the wire. P3's sockets (hwm 1): the slice in the socket and the one the sending thread
-    # holds, blocked on it, still go before it (position 3); the water-mark variant lets it
+    # low-priority slices (80 kB) queued, a high-priority one becomes ready while the first
+    # is on the wire. P3's sockets (hwm 1) with Linux's autotuned 4 MiB kernel buffer take
+    # all ten before it (position 10); with the initial 16 KiB each slice enters the kernel
+    # alone, so the one on the wire, the one in ZeroMQ's engine, the one in the pipe and
+    # the one the thread holds go first (position 4); without the buffer, the one in the
+    # socket and the one the thread holds (position 3). The water-mark variant lets it
     # overtake everything queued (position 1); without priorities (the paper's slicing-only
     # ablation) it waits behind all ten. Same positions as the real backend's.
     wl = two_layers(0, 0.5, 100, 0, 0.01, 200_000)
@@ -72,14 +79,15 @@ def test_p3_send_order_under_a_blocked_socket(knobs, position):
     assert push_layers(r).count(1) == 10
 
 
-def test_p3_servers_answer_in_completion_order_without_priority():
+@pytest.mark.parametrize("knobs,position", [({}, 10), (NOBUF, 3)])
+def test_p3_servers_answer_in_completion_order_without_priority(knobs, position):
     wl = two_layers(0, 0.5, 100, 0, 0.01, 200_000)
     r = simulate(wl, "p3", workers=2, servers=1, bandwidth_gbps=0.5, latency_us=1,
-                 slice_params=20_000, iterations=1, warmup=0)
+                 slice_params=20_000, iterations=1, warmup=0, **knobs)
     pulls = [s for s in r.timeline if s.kind == "pull" and s.peer == "worker0"]
     starts = [s.start for s in pulls]
     assert starts == sorted(starts)
-    assert [s.layer for s in pulls].index(0) == 3  # the sums complete in push order
+    assert [s.layer for s in pulls].index(0) == position  # the sums complete in push order
 
 
 def test_full_trace_p3_water_mark_one_lets_priority_overtake():
@@ -330,7 +338,8 @@ def test_strategies_table_matches_contract():
                     "partition_params": 1_000_000, "credit_params": 4_000_000,
                     "grpc_gbps": 1.3},
         "p3": {"slice_params": 40_000, "send_hwm": 1, "water_mark": 0, "priority": True,
-               "local_reduce": "cpu"},
+               "local_reduce": "cpu", "ties": "heap", "sndbuf_bytes": 4_194_304,
+               "server_sockets": "own"},
         "byteps": {"partition_bytes": 4_096_000, "scheduler": "byteps",
                    "credit_params": 4_000_000, "credit_bytes": 4_096_000,
                    "compression": "none", "merged_push_pull": False,
