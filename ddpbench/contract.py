@@ -846,7 +846,8 @@ class Cluster(BaseModel):
 
     A cluster is ``hosts`` worker hosts of ``gpus_per_host`` GPUs each (``workers`` =
     hosts x gpus_per_host processes, one per GPU), joined inside a host by ``intra_link``
-    and across hosts by one NIC per host that its GPUs share, driven by ``transport``.
+    and across hosts by ``nics_per_host`` NICs per host (one by default, which its GPUs
+    share), driven by ``transport``.
     Give ``workers`` or ``hosts`` (or both, agreeing); the other follows. The defaults
     (one GPU per host, the ``ideal`` transport, no jitter, the profile's own device) are the
     simulator's analytic network, whose results the closed forms check.
@@ -885,8 +886,19 @@ class Cluster(BaseModel):
             protocols it has and how many rings it opens through the NIC
             (:func:`ddpbench.hardware.nccl_channels`); ``None`` = the newest modelled
             (:data:`ddpbench.hardware.NCCL_NEWEST`); simulated only.
-        nccl_channels: rings (channels) through each host's NIC, as ``NCCL_MIN_NCHANNELS``
-            sets them; ``None`` = the release's default.
+        nccl_channels: rings (channels) through each of a host's NICs, as
+            ``NCCL_MIN_NCHANNELS`` sets them; ``None`` = the release's default.
+        nics_per_host: NICs per worker host, each of ``bandwidth_gbps`` (the field stays per
+            NIC), rail-optimised: GPU i reaches NIC i mod nics_per_host through its own
+            PCIe path. NCCL's channels spread over them (``nccl_channels`` through each);
+            MPI's processes use their nearest NIC; parameter-server backends use one
+            (ps-lite, and BytePS over it, bind one interface per process, ``DMLC_INTERFACE``:
+            "MXNet often chooses the first available network interface", apache/mxnet
+            docs/faq/env_var.md).
+            Simulated only.
+        collnet: the fabric reduces in the network (InfiniBand SHARP through NCCL's CollNet
+            plugin, ``NCCL_COLLNET_ENABLE=1``): NCCL's CollNet algorithms, and NVLS across
+            hosts, become available; simulated only.
         nccl_socket_flows: TCP connections each ring's connection uses over the socket
             transport, ``NCCL_SOCKET_NTHREADS`` x ``NCCL_NSOCKS_PERTHREAD``; ``None`` = 1
             (NCCL's default outside AWS and GCP, src/transport/net_socket.cc).
@@ -904,7 +916,9 @@ class Cluster(BaseModel):
         per_message_us: sender CPU time per message (a ring step, a slice, a partition) on
             top of its bytes, microseconds; ``None`` = the transport's figure
             (:data:`ddpbench.hardware.TRANSPORTS`; a machine profile's fitted one). A
-            named GPU's rings priced by NCCL's own model do not use it; simulated only.
+            named GPU's collectives priced by NCCL's own model add it to each step between
+            hosts (NCCL's network latency, :func:`ddpbench.hardware.nccl_net_latency_us`);
+            simulated only.
         socket_gbps: the most one connection carries, Gbit/s of payload: what one receiving
             parameter-server process takes in (ps-lite's one ZeroMQ socket) and what a ring's
             step to the next host moves; ``None`` = the transport's figure
@@ -972,6 +986,11 @@ class Cluster(BaseModel):
         "an NCCL 2.x release such as '2.3.7' (or none: the newest modelled)"))
     nccl_channels: int | None = Field(None, ge=1, le=64, strict=True, json_schema_extra=_expect(
         "an integer in [1, 64] (rings through each host's NIC; or none: the release's default)"))
+    nics_per_host: int = Field(1, ge=1, le=32, strict=True, json_schema_extra=_expect(
+        "an integer in [1, 32] (NICs per host, each of bandwidth_gbps; a p5.48xlarge has "
+        "32 EFA NICs)"))
+    collnet: bool = Field(False, strict=True, json_schema_extra=_expect(
+        "true or false (in-network reduction: SHARP through NCCL's CollNet)"))
     nccl_socket_flows: int | None = Field(None, ge=1, le=64, strict=True,
                                           json_schema_extra=_expect(
         "an integer in [1, 64] (TCP connections per ring connection; or none: one)"))
@@ -1098,7 +1117,7 @@ def _cluster_message(err: ValidationError) -> str:
 NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "hosts": None, "gpus_per_host": 1, "intra_link": "pcie", "transport": "ideal",
     "device": None, "nccl_proto": None, "nccl_algo": None, "nccl_version": None, "nccl_channels": None,
-    "nccl_socket_flows": None, "ecmp_paths": 1, "overlap_slowdown": None,
+    "nccl_socket_flows": None, "nics_per_host": 1, "collnet": False, "ecmp_paths": 1, "overlap_slowdown": None,
     "server_sum_gbps": 80.0,
     "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,
     "page_fault_us": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,

@@ -12,10 +12,13 @@ calibrate``) all speak of the same things:
 - a :class:`Transport` is how a host's NIC is driven: the fraction of line rate its
   payload reaches, the sender CPU time each message costs, and how much of the
   per-direction rate is left when both directions are busy;
-- an :class:`IntraLink` joins the GPUs of one host (PCIe or NVLink);
-- :func:`nccl_ring` and :func:`nccl_allreduce` are NCCL's own cost model of its ring and
-  trees (latency per protocol and link, the algorithm and protocol its tuner picks), for
-  the collectives of GPUs on a real transport.
+- an :class:`IntraLink` joins the GPUs of one host (PCIe 3/4/5, NVLink 2, or NVLink 3/4/5
+  through NVSwitches);
+- :func:`nccl_ring`, :func:`nccl_allreduce` and :func:`nccl_collective` are NCCL's own cost
+  model of its algorithms (ring, tree, NVLS, NVLSTree, CollNet, PAT: latency per protocol
+  and link, the algorithm and protocol its tuner picks), for the collectives of GPUs on a
+  real transport; :func:`nccl_link_bytes` what each algorithm sends through each NIC and
+  out of each GPU.
 
 Rescaling rule of compute times (:func:`compute_factor`), used by the simulator when a point
 names a ``device`` or a ``batch_size`` other than its profile's:
@@ -67,6 +70,10 @@ __all__ = [
     "MXNET_SERVER_BYTES",
     "MXNET_SERVER_UPDATE_GBPS",
     "NCCL_ALGORITHMS",
+    "NCCL_ALGO_SINCE",
+    "NCCL_CURRENT_SOURCE",
+    "NCCL_FLUSH_LATENCY_SINCE",
+    "NCCL_NVLS_EFFICIENCY",
     "NCCL_LL128_SINCE",
     "NCCL_NEWEST",
     "NCCL_PROTOCOLS",
@@ -81,6 +88,7 @@ __all__ = [
     "Device",
     "IntraLink",
     "NcclChoice",
+    "NcclFabric",
     "NcclProtocol",
     "Transport",
     "compute_factor",
@@ -90,8 +98,13 @@ __all__ = [
     "matmul_fraction_on",
     "mxnet_cpu_sum_bytes",
     "nccl_algorithms",
+    "nccl_allowed",
     "nccl_allreduce",
+    "nccl_collective",
+    "nccl_link_bytes",
     "nccl_channels",
+    "nccl_hw",
+    "nccl_net_latency_us",
     "nccl_protocols",
     "nccl_release",
     "nccl_ring",
@@ -395,6 +408,13 @@ class Transport:
         server_cpu: whether parameter servers cost CPU time as the originals' servers spend it
             (MXNet's one server thread: :data:`MXNET_SERVER_BYTES`); False on the analytic
             network, whose servers only sum (the closed forms).
+        nccl_net_us: the latency NCCL's network plugin reports for this transport
+            (``ncclNetProperties_t.latency``, microseconds), which NCCL's tuner adds to each
+            step between hosts (src/graph/tuning.cc: ``interLat += latencyInter``, twice for
+            Simple); with it, the transport's per-message cost counts there too
+            (:func:`nccl_net_latency_us`). ``None``: a transport from before NCCL's pricing
+            took the network's own latency (tcp, rdma, shm, ideal): only a cluster's
+            explicit ``per_message_us`` reaches it.
     """
 
     name: str
@@ -409,6 +429,7 @@ class Transport:
     page_fault_us: float = 0.0
     flow_spread: float = 0.0
     server_cpu: bool = False
+    nccl_net_us: float | None = None
 
     def binding_socket_gbps(self, bandwidth_gbps: float,
                             socket_gbps: float | None = None) -> float | None:
@@ -485,11 +506,57 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "bandwidth 12 GB/s per 100 Gbit/s NIC, 0.96: NVIDIA/nccl-tests issue #119); "
               "per message: a verbs post and completion, ~2 us (ib_send_lat-class "
               "small-message cost)", server_cpu=True),
+    Transport("ib", 0.96, 1.0, 1.0, True,
+              "InfiniBand with GPUDirect RDMA (NCCL's IB transport, src/transport/net_ib): "
+              "efficiency: 'We usually consider 24GB/s is the peak performance per 200G NIC "
+              "(12 GB/s for 100G NICs)' (NVIDIA/nccl-tests issue #119, the NCCL maintainer), "
+              "0.96 of line rate; per message: a verbs post and its completion, ~1 us "
+              "(ib_send_lat over an RC queue pair: 0.83 us one way at 32 bytes, 1.58 us at "
+              "1 KiB; D. Potter's master's thesis, git.dennispotter.eu masters-thesis "
+              "tables/mtu_performance.tex); NCCL "
+              "latency: the IB plugin reports none ('props->latency = 0; // Not set', "
+              "src/transport/net_ib/init.cc), so NCCL prices a step between hosts at "
+              "tuning.cc's NET hardware latency plus the per-message cost", server_cpu=True,
+              nccl_net_us=0.0),
+    Transport("roce", 0.96, 2.0, 1.0, True,
+              "RoCE v2 with GPUDirect RDMA through NCCL's same IB transport: efficiency as "
+              "ib (NVIDIA/nccl-tests issue #119 quotes it for either), per message as the "
+              "rdma preset (~2 us, a verbs post and completion over RoCE); NCCL latency: "
+              "the IB plugin reports none (src/transport/net_ib/init.cc)", server_cpu=True,
+              nccl_net_us=0.0),
+    Transport("efa", 0.84, 3.0, 1.0, True,
+              "AWS Elastic Fabric Adapter through aws-ofi-nccl (libfabric's efa provider, "
+              "SRD): NCCL latency: the plugin reports 75 us to NCCL's tuner on p4d, p4de and "
+              "p5 instances (aws/aws-ofi-nccl src/platform-aws.cpp, platform_data_map "
+              "'.latency = 75.0'), which tuning.cc adds to every step between hosts; per "
+              "message: '~2usec cost in the device and ~1usec cost to write that completion "
+              "up to the host stack' (aws-ofi-nccl include/nccl_ofi_param.h), 3 us; "
+              "efficiency: 78.33 GB/s of allreduce bus bandwidth at 2 GiB on 2 p4de.24xlarge "
+              "(aws-samples/awsome-distributed-training nccl-tests README, a fit point), 0.84 "
+              "of the 93.75 GB/s a double binary tree over their 4 x 100 Gbit/s allows",
+              server_cpu=True, nccl_net_us=75.0),
     Transport("shm", 1.0, 1.0, 1.0, True,
               "processes on one host through shared memory: bandwidth_gbps is the copy "
               "bandwidth; ~1 us per message to signal the peer", server_cpu=True),
 )}
 """Transport name -> :class:`Transport`: the ``transport`` axis of a point."""
+
+
+def nccl_net_latency_us(tr: Transport, per_message_us: float | None = None) -> float:
+    """Return what NCCL's tuner adds to a step between hosts for the network itself, us.
+
+    As tuning.cc does with ``graphs[a]->latencyInter`` (``NCCL_SOURCE``): the plugin's
+    reported latency (:attr:`Transport.nccl_net_us`) plus the per-message cost of posting
+    the step's message (``per_message_us`` when given, else the transport's own), on top of
+    its table's NET hardware latency. A transport without ``nccl_net_us`` adds only an
+    explicit ``per_message_us`` (0 when None), so its results are those from before.
+    The cluster's ``latency_us`` is not added: the NET row of NCCL's table stands for the
+    fabric's own latency.
+    """
+    if tr.nccl_net_us is None:
+        return per_message_us or 0.0
+    cost = tr.per_message_us if per_message_us is None else per_message_us
+    return tr.nccl_net_us + cost
 
 
 MXNET_SERVER_BYTES: dict[str, int] = {"copy": 2, "add": 3, "update": 5, "pull": 2}
@@ -544,6 +611,17 @@ class IntraLink:
         host_gbps: a PCIe switch's uplink to the CPU, Gbit/s per direction: what copies
             between the GPUs under it and the host's memory share.
         host_share: GPUs whose copies to and from the host's memory share one such uplink.
+        hw: the row of NCCL's hardware latencies its steps take (``"nvlink"`` or
+            ``"pcie"``); ``None`` = the name (the two original presets).
+        nvswitch: the GPUs meet in NVSwitches (every GPU one hop from every other), which
+            NCCL's NVLS algorithms and CollNet Direct need (src/graph/search.cc: no NVLS
+            graph without an NVS node; tuning.cc: CollNet Direct off where ``nvsCount`` is 0).
+        nvlink_gbytes: one GPU's NVLink bandwidth per direction as NCCL's topology counts it
+            (links x ``SMxx_NVLINK_BW``, src/graph/topo.h), GB/s: the budget its NVLS graph's
+            channels split (0 without NVLink).
+        nvls_gbps: the bus bandwidth an NVLS allreduce over the host's GPUs reaches
+            (NVLink SHARP in the NVSwitches), Gbit/s; ``None`` = no NVLS (before compute
+            capability 9.0, or no NVSwitch).
     """
 
     name: str
@@ -554,6 +632,16 @@ class IntraLink:
     cross_gbps: float | None = None
     host_gbps: float = 96.0
     host_share: int = 1
+    hw: str | None = None
+    nvswitch: bool = False
+    nvlink_gbytes: float = 0.0
+    nvls_gbps: float | None = None
+
+    @property
+    def nccl_hw(self) -> str:
+        """Return the row of NCCL's ``hwLat`` table this link's steps are priced at:
+        ``"nvlink"`` or ``"pcie"`` (``NCCL_HW_NVLINK``, ``NCCL_HW_PCI``)."""
+        return self.hw or self.name
 
     def ring_gbps(self, gpus: int) -> float:
         """Return the bus bandwidth a ring over ``gpus`` GPUs of one host reaches, Gbit/s:
@@ -584,8 +672,58 @@ INTRA_LINKS: dict[str, IntraLink] = {x.name: x for x in (
               "(NVIDIA DGX-1 System Architecture white paper, WP-08437-001, sections 2 and "
               "3.3), ~12 GB/s per switch as NCCL counts a Gen3 x16 path",
               host_gbps=96.0, host_share=2),
+    IntraLink("pcie4", 192.0, 5.0,
+              "PCIe 4.0 x16 (16 GT/s): 31.5 GB/s raw per direction, 24 GB/s as NCCL counts "
+              "the path (src/graph/topo.cc: width x 120 / 80 GB/s for 16 GT/s lanes, twice "
+              "Gen3's PCI_BW 12), the figure a ring's bus bandwidth reaches as for the pcie "
+              "preset; the GPUs' switches are not modelled (a ring stays at the link's "
+              "rate); latency per step as the pcie preset; each GPU's copies to the host's "
+              "memory over its own x16 path",
+              hw="pcie", host_gbps=192.0, host_share=1),
+    IntraLink("pcie5", 384.0, 5.0,
+              "PCIe 5.0 x16 (32 GT/s): 63 GB/s raw per direction, 48 GB/s as NCCL counts "
+              "the path (src/graph/topo.cc: width x 240 / 80 for 32 GT/s lanes); otherwise "
+              "as pcie4",
+              hw="pcie", host_gbps=384.0, host_share=1),
+    IntraLink("nvlink3-nvswitch", 1846.0, 3.0,
+              "NVLink 3 through NVSwitch (DGX/HGX A100: 12 NVLinks per GPU, 600 GB/s "
+              "bidirectional, 300 GB/s per direction; NVIDIA A100 datasheet): 230.77 GB/s "
+              "NCCL all-reduce bus bandwidth at 1 GiB on one p4d.24xlarge's 8 A100s "
+              "(nccl-tests, NVIDIA/nccl issue #527); NCCL counts 12 x 20 GB/s "
+              "(SM80_NVLINK_BW, src/graph/topo.h); no NVLS (compute capability 8.0); each "
+              "pair of GPUs and its NICs under one PCIe 4.0 switch to the CPU (NVIDIA DGX "
+              "A100 System Architecture white paper), 24 GB/s as NCCL counts a Gen4 x16 path",
+              hw="nvlink", host_gbps=192.0, host_share=2, nvswitch=True,
+              nvlink_gbytes=240.0),
+    IntraLink("nvlink4-nvswitch", 2960.0, 3.0,
+              "NVLink 4 through NVSwitch (HGX H100/H200: 18 NVLinks per GPU, 900 GB/s "
+              "bidirectional, 450 GB/s per direction; NVIDIA H100 datasheet): ring bus "
+              "bandwidth 370 GB/s and NVLS ~480 GB/s on 8 H100s (NVIDIA/nccl-tests issue "
+              "#212, the NCCL maintainer: 'an effective NVLink bandwidth of 370GB/s' with "
+              "NCCL_ALGO=RING, 'a peak busBw of ~480GB/s' with NVLink SHARP); NCCL counts "
+              "18 x 20.6 GB/s (SM90_NVLINK_BW); each GPU and its NIC under a PCIe 5.0 "
+              "switch of their own (NVIDIA DGX H100 User Guide: eight ConnectX-7, one per "
+              "GPU), 48 GB/s as NCCL counts a Gen5 x16 path",
+              hw="nvlink", host_gbps=384.0, host_share=1, nvswitch=True,
+              nvlink_gbytes=18 * 20.6, nvls_gbps=3840.0),
+    IntraLink("nvlink5-nvswitch", 5920.0, 3.0,
+              "NVLink 5 through NVSwitch (HGX B200: 18 NVLinks per GPU, 1.8 TB/s "
+              "bidirectional, 900 GB/s per direction; NVIDIA B200 datasheet); no published "
+              "nccl-tests figure was found: the ring's and NVLS's bus bandwidth keep the "
+              "H100's measured fractions of line rate (370/450 and 480/450, NVIDIA/nccl-tests "
+              "issue #212), 740 and 960 GB/s; NCCL counts 18 x 40.1 GB/s (SM100_NVLINK_BW); "
+              "each GPU and its NIC under a PCIe 5.0 switch as on the H100 boards",
+              hw="nvlink", host_gbps=384.0, host_share=1, nvswitch=True,
+              nvlink_gbytes=18 * 40.1, nvls_gbps=7680.0),
 )}
 """Intra-host link name -> :class:`IntraLink`: the ``intra_link`` axis of a point."""
+
+
+def nccl_hw(intra_link: str) -> str:
+    """Return the row of NCCL's hardware latencies a link's steps take (``"nvlink"`` or
+    ``"pcie"``): :attr:`IntraLink.nccl_hw` of a preset, else the name itself."""
+    link = INTRA_LINKS.get(intra_link)
+    return link.nccl_hw if link is not None else intra_link
 
 
 NCCL_SOURCE = ("NVIDIA/nccl src/graph/tuning.cc (the repository's stored version, commit b647562, "
@@ -662,7 +800,7 @@ def nccl_release(value: str | None) -> tuple[int, int, int]:
 
 
 def nccl_channels(release: tuple[int, int, int], intra_link: str, gpus_per_host: int = 2) -> int:
-    """Return the rings (channels) NCCL opens through a host's one NIC by default.
+    """Return the rings (channels) NCCL opens through each of a host's NICs by default.
 
     As each release's topology code decides it (NVIDIA/nccl, read at the release tags):
     2.3.x gives each inter-host ring a NIC of its own, so one NIC carries one ring
@@ -670,12 +808,14 @@ def nccl_channels(release: tuple[int, int, int], intra_link: str, gpus_per_host:
     span several nodes (src/misc/rings.cc, "Duplicate the rings in case of
     multinode+NVLink"); from 2.5 the search finds one channel at the NIC's speed and
     src/graph/connect.cc doubles every channel. Each channel opens its own connection.
-    One GPU per host has no NVLink to duplicate over.
+    One GPU per host has no NVLink to duplicate over. On rail-optimised hosts of several
+    NICs the search finds channels through every NIC alike (each GPU's nearest), so the
+    count holds per NIC and a host has ``nics_per_host`` times as many.
     """
     if release < (2, 4, 0):
         return 1
     if release < (2, 5, 0):
-        return 2 if intra_link == "nvlink" and gpus_per_host > 1 else 1
+        return 2 if nccl_hw(intra_link) == "nvlink" and gpus_per_host > 1 else 1
     return 2
 
 
@@ -715,47 +855,57 @@ def nccl_protocols(value: str | None) -> dict[str, int]:
     return _parse_nccl_list(value, names, "nccl_proto", "NCCL_PROTO")
 
 
-NCCL_ALGORITHMS = ("Tree", "Ring")
-"""NCCL's allreduce algorithms the simulator models, in its tuner's order (the first of
-equal times wins). CollNet and NVLS need hardware the presets do not have yet."""
+NCCL_ALGORITHMS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
+"""NCCL's algorithms in its tuner's order (``ncclAlgoStr``, src/include/device.h; the first of
+equal times wins: src/enqueue.cc ``topoGetAlgoInfo`` keeps the least time strictly)."""
 
 NCCL_TREE_SINCE = (2, 4, 0)
 """NCCL's double binary trees first shipped in NCCL 2.4.2-1 (NVIDIA/nccl src/init.cu,
 ``ncclTreeThreshold``); earlier releases run rings only."""
 
+NCCL_ALGO_SINCE: dict[str, tuple[int, int, int]] = {
+    "Tree": NCCL_TREE_SINCE, "Ring": (2, 0, 0), "CollNetDirect": (2, 6, 4),
+    "CollNetChain": (2, 14, 3), "NVLS": (2, 17, 1), "NVLSTree": (2, 18, 1), "PAT": (2, 23, 4)}
+"""The release each algorithm first shipped in (NVIDIA/nccl's history of src/graph/tuning.cc:
+CollNet in 2.6.4-1, named ``CollNet`` until CollNetChain joined it in 2.14.3-1; NVLS in
+2.17.1-1; NVLSTree in 2.18.1-1; PAT in 2.23.4-1, for allgather and reduce-scatter only)."""
+
 
 def nccl_algorithms(value: str | None,
                     release: tuple[int, int, int] = NCCL_NEWEST) -> dict[str, int]:
-    """Return each allreduce algorithm's state under an ``NCCL_ALGO`` setting (1 on, 0 off).
+    """Return each algorithm's state under an ``NCCL_ALGO`` setting (1 on, 0 off).
 
     As NCCL reads the variable (``parseList``, ``NCCL_SOURCE``): ``None`` is NCCL's default
-    (every algorithm on; the tree from :data:`NCCL_TREE_SINCE` on), ``"Ring"`` turns on the
-    ring alone, ``"^Tree"`` turns the tree off. Names are case-insensitive, of
-    :data:`NCCL_ALGORITHMS`. NCCL 2.4 had no ``NCCL_ALGO``; there ``"Ring"`` stands for
-    ``NCCL_TREE_THRESHOLD=0`` and ``"Tree"`` for a threshold above every size.
+    (every algorithm the release has on), ``"Ring,Tree"`` turns on those named alone,
+    ``"^NVLS"`` turns those named off. Names are case-insensitive, of
+    :data:`NCCL_ALGORITHMS` (``"CollNet"`` for CollNetDirect before 2.14, as those releases
+    spelled it); NCCL's per-collective prefixes (``"allreduce:..."``) are not read. An
+    algorithm the release does not have (:data:`NCCL_ALGO_SINCE`) is off. Which of those on
+    a topology allows is :func:`nccl_allreduce`'s. NCCL 2.4 had no ``NCCL_ALGO``; there
+    ``"Ring"`` stands for ``NCCL_TREE_THRESHOLD=0`` and ``"Tree"`` for a threshold above
+    every size.
 
     Raises:
-        ValueError: an unknown or unmodelled name (CollNet, NVLS), a setting that leaves no
-            algorithm on, or the tree alone on a release before 2.4, naming ``nccl_algo``.
+        ValueError: an unknown name, a setting that leaves no algorithm on, or one that
+            leaves on only algorithms the release does not have, naming ``nccl_algo``.
     """
     names = list(NCCL_ALGORITHMS)
     if value is None:
         states = dict.fromkeys(names, 1)
     else:
-        modelled = {n.lower() for n in names}
-        later = [t.strip() for t in value.removeprefix("^").split(",")
-                 if t.strip() and t.strip().lower() not in modelled
-                 and t.strip().lower() in ("collnet", "collnetdirect", "collnetchain", "nvls",
-                                           "nvlstree", "pat")]
-        if later:
-            raise ValueError(f"nccl_algo: {later} not modelled (only {names}): the cluster "
-                             f"presets have no NVSwitch or in-network reduction yet")
-        states = _parse_nccl_list(value, names, "nccl_algo", "NCCL_ALGO")
-    if release < NCCL_TREE_SINCE:
-        if value is not None and not states["Ring"]:
-            raise ValueError(f"nccl_algo: {value!r} leaves only the tree, which NCCL "
-                             f"{'.'.join(map(str, release))} does not have (from 2.4.0)")
-        states["Tree"] = 0
+        text = value.strip()
+        if release < NCCL_ALGO_SINCE["CollNetChain"]:
+            sign = "^" if text.startswith("^") else ""
+            text = sign + ",".join("CollNetDirect" if t.strip().lower() == "collnet" else t
+                                   for t in text.removeprefix("^").split(","))
+        states = _parse_nccl_list(text, names, "nccl_algo", "NCCL_ALGO")
+    for name in names:
+        if release < NCCL_ALGO_SINCE[name]:
+            states[name] = 0
+    if not any(states.values()):
+        have = [n for n in names if release >= NCCL_ALGO_SINCE[n]]
+        raise ValueError(f"nccl_algo: {value!r} leaves on none of the algorithms NCCL "
+                         f"{'.'.join(map(str, release))} has ({have})")
     return states
 
 
@@ -773,7 +923,7 @@ def _nccl24_tree_threshold(ranks: int, nodes: int, intra_link: str, channels: in
     15 us x log2(nodes) + 4 us x (ranks/nodes - 1); the trees win below the size where the
     two lines cross, at every size when they are the faster, never on one host.
     """
-    nvlink = intra_link == "nvlink"
+    nvlink = nccl_hw(intra_link) == "nvlink"
     ringbw = 5000.0 * channels if nvlink else 5000.0
     treebw = ringbw * 3 / 4 if nvlink else ringbw * 2 / 3
     if nvlink and nodes == 2:
@@ -788,39 +938,278 @@ def _nccl24_tree_threshold(ranks: int, nodes: int, intra_link: str, channels: in
 
 
 class NcclChoice(NamedTuple):
-    """The algorithm and protocol NCCL's tuner picks for one allreduce.
+    """The algorithm and protocol NCCL's tuner picks for one collective.
 
     Attributes:
-        algorithm: ``"Ring"`` or ``"Tree"``.
+        algorithm: one of :data:`NCCL_ALGORITHMS`.
         protocol: ``"LL"``, ``"LL128"`` or ``"Simple"``.
         latency_s: the algorithm's fixed latency under that protocol, seconds.
         share: the fraction of the algorithm's own bytes rate it reaches (its bytes' time
-            is divided by it).
+            is divided by it); 1 for the NVLS and CollNet algorithms, whose bytes the
+            strategies time at the links' own rates.
+        time_s: the tuner's predicted time of the collective, seconds.
     """
 
     algorithm: str
     protocol: str
     latency_s: float
     share: float
+    time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class NcclFabric:
+    """What NCCL's tuner knows of a cluster's network beyond its ring.
+
+    Attributes:
+        net_us: the network's own latency per step between hosts
+            (:func:`nccl_net_latency_us`), microseconds.
+        nics: NICs per host (rail-optimised: GPU i to NIC i mod nics).
+        nic_gbytes: one NIC's line rate, GB/s, as NCCL counts it (``speed / 8000``,
+            src/graph/topo.cc).
+        collnet: the fabric reduces in the network (SHARP, ``NCCL_COLLNET_ENABLE=1``).
+        intra_gbytes: the bus bandwidth of a ring inside a host, GB/s, where the tree's
+            graph on two hosts may run faster than the network (search.cc raises a tree
+            graph's ``bwIntra`` up to twice its ``bwInter``, "increase bwIntra for trees
+            (2 nodes or collnet)", since 2.6.4; tuning.cc prices every algorithm on at most
+            two nodes at ``bwIntra``); 0 = not applied (the transports from before the
+            network's latency reached NCCL's pricing keep their results).
+    """
+
+    net_us: float = 0.0
+    nics: int = 1
+    nic_gbytes: float = 0.0
+    collnet: bool = False
+    intra_gbytes: float = 0.0
+
+
+NCCL_NVLS_EFFICIENCY = {9: 0.85, 10: 0.74}
+"""``nvlsEfficiency`` of NVIDIA/nccl src/graph/tuning.cc (v2.30, ``NCCL_CURRENT_SOURCE``):
+the fraction of an NVLS channel's NVLink bandwidth its bus bandwidth reaches, Hopper (9.x)
+and Blackwell (10.x); Volta and Ampere have no NVLS."""
+
+NCCL_CURRENT_SOURCE = ("NVIDIA/nccl src/graph/tuning.cc, src/graph/search.cc and "
+                       "src/graph/topo.h at commit 5067397c (v2.30.7-1, 2026): the NVLS, "
+                       "NVLSTree, CollNetDirect, CollNetChain and PAT models, the network's "
+                       "latencyInter")
+
+# tuning.cc's hardware latencies (us, Simple) of the algorithms beyond ring and tree, by
+# link row: NVLink/PCI inside a host, NET between hosts (NCCL_CURRENT_SOURCE).
+_NCCL_SIMPLE_LAT = {
+    "CollNetDirect": {"nvlink": 3.7, "pcie": 3.7, "net": 31.0},
+    "CollNetChain": {"nvlink": 2.8, "pcie": 2.8, "net": 30.0},
+    "NVLS": {"nvlink": 25.0, "pcie": 0.0, "net": 18.0},
+    "NVLSTree": {"nvlink": 25.0, "pcie": 0.0, "net": 20.9},
+    "PAT": {"nvlink": 4.0, "pcie": 4.0, "net": 14.0},
+}
+_NCCL_TREE_NET_SIMPLE_US = 14.0  # the tree's NET latency, which one GPU per host exposes
+_NCCL_PAT_BASE_US = 8.0
+# perChMaxNVLSTreeBws (GB/s per channel) by one, two, more hosts; Hopper, Blackwell.
+_NVLS_TREE_PER_CH = {9: (0.0, 57.7, 45.5), 10: (0.0, 96.0, 80.0)}
+# search.cc's channel speeds (GB/s) the NVLS graph tries, fastest first.
+_SM90_SPEEDS = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
+_SM100_SPEEDS = (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)
+_NCCL_MAX_NVLS_ARITY = 32
+_NCCL_MAX_DIRECT_ARITY = 7
+
+
+def _cc_major(compute_capability: float) -> int:
+    return 10 if compute_capability >= 10.0 else int(compute_capability)
 
 
 def _protocol_on(proto: NcclProtocol, state: int, intra_link: str, compute_capability: float,
               release: tuple[int, int, int]) -> bool:
     """Return whether a protocol is on: NCCL's default turns LL128 on only over NVLink on
     compute capability 7.0, 8.0 and 9.0 GPUs, and only from :data:`NCCL_LL128_SINCE`."""
-    if state == 0 or (state == 2 and not (intra_link == "nvlink"
+    if state == 0 or (state == 2 and not (nccl_hw(intra_link) == "nvlink"
                                           and compute_capability in (7.0, 8.0, 9.0))):
         return False
     return not (proto.name == "LL128" and release < NCCL_LL128_SINCE)
 
 
-def nccl_tree_latency(proto: NcclProtocol, ranks: int, nodes: int, intra_link: str) -> float:
+NCCL_FLUSH_LATENCY_SINCE = (2, 18, 1)
+"""From NCCL 2.18.1-1 tuning.cc adds the network's latency a second time to Simple's steps
+between hosts ("Also add the flush extra latency"); ``latencyInter`` itself is there from
+2.12.7-1 (NVIDIA/nccl history of src/graph/tuning.cc)."""
+
+
+def _net_hop_us(base_us: float, proto: str, net_us: float,
+                release: tuple[int, int, int] = NCCL_NEWEST) -> float:
+    """Return a step between hosts: the table's NET latency plus the network's own, twice
+    for Simple from :data:`NCCL_FLUSH_LATENCY_SINCE` (tuning.cc: ``interLat +=
+    latencyInter``, and again for the flush). The network's latency counts in every
+    release: before 2.12.7 NCCL's tuner did not know it, but its steps paid it."""
+    twice = proto == "Simple" and release >= NCCL_FLUSH_LATENCY_SINCE
+    return base_us + net_us * (2 if twice else 1)
+
+
+def nccl_tree_latency(proto: NcclProtocol, ranks: int, nodes: int, intra_link: str,
+                      net_us: float = 0.0,
+                      release: tuple[int, int, int] = NCCL_NEWEST) -> float:
     """Return the tree's latency under ``proto``, microseconds (``NCCL_SOURCE``):
     ``base + 2 ((ranks/nodes - 1) intra_hop + log2(nodes) net_hop)``: a chain through each
-    host's GPUs and a binary tree of depth log2(nodes) between hosts, up and down."""
+    host's GPUs and a binary tree of depth log2(nodes) between hosts, up and down; a net
+    hop adds the network's own latency ``net_us`` (:func:`_net_hop_us`)."""
     assert proto.tree_step_us is not None
-    return proto.tree_base_us + 2 * ((ranks // nodes - 1) * proto.tree_step_us[intra_link]
-                                     + _log2i(nodes) * proto.tree_step_us["net"])
+    hop = _net_hop_us(proto.tree_step_us["net"], proto.name, net_us, release)
+    intra = proto.tree_step_us[nccl_hw(intra_link)]
+    return proto.tree_base_us + 2 * ((ranks // nodes - 1) * intra + _log2i(nodes) * hop)
+
+
+_NCCL_TOPOLOGY_HINT = ("NVLS needs NVSwitches with NVLink SHARP (nvlink4-nvswitch, "
+                       "nvlink5-nvswitch), compute capability 9.0 and 2+ GPUs per host, and "
+                       "across hosts collnet: true; NVLSTree several hosts; CollNet collnet: "
+                       "true and several hosts")
+
+
+def nccl_allowed(algorithm: str, ranks: int, nodes: int, intra_link: str,
+                 compute_capability: float, collnet: bool = False,
+                 coll: str = "allreduce", nics: int = 1) -> bool:
+    """Return whether NCCL's topology allows ``algorithm`` for ``coll`` (``NCCL_CURRENT_SOURCE``).
+
+    Ring everywhere; Tree for allreduce; NVLS with NVSwitches that reduce (NVLink SHARP,
+    :attr:`IntraLink.nvls_gbps`: the H100's and later), compute capability 9.0 or above and
+    two GPUs per host at least (search.cc: no NVLS graph otherwise; it needs two
+    channels), on one host or, with in-network reduction, across hosts (tuning.cc disables
+    NVLS across nodes without CollNet); NVLSTree as NVLS, across hosts only, allreduce
+    only; CollNetDirect and CollNetChain only across hosts with in-network reduction,
+    Direct only with NVSwitch, Chain for allreduce only; for reduce-scatter and allgather
+    across hosts NVLS and CollNetDirect also need one NIC per GPU (the heads) and the
+    plugin's collective there, which this model grants with ``collnet``; PAT for
+    reduce-scatter and allgather with one GPU per host (``ncclPatEnable``), never for
+    allreduce.
+    """
+    link = INTRA_LINKS.get(intra_link)
+    nvs = link is not None and link.nvswitch
+    ppn = ranks // max(nodes, 1)
+    reduce_gather = coll in ("reduce_scatter", "all_gather")
+    if algorithm == "Ring":
+        return True
+    if algorithm == "Tree":
+        return coll == "allreduce"
+    if algorithm in ("NVLS", "NVLSTree"):
+        if not (nvs and link is not None and link.nvls_gbps and compute_capability >= 9.0
+                and ppn >= 2):
+            return False
+        if algorithm == "NVLSTree":
+            return nodes > 1 and coll == "allreduce"
+        return nodes == 1 or (collnet and (not reduce_gather or nics >= ppn))
+    if algorithm == "CollNetDirect":
+        return nodes > 1 and collnet and nvs and (not reduce_gather or nics >= ppn)
+    if algorithm == "CollNetChain":
+        return nodes > 1 and collnet and coll == "allreduce"
+    if algorithm == "PAT":
+        return reduce_gather and ppn == 1 and compute_capability >= 6.0
+    raise ValueError(f"unknown NCCL algorithm {algorithm!r}; available: "
+                     f"{list(NCCL_ALGORITHMS)}")
+
+
+def _nvls_bus_gbytes(coll: str, intra_link: str, ppn: int, compute_capability: float) -> float:
+    """Return NCCL's model of an NVLS collective's bus bandwidth inside a host, GB/s.
+
+    As tuning.cc has it (``NCCL_CURRENT_SOURCE``): ``nChannels x bwIntra x nvlsEfficiency x
+    (nChannels - 1) / nChannels``, twice that for an allreduce (it pipelines two
+    operations), (ppn - 1) / ppn of it otherwise; the NVLS graph has one channel per GPU (at
+    most 32) at the fastest of search.cc's speeds whose channels fit in one GPU's NVLink
+    bandwidth (:attr:`IntraLink.nvlink_gbytes`).
+    """
+    link = _lookup(INTRA_LINKS, "intra_link", intra_link)
+    nch = min(_NCCL_MAX_NVLS_ARITY, ppn)
+    speeds = _SM100_SPEEDS if compute_capability >= 10.0 else _SM90_SPEEDS
+    bw = next((s for s in speeds if nch * s <= link.nvlink_gbytes), speeds[-1])
+    eff = NCCL_NVLS_EFFICIENCY.get(_cc_major(compute_capability), 0.0)
+    intra = bw * eff * (nch - 1) / nch
+    intra *= 2.0 if coll == "allreduce" else (ppn - 1) / ppn
+    return nch * intra
+
+
+def _extra_allreduce(name: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
+                     compute_capability: float, ring_bus_gbytes: float,
+                     fabric: NcclFabric,
+                     release: tuple[int, int, int] = NCCL_NEWEST) -> tuple[float, float]:
+    """Return (latency us, bandwidth GB/s of ``nbytes``) of an allreduce on NVLS, NVLSTree,
+    CollNetDirect or CollNetChain as tuning.cc prices it (Simple only;
+    ``NCCL_CURRENT_SOURCE``). The graphs' bandwidths: one GPU's NVLS share
+    (:func:`_nvls_bus_gbytes`) inside a host, the host's NICs at line rate across
+    (``nics x nic_gbytes``) for the NVLS and CollNet graphs, whose channels go one per head
+    (GPU and its NIC); NVLSTree's inter-host bandwidth doubles on two hosts and is capped
+    at ``perChMaxNVLSTreeBw`` per channel; CollNetDirect's divides by its GPU-to-NIC
+    factor (and 0.85 on compute capability 9.0 and above); the CollNet algorithms' bus
+    bandwidth is twice their algorithm bandwidth, the NVLS ones' ranks / (2 (ranks - 1))."""
+    ppn = ranks // nodes
+    hw = nccl_hw(intra_link)
+    lat_tab = _NCCL_SIMPLE_LAT[name]
+    net_tab = _NCCL_TREE_NET_SIMPLE_US if ppn == 1 else lat_tab["net"]
+    inter_lat = _net_hop_us(net_tab, "Simple", fabric.net_us, release)
+    nic_total = fabric.nics * fabric.nic_gbytes
+    ratio = ranks / (2 * (ranks - 1))
+    if name in ("NVLS", "NVLSTree"):
+        intra = _nvls_bus_gbytes("allreduce", intra_link, ppn, compute_capability)
+        nch = min(_NCCL_MAX_NVLS_ARITY, ppn)
+        if name == "NVLS":
+            bus = intra if nodes == 1 else min(intra, nic_total)
+            lat = lat_tab[hw] + (inter_lat if nodes > 1 else 0.0)
+        else:
+            idx = min(nodes, 3) - 1
+            cap = nch * _NVLS_TREE_PER_CH.get(_cc_major(compute_capability), (0.0,) * 3)[idx]
+            bus = min(intra, nic_total * (2 if nodes <= 2 else 1), cap or math.inf)
+            lat = lat_tab[hw] + 2 * _log2i(nodes) * inter_lat
+        return lat, bus * ratio
+    intra_lat = lat_tab[hw]
+    if name == "CollNetDirect":
+        nch = min(ppn, fabric.nics, _NCCL_MAX_DIRECT_ARITY + 1)
+        factor = ppn / nch
+        factor -= (factor - 1) / 2
+        bus = min(ring_bus_gbytes, nic_total) / factor
+        if compute_capability >= 9.0:
+            bus *= 0.85
+        lat = 2 * (min(1, ppn - 1) * intra_lat + (ppn - 1) * 0.4) + inter_lat
+    else:
+        bus = min(ring_bus_gbytes, nic_total)
+        lat = 2 * (ppn - 1) * intra_lat + inter_lat
+    return lat, bus * 0.5
+
+
+def _ring_and_tree(nbytes: float, ranks: int, nodes: int, intra_link: str,
+                   compute_capability: float, ring_transfer_s: float, states: dict[str, int],
+                   release: tuple[int, int, int], algos: dict[str, int], channels: int,
+                   fab: NcclFabric) -> tuple[NcclChoice | None, float]:
+    """Return the better of NCCL's ring and tree for an allreduce and its time (see
+    :func:`nccl_allreduce`), or (None, inf) where neither is on."""
+    ring: NcclChoice | None = None
+    if algos["Ring"]:
+        name, lat, share = nccl_ring("allreduce", nbytes, ranks, nodes, intra_link,
+                                     compute_capability, ring_transfer_s, states, release,
+                                     fab.net_us)
+        ring = NcclChoice("Ring", name, lat, share, lat + ring_transfer_s / share)
+    if not algos["Tree"] or ranks < 2:
+        return ring, math.inf if ring is None else ring.time_s
+    if release < (2, 5, 0) and ring is not None:
+        threshold = _nccl24_tree_threshold(ranks, nodes, intra_link, channels)
+        if nbytes > threshold:
+            return ring, ring.time_s
+        ring = None  # below the threshold NCCL 2.4 runs its trees
+    model_bytes = ring_transfer_s * ranks / (2 * (ranks - 1)) / 0.46
+    if nodes == 2 and fab.intra_gbytes > 0 and ring_transfer_s > 0:
+        ring_bus = nbytes * 2 * (ranks - 1) / ranks / ring_transfer_s / 1e9
+        model_bytes /= max(1.0, min(2.0, fab.intra_gbytes / ring_bus))
+    best, best_time = ring, math.inf if ring is None else ring.time_s
+    k = _log2i(int(nbytes) >> 6)
+    tree: NcclChoice | None = None
+    tree_time = math.inf
+    for proto in NCCL_PROTOCOLS:
+        if not _protocol_on(proto, states[proto.name], intra_link, compute_capability, release):
+            continue
+        share = 7 / 9 if proto.name == "LL128" and nodes == 1 else proto.tree_share
+        corr = proto.tree_correction[k] if k < len(proto.tree_correction) else 1.0
+        lat = nccl_tree_latency(proto, ranks, nodes, intra_link, fab.net_us, release) * 1e-6
+        time = lat + model_bytes / (share * corr)
+        if time < tree_time:
+            tree = NcclChoice("Tree", proto.name, lat, 0.92 * share * corr, time)
+            tree_time = time
+    if tree is not None and tree_time <= best_time:  # the tree comes first in NCCL's order
+        return tree, tree_time
+    return best, best_time
 
 
 def nccl_allreduce(nbytes: float, ranks: int, nodes: int, intra_link: str,
@@ -828,7 +1217,7 @@ def nccl_allreduce(nbytes: float, ranks: int, nodes: int, intra_link: str,
                    protocols: dict[str, int] | None = None,
                    release: tuple[int, int, int] = NCCL_NEWEST,
                    algorithms: dict[str, int] | None = None,
-                   channels: int = 1) -> NcclChoice:
+                   channels: int = 1, fabric: NcclFabric | None = None) -> NcclChoice:
     """Return the algorithm and protocol NCCL's tuner picks for an allreduce of ``nbytes``.
 
     From 2.5 on, as ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` price them
@@ -838,47 +1227,46 @@ def nccl_allreduce(nbytes: float, ranks: int, nodes: int, intra_link: str,
     algorithm bandwidth half the bus bandwidth where the ring's is ranks/(2 (ranks-1)) of
     it. Both run over the same graph bandwidth, so the tree's bytes take
     ``ring_transfer_s`` (the simulator's ring of Simple bytes) times ``ranks / (2 (ranks-1))
-    / (0.5 x 0.92 x share x correction)``; the least time wins. NCCL 2.4 chose by size
+    / (0.5 x 0.92 x share x correction)``. Then NVLS, NVLSTree, CollNetDirect and
+    CollNetChain where the topology allows them (:func:`nccl_allowed`; ``fabric`` says
+    whether the network reduces) at :func:`_extra_allreduce`'s latency and bandwidth, with
+    the ring's bus bandwidth (``nbytes x 2 (ranks-1)/ranks / ring_transfer_s``) standing
+    for the graphs' own inside a host. The least predicted time wins, the first in NCCL's
+    order (:data:`NCCL_ALGORITHMS`) among equals. NCCL 2.4 chose by size
     (:func:`_nccl24_tree_threshold`), its trees' protocol as above; before 2.4 only rings.
     ``algorithms`` is :func:`nccl_algorithms`' (``None``: NCCL's default for ``release``).
-    Not modelled: the per-channel caps on each algorithm's bandwidth and the 0.85 of
+    Not modelled: the per-channel caps on the ring's and tree's bandwidth and the 0.85 of
     NCCL's plain (unbalanced) tree pattern. The returned share of a tree applies to its
     physical bytes (the strategy's), 0.92 x share x correction.
+
+    Raises:
+        ValueError: no algorithm that ``algorithms`` leaves on is possible here.
     """
     algos = nccl_algorithms(None, release) if algorithms is None else algorithms
     states = nccl_protocols(None) if protocols is None else protocols
-    ring: NcclChoice | None = None
-    if algos["Ring"]:
-        ring = NcclChoice("Ring", *nccl_ring("allreduce", nbytes, ranks, nodes, intra_link,
-                                             compute_capability, ring_transfer_s, states,
-                                             release))
-    if not algos["Tree"] or ranks < 2:
-        assert ring is not None
-        return ring
-    if release < (2, 5, 0) and ring is not None:
-        threshold = _nccl24_tree_threshold(ranks, nodes, intra_link, channels)
-        if nbytes > threshold:
-            assert ring is not None
-            return ring
-        ring = None  # below the threshold NCCL 2.4 runs its trees
-    model_bytes = ring_transfer_s * ranks / (2 * (ranks - 1)) / 0.46
-    best, best_time = ring, (math.inf if ring is None
-                             else ring.latency_s + ring_transfer_s / ring.share)
+    fab = fabric or NcclFabric()
+    best, best_time = _ring_and_tree(nbytes, ranks, nodes, intra_link, compute_capability,
+                                     ring_transfer_s, states, release, algos, channels,
+                                     fab)
+    ring_bus = (nbytes * 2 * (ranks - 1) / ranks / ring_transfer_s / 1e9
+                if ring_transfer_s > 0 and ranks > 1 else math.inf)
     k = _log2i(int(nbytes) >> 6)
-    tree: NcclChoice | None = None
-    tree_time = math.inf
-    for proto in NCCL_PROTOCOLS:
-        if not _protocol_on(proto, states[proto.name], intra_link, compute_capability, release):
+    for name in ("CollNetDirect", "CollNetChain", "NVLS", "NVLSTree"):
+        if not algos.get(name) or ranks < 2 or states["Simple"] == 0 or not nccl_allowed(
+                name, ranks, nodes, intra_link, compute_capability, fab.collnet):
             continue
-        share = 7 / 9 if proto.name == "LL128" and nodes == 1 else proto.tree_share
-        corr = proto.tree_correction[k] if k < len(proto.tree_correction) else 1.0
-        lat = nccl_tree_latency(proto, ranks, nodes, intra_link) * 1e-6
-        time = lat + model_bytes / (share * corr)
-        if time < tree_time:
-            tree, tree_time = NcclChoice("Tree", proto.name, lat, 0.92 * share * corr), time
-    if tree is not None and tree_time <= best_time:  # the tree comes first in NCCL's order
-        return tree
-    assert best is not None
+        lat, bw = _extra_allreduce(name, nbytes, ranks, nodes, intra_link,
+                                   compute_capability, ring_bus, fab, release)
+        if name == "NVLSTree" and compute_capability >= 10.0 and k < 24:
+            bw *= NCCL_PROTOCOLS[2].tree_correction[min(k, 22)]
+        time = lat * 1e-6 + nbytes / (bw * 1e9)
+        if time < best_time:
+            best, best_time = NcclChoice(name, "Simple", lat * 1e-6, 1.0, time), time
+    if best is None:
+        raise ValueError(f"nccl_algo: none of the algorithms on "
+                         f"({[a for a, on in algos.items() if on]}) is possible for an "
+                         f"allreduce over {ranks} GPUs on {nodes} hosts with {intra_link!r} "
+                         f"({_NCCL_TOPOLOGY_HINT})")
     return best
 
 
@@ -891,7 +1279,8 @@ _NCCL_NET_OVERHEAD_US = 1.0
 def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
               compute_capability: float, transfer_s: float,
               protocols: dict[str, int] | None = None,
-              release: tuple[int, int, int] = NCCL_NEWEST) -> tuple[str, float, float]:
+              release: tuple[int, int, int] = NCCL_NEWEST,
+              net_us: float = 0.0) -> tuple[str, float, float]:
     """Return the protocol NCCL's tuner picks for a ring collective, its latency and its
     bandwidth factor: ``(name, latency seconds, fraction of Simple's bandwidth)``.
 
@@ -910,7 +1299,9 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
     at Simple's rate (the simulator's ring of the same size). The tree, and the tuner's
     choice between the two, are :func:`nccl_allreduce`'s. Not modelled: the per-channel
     caps on LL's and LL128's rates, and the number of channels (the plateau's 64 bytes per
-    rank are counted for one channel).
+    rank are counted for one channel). A step between hosts adds the network's own latency
+    ``net_us`` (:func:`nccl_net_latency_us`; twice for Simple, as tuning.cc adds
+    ``latencyInter`` and again for the flush).
     """
     if coll == "allreduce":
         steps = 2 * (ranks - 1)
@@ -927,11 +1318,12 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
     for proto in NCCL_PROTOCOLS:
         if not _protocol_on(proto, states[proto.name], intra_link, compute_capability, release):
             continue
-        intra = proto.step_us[intra_link]
+        intra = proto.step_us[nccl_hw(intra_link)]
         if nodes > 1:
             overhead = _NCCL_NET_OVERHEAD_US * (3 if proto.name == "Simple" else 1)
             intra = max(intra, overhead)
-        lat = proto.base_us + (steps - inter) * intra + inter * proto.step_us["net"]
+        net = _net_hop_us(proto.step_us["net"], proto.name, net_us, release)
+        lat = proto.base_us + (steps - inter) * intra + inter * net
         if (proto.name == "Simple" and nodes > 1 and coll == "allreduce"
                 and nbytes / ranks >= 64):
             lat *= 1.9 if compute_capability < 8.0 else 1.4
@@ -946,6 +1338,118 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
             best, best_time = (proto.name, lat * 1e-6, share), time
     assert best is not None
     return best
+
+
+def nccl_collective(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
+                    compute_capability: float, transfer_s: float,
+                    protocols: dict[str, int] | None = None,
+                    release: tuple[int, int, int] = NCCL_NEWEST,
+                    algorithms: dict[str, int] | None = None,
+                    fabric: NcclFabric | None = None, channels: int = 1) -> NcclChoice:
+    """Return the algorithm NCCL's tuner picks for ``coll`` and its predicted time.
+
+    ``coll`` is ``"allreduce"`` (:func:`nccl_allreduce`), ``"reduce_scatter"`` or
+    ``"all_gather"``; ``nbytes`` is NCCL's own count of the operation (``nBytes``, the
+    whole buffer: for reduce-scatter and allgather ``ranks`` times each rank's part, as
+    src/enqueue.cc sets it), ``transfer_s`` the ring's bytes at Simple's rate (``(ranks-1)
+    / ranks x nbytes`` over the ring's bus bandwidth for reduce-scatter and allgather). For
+    those two, as tuning.cc prices them (``NCCL_CURRENT_SOURCE``): the ring as
+    :func:`nccl_ring`; NVLS where :func:`nccl_allowed` lets it (one host, or across hosts
+    with in-network reduction and a NIC per GPU) at ``_nvls_bus_gbytes`` (its bandwidth
+    taken for the whole ``nbytes``, tuning.cc converts no bus bandwidth for them, and
+    across hosts at most the NICs' line rate), latency 25 us (plus a net step across
+    hosts); CollNetDirect likewise at ``ranks/nodes x min(ring, 0.9 x NICs)``; PAT with one
+    GPU per host at 0.75 of the ring's bus bandwidth, latency 8 us + log2(nodes) x net
+    step / 3.5 + 2.8 us x ranks. The least time wins, the first in NCCL's order among
+    equals (:data:`NCCL_ALGORITHMS`).
+
+    Raises:
+        ValueError: an unknown ``coll``, or no algorithm on is possible.
+    """
+    algos = nccl_algorithms(None, release) if algorithms is None else algorithms
+    if coll == "allreduce":
+        return nccl_allreduce(nbytes, ranks, nodes, intra_link, compute_capability, transfer_s,
+                              protocols, release, algos, channels, fabric)
+    states = nccl_protocols(None) if protocols is None else protocols
+    fab = fabric or NcclFabric()
+    best: NcclChoice | None = None
+    if algos["Ring"]:
+        name, lat, share = nccl_ring(coll, nbytes, ranks, nodes, intra_link, compute_capability,
+                                     transfer_s, states, release, fab.net_us)
+        best = NcclChoice("Ring", name, lat, share, lat + transfer_s / share)
+    best_time = math.inf if best is None else best.time_s
+    ring_bus = (nbytes * (ranks - 1) / ranks / transfer_s / 1e9
+                if transfer_s > 0 and ranks > 1 else math.inf)
+    ppn = ranks // nodes
+    inter = _net_hop_us(_NCCL_TREE_NET_SIMPLE_US if ppn == 1 else 0.0, "Simple", fab.net_us,
+                        release)
+    nic_total = fab.nics * fab.nic_gbytes
+    for name in ("CollNetDirect", "NVLS", "PAT"):
+        if not algos.get(name) or ranks < 2 or states["Simple"] == 0 or not nccl_allowed(
+                name, ranks, nodes, intra_link, compute_capability, fab.collnet, coll,
+                fab.nics):
+            continue
+        hop = inter + _NCCL_SIMPLE_LAT[name]["net"] * (ppn > 1)
+        if name == "NVLS":
+            bw = _nvls_bus_gbytes(coll, intra_link, ppn, compute_capability)
+            bw = bw if nodes == 1 else min(bw, nic_total)
+            lat = _NCCL_SIMPLE_LAT[name]["nvlink"] + (hop if nodes > 1 else 0.0)
+        elif name == "CollNetDirect":
+            bw = ppn * min(ring_bus, 0.9 * nic_total)
+            lat = 2 * (_NCCL_SIMPLE_LAT[name]["nvlink"] + (ppn - 1) * 0.4) + hop
+        else:
+            bw = 0.75 * ring_bus
+            lat = _NCCL_PAT_BASE_US + _log2i(nodes) * hop / 3.5 + ranks * 2.8
+        time = lat * 1e-6 + nbytes / (bw * 1e9)
+        if time < best_time:
+            best, best_time = NcclChoice(name, "Simple", lat * 1e-6, 1.0, time), time
+    if best is None:
+        raise ValueError(f"nccl_algo: none of the algorithms on "
+                         f"({[a for a, on in algos.items() if on]}) is possible for "
+                         f"{coll} over {ranks} GPUs on {nodes} hosts with {intra_link!r} "
+                         f"({_NCCL_TOPOLOGY_HINT})")
+    return best
+
+
+def nccl_link_bytes(algorithm: str, nbytes: float, ranks: int, nodes: int,
+                    nics: int = 1) -> tuple[float, float]:
+    """Return the bytes an allreduce of ``nbytes`` sends through each NIC of a host (the
+    hosts' average) and out of each GPU into its intra-host links, by NCCL's algorithm.
+
+    Rail-optimised hosts (GPU i to NIC i mod ``nics``), NCCL's channels spread evenly over
+    the NICs, so each NIC carries 1/nics of its host's share. Per host across the network:
+    a ring sends ``2 (r-1)/r x nbytes`` (each of its ``2 (r-1)`` steps moves ``nbytes / r``
+    over each host's boundary); a tree, and NVLSTree (a tree between hosts for each head's
+    shard), ``2 (h-1)/h x nbytes`` on average (each tree edge carries half the message up
+    and half down); NVLS across hosts and the CollNet algorithms send the host's reduced
+    message once to the switch, ``nbytes``. Per GPU inside the host: a ring ``2 (r-1)/r x
+    nbytes`` (the ring's steps whichever link they cross); a tree's chain, and
+    CollNetChain, ``nbytes``; NVLS and NVLSTree ``nbytes x (1 + 1/g)`` (``g`` GPUs of a
+    host: the switch pulls every GPU's copy of each shard to reduce it, then each GPU
+    multicasts its reduced shard); CollNetDirect ``2 (g-1)/g x nbytes`` (a reduce-scatter
+    to the heads and an allgather back). None across the network on one host.
+    """
+    g = ranks // nodes
+    h = nodes
+    if algorithm == "Ring":
+        net, gpu = 2 * (ranks - 1) / ranks * nbytes, 2 * (ranks - 1) / ranks * nbytes
+    elif algorithm in ("Tree", "NVLSTree"):
+        net = 2 * (h - 1) / h * nbytes
+        gpu = nbytes if algorithm == "Tree" else nbytes * (1 + 1 / g)
+    elif algorithm == "NVLS":
+        net, gpu = float(nbytes), nbytes * (1 + 1 / g)
+    elif algorithm == "CollNetChain":
+        net, gpu = float(nbytes), float(nbytes)
+    elif algorithm == "CollNetDirect":
+        net, gpu = float(nbytes), 2 * (g - 1) / g * nbytes
+    else:
+        raise ValueError(f"algorithm: {algorithm!r} has no allreduce; available: "
+                         f"{[a for a in NCCL_ALGORITHMS if a != 'PAT']}")
+    if h == 1:
+        net = 0.0
+    if g == 1:
+        gpu = 0.0
+    return net / nics, gpu
 
 
 def _lookup(table: dict[str, _T], kind: str, name: str) -> _T:

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from ddpbench.hardware import NcclFabric
 from ddpbench.simulator.network import CountingEnvironment, Network
 from ddpbench.simulator.workload import Workload
 
@@ -52,7 +53,11 @@ class SimContext(Protocol):
     nccl_proto: dict[str, int]  # the protocols NCCL may use (hardware.nccl_protocols)
     nccl_release: tuple[int, int, int]  # the NCCL release (hardware.nccl_release)
     nccl_algo: dict[str, int]  # the allreduce algorithms NCCL may use (hardware.nccl_algorithms)
-    nccl_channels: int  # NCCL's channels through a host's NIC
+    nccl_channels: int  # NCCL's channels through each of a host's NICs
+    nccl_fabric: NcclFabric  # the network as NCCL's tuner knows it
+    nics: int  # NICs per host (rail-optimised)
+    nvls_bandwidth: float  # bytes/s of bus bandwidth of an NVLS allreduce in a host, 0 = none
+    nic_path_bandwidth: float  # bytes/s the GPUs' PCIe paths take to several NICs at once
     mpich: bool  # the MPI library's allreduce runs MPICH's algorithm (a real transport)
     negotiation: float
     summation: float

@@ -239,6 +239,18 @@ class _Sim:
         self.nccl_proto = hardware.nccl_protocols(c.nccl_proto)
         self.nccl_release = hardware.nccl_release(c.nccl_version)
         self.nccl_algo = hardware.nccl_algorithms(c.nccl_algo, self.nccl_release)
+        # What NCCL's tuner knows of the network: its own latency per step between hosts
+        # (the plugin's, and the cost of posting a message), the host's NICs, SHARP.
+        self.nics = c.nics_per_host
+        self.nccl_fabric = hardware.NcclFabric(
+            hardware.nccl_net_latency_us(tr, c.per_message_us), c.nics_per_host,
+            c.bandwidth_gbps / 8, c.collnet,
+            self.intra_bandwidth / 1e9 if tr.nccl_net_us is not None else 0.0)
+        self.nvls_bandwidth = (link.nvls_gbps or 0.0) * 1e9 / 8
+        # Rail-optimised NICs: each GPU reaches its own through its PCIe path, so a host's
+        # NICs together take at most what min(GPUs, NICs) such paths carry.
+        self.nic_path_bandwidth = (min(c.gpus_per_host, c.nics_per_host) * link.host_gbps
+                                   * 1e9 / 8)
         # MPI_Allreduce as MPICH runs it over a real transport; the ideal network and a
         # calibrated machine (its fitted cost is a call's) keep the ring's closed form.
         self.mpich = tr.name not in ("ideal", "machine")

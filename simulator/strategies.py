@@ -193,21 +193,44 @@ def mxnet_host_stages(sim: SimContext, local_reduce: str) -> tuple[list[Stages],
 # ---------------------------------------------------------------- allreduce strategies
 
 
+def _host_nics(sim: SimContext, procs: int | None = None) -> int:
+    """Return the NICs a host's traffic spreads over: all of them for NCCL's collectives
+    (its channels go rail-optimised through every NIC, ``nccl_channels`` through each),
+    one per process for MPI's ``procs`` processes at once (each its nearest NIC; at most
+    the host's), one for any other ring (one connection crosses each host boundary)."""
+    if sim.nccl is not None and procs is None:
+        return sim.nics
+    return max(1, min(procs or 1, sim.nics))
+
+
+def _host_rate(sim: SimContext, rate: float, procs: int | None = None) -> float:
+    """Return what a host's NICs carry at once, bytes/s, each at ``rate``: over
+    :func:`_host_nics` of them, and with several NICs at most what the GPUs' own PCIe
+    paths take to them (each GPU reaches its NICs through its own x16 path,
+    :attr:`ddpbench.hardware.IntraLink.host_gbps`; ``sim.nic_path_bandwidth``). One NIC:
+    ``rate`` itself, as before."""
+    k = _host_nics(sim, procs)
+    if k == 1:
+        return rate
+    return min(k * rate, sim.nic_path_bandwidth)
+
+
 def _ring_step(sim: SimContext, chunk_bytes: float) -> tuple[float, float]:
     """Return (fixed, transfer) seconds of one ring step whose biggest chunk is ``chunk_bytes``.
 
     With one GPU per host every step crosses a NIC: latency plus the transport's
     per-message cost, then the bytes. With several GPUs per host the ring visits a host's
     GPUs one after another, so a step has intra-host edges and (with several hosts) one
-    edge per host across its NIC, all at once; the slower kind sets the step.
+    edge per host across its NIC, all at once; the slower kind sets the step. NCCL's
+    rings spread a step's bytes over the host's NICs (:func:`_host_nics`).
     """
     nic = sim.latency + sim.per_message
     if sim.gpus == 1:
-        return nic, chunk_bytes / min(sim.ring_bandwidth, sim.flow_bandwidth)
+        return nic, chunk_bytes / _host_rate(sim, min(sim.ring_bandwidth, sim.flow_bandwidth))
     intra = (sim.intra_latency, chunk_bytes / sim.intra_bandwidth)
     if sim.num_hosts == 1:
         return intra
-    cross = (nic, chunk_bytes / min(sim.ring_bandwidth, sim.flow_bandwidth))
+    cross = (nic, chunk_bytes / _host_rate(sim, min(sim.ring_bandwidth, sim.flow_bandwidth)))
     return cross if cross[0] + cross[1] >= intra[0] + intra[1] else intra
 
 
@@ -242,16 +265,20 @@ def ring_allreduce(sim: SimContext, n: int, itemsize: int, layer: int,
         steps = 2 * (p - 1)
         choice = hardware.nccl_allreduce(n * itemsize, p, sim.num_hosts, sim.intra_link,
                                          sim.nccl, steps * tx, sim.nccl_proto,
-                                         sim.nccl_release, sim.nccl_algo, sim.nccl_channels)
+                                         sim.nccl_release, sim.nccl_algo, sim.nccl_channels,
+                                         sim.nccl_fabric)
         if choice.algorithm == "Tree":
             yield from nccl_tree_allreduce(sim, n * itemsize, layer, choice, uplink)
+            return
+        if choice.algorithm != "Ring":
+            yield from nccl_switch_allreduce(sim, n * itemsize, layer, choice, uplink)
             return
         share = choice.share
         lat, tx = choice.latency_s / steps, tx / share
     held = tx
     if uplink is not None and sim.gpus == 1:  # the NIC step: the sender, then the wire
         # Rings share the NIC at its speed; each ring's own connection may be slower.
-        nic_tx = largest / sim.ring_bandwidth / share
+        nic_tx = largest / _host_rate(sim, sim.ring_bandwidth) / share
         if sim.nccl is not None:
             held, lat = nic_tx, lat + (tx - nic_tx)
         else:
@@ -337,7 +364,7 @@ def mpich_allreduce(sim: SimContext, n: int, itemsize: int,
             yield env.timeout(sim.intra_latency + size / sim.intra_bandwidth)
             peer: int | str = 0
         else:
-            yield env.timeout(nic + max(g * size / sim.ring_bandwidth,
+            yield env.timeout(nic + max(g * size / _host_rate(sim, sim.ring_bandwidth, g),
                                         size / sim.flow_bandwidth))
             sent += g * size
             peer = (distance // g) % sim.num_hosts
@@ -393,7 +420,8 @@ def nccl_tree_allreduce(sim: SimContext, nbytes: int, layer: int, choice: hardwa
     t_nic = 0.0
     if h > 1:
         nic_bytes, conns = (nbytes, 1) if h == 2 else (2 * nbytes, 2)
-        t_nic = nic_bytes / min(sim.ring_bandwidth, conns * sim.flow_bandwidth) / choice.share
+        t_nic = nic_bytes / _host_rate(sim, min(sim.ring_bandwidth,
+                                               conns * sim.flow_bandwidth)) / choice.share
     t_chain = nbytes / sim.intra_bandwidth / choice.share if g > 1 else 0.0
     sim.comm_begin()
     start = env.now
@@ -413,6 +441,59 @@ def nccl_tree_allreduce(sim: SimContext, nbytes: int, layer: int, choice: hardwa
     sim.comm_end()
     if h > 1:
         sim.add_sent_hosts(2 * (h - 1) / h * nbytes)
+
+
+def nccl_switch_allreduce(sim: SimContext, nbytes: int, layer: int,
+                          choice: hardware.NcclChoice,
+                          uplink: Link | None = None) -> Generator[simpy.Event, Any, None]:
+    """Generator: one allreduce of ``nbytes`` on NCCL's NVLS, NVLSTree or CollNet algorithms.
+
+    As NCCL runs them (src/device/all_reduce.h; ``NCCL_CURRENT_SOURCE``): inside a host,
+    NVLS and NVLSTree reduce each GPU's shard in the NVSwitches and multicast it back
+    (the host's NVLS bus bandwidth, :attr:`ddpbench.hardware.IntraLink.nvls_gbps`, over
+    ``2 (g-1)/g`` of the message), CollNetDirect reduce-scatters to the heads and gathers
+    back over the intra-host link (``2 (g-1)/g`` of it), CollNetChain chains through the
+    host's GPUs (all of it); across hosts each NIC carries its head's share
+    (:func:`ddpbench.hardware.nccl_link_bytes`): NVLSTree a tree's (on two hosts each NIC
+    sends and receives its share once, on more an inner host twice), NVLS and CollNet the
+    share sent once to the switch and back reduced. The parts run pipelined: the slower
+    sets the pace, after the tuner's latency. Bytes counted per host as the NICs carry
+    them.
+    """
+    env = sim.env
+    h, g = sim.num_hosts, sim.gpus
+    name = choice.algorithm
+    # the busiest host's bytes across its NICs: an inner host of a tree (a parent and two
+    # children) twice the message; otherwise the message once
+    host_bytes = 2.0 * nbytes if name == "NVLSTree" and h > 2 else float(nbytes)
+    rate = _host_rate(sim, min(sim.ring_bandwidth, sim.flow_bandwidth))
+    t_nic = host_bytes / rate if h > 1 else 0.0
+    if g == 1:
+        t_intra = 0.0
+    elif name in ("NVLS", "NVLSTree"):
+        t_intra = 2 * (g - 1) / g * nbytes / sim.nvls_bandwidth
+    elif name == "CollNetDirect":
+        t_intra = 2 * (g - 1) / g * nbytes / sim.intra_bandwidth
+    else:
+        t_intra = nbytes / sim.intra_bandwidth
+    sim.comm_begin()
+    start = env.now
+    if uplink is not None and g == 1 and h > 1:  # the NIC's share first, then the rest
+        ev = uplink.acquire(0, sim.net_seq())
+        if ev is not None:
+            yield ev
+        start = env.now
+        yield env.timeout(t_nic)
+        uplink.release()
+        yield env.timeout(choice.latency_s)
+    else:
+        yield env.timeout(choice.latency_s + max(t_nic, t_intra))
+    if sim.trace_steps:
+        sim.timeline.append(sim.span(0, "allreduce", layer, start, env.now, nbytes,
+                                     1 % h if h > 1 else ""))
+    sim.comm_end()
+    if h > 1:
+        sim.add_sent_hosts(hardware.nccl_link_bytes(name, nbytes, sim.workers, h)[0])
 
 
 def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
@@ -464,7 +545,7 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
         sent = 0.0
         for _, size in mpich_allreduce_steps(h, -(-n // g), itemsize):
             start = env.now
-            yield env.timeout(nic + max(g * size / sim.ring_bandwidth,
+            yield env.timeout(nic + max(g * size / _host_rate(sim, sim.ring_bandwidth, g),
                                         size / sim.flow_bandwidth))
             sent += g * size
             if record is not None:
@@ -472,8 +553,8 @@ def hierarchical_allreduce(sim: SimContext, n: int, itemsize: int,
         sim.add_sent_hosts(sent)
     elif h > 1:
         chunk = -(-n // (g * h)) * itemsize
-        step = sim.latency + sim.per_message + max(g * chunk / sim.ring_bandwidth,
-                                                   chunk / sim.flow_bandwidth)
+        step = sim.latency + sim.per_message + max(
+            g * chunk / _host_rate(sim, sim.ring_bandwidth, g), chunk / sim.flow_bandwidth)
         for _ in range(2 * (h - 1)):
             start = env.now
             yield env.timeout(step)

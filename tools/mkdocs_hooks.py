@@ -348,9 +348,12 @@ def hardware() -> str:
                 d.compute_capability or "", "; ".join(f"{b}: {ips:g}" for b, ips in d.resnet50),
                 _code(d.like), d.overlap_slowdown, d.source] for d in hw.DEVICES.values()]
     transports = [[_code(t.name), t.efficiency, t.per_message_us, t.duplex,
-                   t.socket_gbps or "", t.source] for t in hw.TRANSPORTS.values()]
+                   t.socket_gbps or "", "" if t.nccl_net_us is None else t.nccl_net_us,
+                   t.source] for t in hw.TRANSPORTS.values()]
     links = [[_code(x.name), x.bandwidth_gbps, x.latency_us, x.switch_gpus or "",
-              x.cross_gbps or "", x.source] for x in hw.INTRA_LINKS.values()]
+              x.cross_gbps or "", x.nccl_hw, "yes" if x.nvswitch else "",
+              x.nvls_gbps or "", x.host_gbps, x.host_share, x.source]
+             for x in hw.INTRA_LINKS.values()]
     return "\n".join([
         "## Devices (`device`)", "",
         _table(["name", "fp32 TFLOP/s", "memory GB/s", "b0 (batch)", "compute capability",
@@ -358,10 +361,11 @@ def hardware() -> str:
         "", *_precision_peaks(hw),
         "", "## Transports (`transport`)", "",
         _table(["name", "efficiency", "per message (us)", "duplex", "one connection (Gbit/s)",
-                "source"], transports),
+                "NCCL latency (us)", "source"], transports),
         "", "## Intra-host links (`intra_link`)", "",
         _table(["name", "Gbit/s per GPU", "latency per step (us)", "GPUs per switch",
-                "across switches (Gbit/s)", "source"], links), ""])
+                "across switches (Gbit/s)", "NCCL's row", "NVSwitch", "NVLS (Gbit/s)",
+                "to host memory (Gbit/s)", "GPUs per host path", "source"], links), ""])
 
 
 # -- the floors -------------------------------------------------------------------------------

@@ -213,18 +213,34 @@ def test_nccl_2_4_runs_its_trees_below_the_threshold_its_init_computes():
                                    release=(2, 3, 7)).algorithm == "Ring"
 
 
+def _on(states):
+    return {a for a, on in states.items() if on}
+
+
 def test_nccl_algo_reads_as_nccl_reads_its_variable():
-    assert hardware.nccl_algorithms(None) == {"Tree": 1, "Ring": 1}
-    assert hardware.nccl_algorithms("ring") == {"Tree": 0, "Ring": 1}
-    assert hardware.nccl_algorithms("^Tree") == {"Tree": 0, "Ring": 1}
-    assert hardware.nccl_algorithms(None, (2, 3, 7)) == {"Tree": 0, "Ring": 1}
-    for bad in ("Rings", "", "^Tree,Ring"):
+    every = set(hardware.NCCL_ALGORITHMS)
+    assert _on(hardware.nccl_algorithms(None)) == every - {"PAT"}  # PAT from 2.23.4
+    assert _on(hardware.nccl_algorithms(None, (2, 30, 7))) == every
+    assert _on(hardware.nccl_algorithms("ring")) == {"Ring"}
+    assert _on(hardware.nccl_algorithms("^Tree")) == every - {"Tree", "PAT"}
+    assert _on(hardware.nccl_algorithms("Ring,Tree")) == {"Ring", "Tree"}
+    assert _on(hardware.nccl_algorithms("^nvls,NVLSTree")) == every - {"NVLS", "NVLSTree",
+                                                                       "PAT"}
+    assert _on(hardware.nccl_algorithms(None, (2, 3, 7))) == {"Ring"}
+    # releases before NVLS have none; "CollNet" is 2.6-2.13's name of CollNetDirect
+    assert _on(hardware.nccl_algorithms(None, (2, 16, 5))) == {"Tree", "Ring", "CollNetDirect",
+                                                               "CollNetChain"}
+    assert _on(hardware.nccl_algorithms("^CollNet", (2, 7, 8))) == {"Tree", "Ring"}
+    for bad in ("Rings", "", "CollNet", "^Tree,Ring,CollNetDirect,CollNetChain,NVLS,NVLSTree"):
         with pytest.raises(ValueError, match="nccl_algo"):
             hardware.nccl_algorithms(bad)
-    with pytest.raises(ValueError, match="not modelled"):
-        hardware.nccl_algorithms("NVLS,Ring")
-    with pytest.raises(ValueError, match="2.4.0"):
+    with pytest.raises(ValueError, match="2.3.7"):
         hardware.nccl_algorithms("Tree", (2, 3, 7))
+    with pytest.raises(ValueError, match="2.16.5"):
+        hardware.nccl_algorithms("NVLS", (2, 16, 5))
+    with pytest.raises(ValueError, match="nccl_algo"):  # nothing on is possible on PCIe
+        hardware.nccl_allreduce(1 << 20, 16, 2, "pcie", 7.0, 1e-3,
+                                algorithms=hardware.nccl_algorithms("NVLS"))
     with pytest.raises(ValueError, match="nccl_algo"):
         simulate_collective("allreduce", 1 << 20, hosts=2, bandwidth_gbps=10, device="V100",
                             transport="tcp", nccl_algo="Tree", nccl_version="2.3.7")

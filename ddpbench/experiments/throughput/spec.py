@@ -161,6 +161,8 @@ class ThroughputSpec(Frozen):
     nccl_version: tuple[str | None, ...] = (None,)
     nccl_channels: tuple[Annotated[int | None, _STRICT_INT], ...] = (None,)
     nccl_socket_flows: tuple[Annotated[int | None, _STRICT_INT], ...] = (None,)
+    nics_per_host: tuple[Annotated[int, _STRICT_INT], ...] = (1,)
+    collnet: tuple[Annotated[bool, _STRICT_BOOL], ...] = (False,)
     overlap_slowdown: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
     server_sum_gbps: tuple[Annotated[float, _STRICT_FLOAT], ...] = (80.0,)
     server_update_gbps: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)

@@ -54,6 +54,8 @@ class Setting(_Frozen):
     nccl_version: str | None = None
     nccl_channels: int | None = Field(None, ge=1)
     nccl_socket_flows: int | None = Field(None, ge=1)
+    nics_per_host: int = Field(1, ge=1)
+    collnet: bool = False
     bandwidth_gbps: float | None = Field(None, gt=0)
     latency_us: float = Field(5.0, ge=0)
     servers: int | Literal["colocated"] = "colocated"

@@ -316,8 +316,8 @@ def _constants(doc: Document, df: Any, by_id: dict[str, data.Point]) -> None:
                      f"below compute capability 8.0 (x1.4 from it); {hardware.NCCL_SOURCE}")
     doc.text("Every constant is the simulator's table entry (ddpbench.hardware), set once "
              "per transport, device and link from datasheets, protocol overheads and "
-             "published measurements; none is fitted to these points, and no point sets "
-             "its own.")
+             "published measurements; none is set from a test point, one set from a fit "
+             "point says so in its source (EFA's efficiency), and no point sets its own.")
     doc.bullets(items)
 
 

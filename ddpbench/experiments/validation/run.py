@@ -128,6 +128,10 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
                   "nccl_socket_flows"):
         if getattr(s, field) is not None:
             params[field] = getattr(s, field)
+    if s.nics_per_host != 1:
+        params["nics_per_host"] = s.nics_per_host
+    if s.collnet:
+        params["collnet"] = True
     if s.batch_size is not None:
         params["batch_size"] = s.batch_size
     if s.precision != "fp32":
@@ -153,6 +157,8 @@ def _bus_bandwidth(point: data.Point, override: dict[str, Any]) -> float:
                                "nccl_version": s.nccl_version,
                                "nccl_channels": s.nccl_channels,
                                "nccl_socket_flows": s.nccl_socket_flows, "device": s.device,
+                               "nics_per_host": s.nics_per_host if s.nics_per_host != 1
+                               else None, "collnet": s.collnet or None,
                                **override}
     t = simulate_collective("allreduce", s.message_bytes, bandwidth_gbps=s.bandwidth_gbps,
                             latency_us=s.latency_us,

@@ -13,7 +13,8 @@ __all__ = ["Mechanism", "Sensitivity", "Spec"]
 
 _NOT_VARIED = ("workers", "hosts", "gpus_per_host", "servers", "bandwidth_gbps", "latency_us",
                "intra_link", "transport", "device", "nccl_proto", "nccl_algo", "nccl_version",
-               "nccl_channels", "nccl_socket_flows", "machine", "paced")
+               "nccl_channels", "nccl_socket_flows", "nics_per_host", "collnet", "machine",
+               "paced")
 """Cluster fields a sensitivity may not vary: each point's setting states them (or the sweep
 does), or they belong to real runs."""
 
