@@ -46,7 +46,8 @@ class Setting(_Frozen):
     gpus_per_host: int = Field(1, ge=1)
     device: str | None = None
     batch_size: int | None = Field(None, ge=1)
-    precision: Literal["fp32", "mixed"] = "fp32"
+    # The Schedule's precisions (ddpbench.contract.Schedule.precision).
+    precision: Literal["fp32", "mixed", "tf32", "fp16", "bf16", "fp8"] = "fp32"
     transport: str = "tcp"
     intra_link: str = "pcie"
     nccl_proto: str | None = None
