@@ -679,6 +679,68 @@ def llama(size: str, seq_len: int = LLAMA_SEQ_LEN, micro_batch: int = LLAMA_MICR
                        f"{micro_batch} sequence(s) of {seq_len} tokens per worker.", seq_len)
 
 
+MPTS: dict[str, tuple[int, int, int]] = {
+    "7b": (4096, 32, 32),
+    "13b": (5120, 40, 40),
+    "70b": (8192, 80, 64),
+}
+"""MosaicML's MPT decoders as llm-foundry's pretraining configs define them
+(mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-{7b,13b,70b}.yaml: ``d_model``,
+``n_layers``, ``n_heads``; ``expansion_ratio: 4``, ``vocab_size: 50368``, ``max_seq_len:
+2048``), with MPTConfig's defaults for the rest (llmfoundry/models/mpt/configuration_mpt.py:
+``no_bias``, ``learned_pos_emb``, tied input and output embeddings): (d_model, layers,
+heads)."""
+MPT_VOCAB, MPT_SEQ_LEN, MPT_EXPANSION = 50_368, 2048, 4
+
+
+def mpt_params(d: int, layers: int, vocab: int = MPT_VOCAB, seq_len: int = MPT_SEQ_LEN) -> int:
+    """Return an MPT model's parameters in closed form: the tied token embedding (``V d``),
+    the learned position embedding (``s d``), per block the fused ``Wqkv`` and ``out_proj``
+    (``4 d^2``), the ungated MLP (``2 x 4 d^2``) and two bias-free LayerNorms (``2 d``), and
+    the final norm."""
+    return vocab * d + seq_len * d + layers * (12 * d * d + 2 * d) + d
+
+
+def mpt(size: str, seq_len: int = MPT_SEQ_LEN, micro_batch: int = 1,
+        device: str = LLM_DEVICE, precision: str = LLM_PRECISION) -> dict:
+    """Return the profile of MPT ``size`` (a key of :data:`MPTS`) for ``micro_batch``
+    sequences of ``seq_len`` tokens per worker: one layer per block, one tensor per weight
+    (llm-foundry's MPTForCausalLM names: ``transformer.blocks.i.attn.Wqkv``, ...)."""
+    if size not in MPTS:
+        raise ValueError(f"unknown MPT size {size!r}; known: {sorted(MPTS)}")
+    if not 1 <= seq_len <= MPT_SEQ_LEN or micro_batch < 1:
+        raise ValueError(f"seq_len must be in [1, {MPT_SEQ_LEN}] (the configs' max_seq_len) and "
+                         f"micro_batch >= 1, got {seq_len} and {micro_batch}")
+    d, nlayers, heads = MPTS[size]
+    ff, v, tok = MPT_EXPANSION * d, MPT_VOCAB, micro_batch * seq_len
+    net = _Roofline(device, precision)
+    net.add("transformer.embed", [{"name": "transformer.wte.weight", "numel": v * d},
+                                  {"name": "transformer.wpe.weight", "numel": MPT_SEQ_LEN * d}],
+            0, tok * d * 3)
+    for i in range(nlayers):
+        p = f"transformer.blocks.{i}"
+        tensors = [{"name": f"{p}.norm_1.weight", "numel": d},
+                   {"name": f"{p}.attn.Wqkv.weight", "numel": 3 * d * d},
+                   {"name": f"{p}.attn.out_proj.weight", "numel": d * d},
+                   {"name": f"{p}.norm_2.weight", "numel": d},
+                   {"name": f"{p}.ffn.up_proj.weight", "numel": d * ff},
+                   {"name": f"{p}.ffn.down_proj.weight", "numel": ff * d}]
+        mm = 2 * tok * (4 * d * d + 2 * d * ff) + 4 * tok * seq_len * d
+        # Two LayerNorms, GeLU, two residual adds, the attention kernel's inputs and output.
+        ew = tok * (4 * d + 2 * ff + 6 * d + 4 * d)
+        net.add(p, tensors, mm, ew)
+    # The tied lm_head reuses wte's weight: its product is counted, its tensor is not again.
+    net.add("transformer.norm_f", [{"name": "transformer.norm_f.weight", "numel": d}],
+            2 * tok * d * v, tok * (d * 2 + v * 3))
+    n = mpt_params(d, nlayers)
+    return net.profile(f"mpt_{size}", micro_batch,
+                       f"MPT decoder-only transformer, {n / 1e9:.2f}B parameters (d_model {d}, "
+                       f"{nlayers} layers, {heads} heads, MLP {ff} ungated GeLU, vocabulary {v} "
+                       "tied to the output, learned positions, no biases; sources in "
+                       "make_profiles.MPTS). Batch: "
+                       f"{micro_batch} sequence(s) of {seq_len} tokens per worker.", seq_len)
+
+
 VIT_L = (1024, 4096, 24, 16, 16, 224)  # hidden, MLP, layers, heads, patch, image side
 """ViT-L/16 (Dosovitskiy et al. 2021, Table 1: 24 layers, hidden 1024, MLP 4096, 16 heads),
 at 224 x 224 with a 1000-class head, as torchvision's vit_l_16 builds it (its parameter
@@ -729,7 +791,7 @@ def main() -> None:
 
 
 _TODAY = (lambda: llama("1b"), lambda: llama("7b"), lambda: llama("13b"), lambda: llama("70b"),
-          vit_l)
+          vit_l, lambda: mpt("7b"), lambda: mpt("13b"), lambda: mpt("70b"))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 HELP = ("profile a PyTorch model (torchvision:NAME or package.module:factory) into a workload "
-        "YAML, or write a generated one (llama_1b/7b/13b/70b, vit_l) at a sequence length and "
+        "YAML, or write a generated one (llama_1b/7b/13b/70b, vit_l, mpt_7b/13b/70b) at a sequence length and "
         "micro-batch of your own")
 
-GENERATED = ("llama_1b", "llama_7b", "llama_13b", "llama_70b", "vit_l")
+GENERATED = ("llama_1b", "llama_7b", "llama_13b", "llama_70b", "vit_l", "mpt_7b", "mpt_13b",
+             "mpt_70b")
 """Models that ``ddpbench profile NAME`` writes from their layer definitions (FLOPs at a
 device's peak, simulator/make_profiles.py) instead of measuring: no torch, no GPU."""
 
@@ -153,6 +154,10 @@ def _generate(args: argparse.Namespace, out: Path) -> int:
             if args.seq_len is not None:
                 raise ValueError("--seq-len: vit_l's sequence is its 197 patches and class token")
             data = make_profiles.vit_l(args.batch_size, **kw)
+        elif args.model.startswith("mpt_"):
+            data = make_profiles.mpt(args.model.removeprefix("mpt_"),
+                                     seq_len=args.seq_len or make_profiles.MPT_SEQ_LEN,
+                                     micro_batch=args.batch_size, **kw)
         else:
             data = make_profiles.llama(args.model.removeprefix("llama_"),
                                        seq_len=args.seq_len or make_profiles.LLAMA_SEQ_LEN,

@@ -226,3 +226,23 @@ def test_a_bf16_profile_on_a_device_without_bf16_changes_precision_first():
         wl.compute_factor("V100", None, "bf16")
     # fp32 on a V100: to fp32 on the H100, then the device rule at fp32
     assert wl.compute_factor("V100", None, "fp32") > wl.compute_factor("H100", None, "fp32")
+
+
+@pytest.mark.parametrize("size", sorted(make_profiles.MPTS))
+def test_mpt_parameters_and_a_step_in_closed_form(size):
+    """MPT (llm-foundry's configs): tied embeddings, learned positions, no biases; 6.7B for
+    MPT-7B as its model card states; the step is 6 x the products' parameters plus the
+    attention per token, at the stated MFU."""
+    d, layers, _ = make_profiles.MPTS[size]
+    wl = load_workload(f"mpt_{size}")
+    assert wl.total_params == make_profiles.mpt_params(d, layers)
+    assert len(wl.tensors) == 6 * layers + 3  # no separate lm_head: it is wte
+    if size == "7b":
+        assert wl.total_params == pytest.approx(6.7e9, rel=0.01)
+    s = make_profiles.MPT_SEQ_LEN
+    flops = s * (6 * (layers * 12 * d * d + make_profiles.MPT_VOCAB * d) + 12 * layers * d * s)
+    peak = hardware.device(make_profiles.LLM_DEVICE).peak_tflops(make_profiles.LLM_PRECISION)
+    step = sum(x.fwd_s + x.bwd_s for x in wl.layers)
+    assert step == pytest.approx(flops / (make_profiles.MFU * peak * 1e12), rel=1e-4)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        make_profiles.mpt(size, seq_len=4096)
