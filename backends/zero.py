@@ -16,10 +16,11 @@ servers' (docs/fidelity/zero.md):
 
   * stage 0 (FSDP's NO_SHARD): gradients allreduced in buckets of ``reduce_bucket_size``
     elements, the step on whole weights on every rank, ``output`` gets the new weights;
-  * stages 1 and 2 (SHARD_GRAD_OP): every bucket reduce-scattered so each rank receives
-    the sum of the elements it owns (DeepSpeed's ``average_tensor``: a reduce to each
-    partition's owner; with ``reduce_scatter=False`` the whole bucket is allreduced and
-    each rank keeps its part, DeepSpeed's allreduce path), the step on the owned elements
+  * stages 1 and 2: every bucket allreduced whole and each rank keeping the sum of the
+    elements it owns (DeepSpeed's ``average_tensor`` under its default
+    ``use_multi_rank_bucket_allreduce``: ``allreduce_and_scatter`` runs one allreduce per
+    bucket, with ``reduce_scatter`` true or false; FSDP's SHARD_GRAD_OP reduce-scatters
+    instead), the step on the owned elements
     with their state, then the updated elements all-gathered in buckets of
     ``allgather_bucket_size`` into ``output``. The two stages move the same bytes; stage 2
     differs in memory only (the other partitions' gradients are not kept), as in
@@ -428,7 +429,10 @@ def _plan_zero(o: ZeroKnobs) -> _Plan:
                  reduce_bucket=o.reduce_bucket_size, gather_bucket=o.allgather_bucket_size,
                  prefetch_bucket=o.prefetch_bucket_size,
                  persistence=o.param_persistence_threshold if o.stage == 3 else 0,
-                 reduce_scatter=o.reduce_scatter)
+                 # DeepSpeed's stages 1/2 allreduce each bucket whole by default, whatever
+                 # reduce_scatter says (use_multi_rank_bucket_allreduce, stage_1_and_2.py
+                 # allreduce_and_scatter -> allreduce_bucket); stage 3 reduce-scatters.
+                 reduce_scatter=o.stage == 3)
 
 
 _FSDP_STAGE = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3, "HYBRID_SHARD": 3}

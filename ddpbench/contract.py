@@ -552,9 +552,9 @@ class ZeroKnobs(Knobs):
 
     Defaults are DeepSpeed's ``zero_optimization`` section (``DeepSpeedZeroConfig``); the
     stage 1/2 engine follows ``deepspeed/runtime/zero/stage_1_and_2.py`` (both stages
-    reduce each gradient bucket to the rank owning the partition: a reduce-scatter when
-    ``reduce_scatter`` is true, else an allreduce; stage 2 also frees the gradients of the
-    other partitions), stage 3 follows ``stage3.py`` and
+    allreduce each gradient bucket whole, as ``average_tensor`` does under its default
+    ``use_multi_rank_bucket_allreduce``, and each rank keeps its partition; stage 2 also
+    frees the gradients of the other partitions), stage 3 follows ``stage3.py`` and
     ``partitioned_param_coordinator.py`` (parameters partitioned, all-gathered before
     use, prefetched up to ``prefetch_bucket_size`` and released beyond
     ``max_live_parameters``).
@@ -584,8 +584,9 @@ class ZeroKnobs(Knobs):
             "default: true at stage 3, false at stages 0-2")
     reduce_scatter: bool = knob(
         True, source=f"{_DS_CONFIG} (reduce_scatter); stage_1_and_2.py (average_tensor)",
-        doc="stages 1/2: reduce each gradient bucket to the ranks owning its partitions "
-            "(true) instead of allreducing it whole (false)")
+        doc="DeepSpeed's flag: under its default use_multi_rank_bucket_allreduce, stages 1/2 "
+            "allreduce each bucket whole either way (true adds a flatten and a copy back, "
+            "not modelled), so it moves no other byte")
     prefetch_bucket_size: int = knob(
         50_000_000, ge=0, unit="elements",
         source=f"{_DS_CONFIG} (stage3_prefetch_bucket_size)",
