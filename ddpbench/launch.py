@@ -533,28 +533,9 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
     proc = subprocess.Popen(wrapped, env=env, start_new_session=True,
                             stdout=subprocess.PIPE if pump else stdout, stderr=stderr)
     output = _Output(proc.stdout, 1 if stdout is None else stdout) if pump else None
-    start = time.monotonic()
     ended_by: str | None = None
     try:
-        while proc.poll() is None:
-            if got:
-                ended_by = "signal"
-                break
-            if timeout is not None and time.monotonic() - start > timeout:
-                ended_by = "timeout"
-                break
-            job.poll()
-            failure = job.first_failure()
-            if failure is not None and _wait(proc, 5.0):
-                break  # mpiexec ends the others itself; give it a moment, then we do
-            if failure is not None:
-                ended_by = "failure"
-                break
-            clean = job.clean_exits()
-            if clean and len(clean) < nranks and time.time() - min(clean) > exit_grace:
-                ended_by = "stuck"
-                break
-            time.sleep(0.01)
+        ended_by = _watch(proc, job, got, timeout, nranks, exit_grace)
     finally:
         if proc.poll() is None:
             _kill_group(proc)
@@ -605,6 +586,28 @@ def _supervise(args: list[str], env: dict[str, str], folder: Path, nranks: int,
         what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         _say(f"the job failed ({what} from mpiexec; no rank reported a failure){said}")
     return rc
+
+
+def _watch(proc: subprocess.Popen, job: _Job, got: list[int], timeout: float | None,
+           nranks: int, exit_grace: float) -> str | None:
+    """Poll the job until mpiexec ends or a reason to end it comes: a signal (``got``), the
+    timeout, a rank's failure that mpiexec does not end within 5 s, or ranks still running
+    ``exit_grace`` s after others ended cleanly. Return that reason (None: mpiexec ended)."""
+    start = time.monotonic()
+    while proc.poll() is None:
+        if got:
+            return "signal"
+        if timeout is not None and time.monotonic() - start > timeout:
+            return "timeout"
+        job.poll()
+        if job.first_failure() is not None:
+            # mpiexec ends the others itself; give it a moment, then we do
+            return None if _wait(proc, 5.0) else "failure"
+        clean = job.clean_exits()
+        if clean and len(clean) < nranks and time.time() - min(clean) > exit_grace:
+            return "stuck"
+        time.sleep(0.01)
+    return None
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> bool:

@@ -669,15 +669,10 @@ class ZeroStrategy(_GatherStrategy):
         return phase == "f" or not self._keep[k]
 
     def _fetch(self, t: int, phase: str, k: int) -> Generator[simpy.Event, Any, None]:
-        if self.gathers(t, phase, k) and k not in self._available:
+        fetching = self.gathers(t, phase, k) and k not in self._available
+        if fetching:
             self._gather(t, phase, k)
-            ongoing = self._ongoing
-            while ongoing and ongoing[0].triggered:
-                ongoing.popleft()
-            if len(ongoing) > DS_MAX_ONGOING_FETCH_EVENTS:
-                yield ongoing.popleft()
-            ongoing.append(self.event(("began", t, phase, k)))
-        elif (t, phase, k) in self._issued:  # prefetched: its wait records an event too
+        if fetching or (t, phase, k) in self._issued:  # prefetched: its wait records one too
             ongoing = self._ongoing
             while ongoing and ongoing[0].triggered:
                 ongoing.popleft()

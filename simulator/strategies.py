@@ -424,23 +424,34 @@ def nccl_tree_allreduce(sim: SimContext, nbytes: int, layer: int, choice: hardwa
                                                conns * sim.flow_bandwidth)) / choice.share
     t_chain = nbytes / sim.intra_bandwidth / choice.share if g > 1 else 0.0
     sim.comm_begin()
-    start = env.now
-    if uplink is not None and g == 1 and h > 1:  # the NIC's share first, then the rest
-        ev = uplink.acquire(0, sim.net_seq())
-        if ev is not None:
-            yield ev
-        start = env.now
-        yield env.timeout(t_nic)
-        uplink.release()
-        yield env.timeout(choice.latency_s + max(0.0, t_chain - t_nic))
-    else:
-        yield env.timeout(choice.latency_s + max(t_nic, t_chain))
+    start = yield from _nic_then_rest(sim, uplink, t_nic, t_chain, choice.latency_s)
     if sim.trace_steps:
         sim.timeline.append(sim.span(0, "allreduce", layer, start, env.now, nbytes,
                                      1 % h if h > 1 else ""))
     sim.comm_end()
     if h > 1:
         sim.add_sent_hosts(2 * (h - 1) / h * nbytes)
+
+
+def _nic_then_rest(sim: SimContext, uplink: Link | None, t_nic: float, t_local: float,
+                   latency_s: float) -> Generator[simpy.Event, Any, float]:
+    """Generator: one NCCL collective's time, its NIC part ``t_nic`` and its intra-host part
+    ``t_local`` pipelined (the slower sets the pace) after ``latency_s``; with one GPU per
+    host and a shared ``uplink`` the NIC's share holds the uplink first, then the rest
+    follows. Return when the collective started (after waiting for the uplink)."""
+    env = sim.env
+    if uplink is None or sim.gpus != 1 or sim.num_hosts <= 1:
+        start = env.now
+        yield env.timeout(latency_s + max(t_nic, t_local))
+        return start
+    ev = uplink.acquire(0, sim.net_seq())
+    if ev is not None:
+        yield ev
+    start = env.now
+    yield env.timeout(t_nic)
+    uplink.release()
+    yield env.timeout(latency_s + max(0.0, t_local - t_nic))
+    return start
 
 
 def nccl_switch_allreduce(sim: SimContext, nbytes: int, layer: int,
@@ -477,17 +488,7 @@ def nccl_switch_allreduce(sim: SimContext, nbytes: int, layer: int,
     else:
         t_intra = nbytes / sim.intra_bandwidth
     sim.comm_begin()
-    start = env.now
-    if uplink is not None and g == 1 and h > 1:  # the NIC's share first, then the rest
-        ev = uplink.acquire(0, sim.net_seq())
-        if ev is not None:
-            yield ev
-        start = env.now
-        yield env.timeout(t_nic)
-        uplink.release()
-        yield env.timeout(choice.latency_s)
-    else:
-        yield env.timeout(choice.latency_s + max(t_nic, t_intra))
+    start = yield from _nic_then_rest(sim, uplink, t_nic, t_intra, choice.latency_s)
     if sim.trace_steps:
         sim.timeline.append(sim.span(0, "allreduce", layer, start, env.now, nbytes,
                                      1 % h if h > 1 else ""))

@@ -50,18 +50,8 @@ class _Addressed(Protocol):
 M = TypeVar("M", bound=_Addressed)
 
 
-class StlHeap:
-    """libstdc++'s ``std::priority_queue`` under ps-lite's ``<=`` comparator, by priority only.
-
-    Entries are tuples ``(-priority, ..., message)``; only ``entry[0]`` is compared. The
-    comparator ``below(l, r)`` is P3's ``l.priority <= r.priority``, i.e. ``l[0] >= r[0]``,
-    true for equal priorities both ways, which is what makes ties come out in heap order
-    rather than FIFO. ``push`` is ``push_back`` then ``std::push_heap``; ``pop`` is
-    ``std::pop_heap`` then ``pop_back`` (bits/stl_heap.h: ``__push_heap`` moves the hole
-    up while the parent is below the value; ``__adjust_heap`` moves the hole from the root
-    down to a leaf, taking the right child unless it is below the left, then pushes the
-    former last element up from there).
-    """
+class _Heap:
+    """A list of entries kept as a heap; subclasses say how equal priorities come out."""
 
     __slots__ = ("a",)
 
@@ -73,6 +63,20 @@ class StlHeap:
 
     def __bool__(self) -> bool:
         return bool(self.a)
+
+
+class StlHeap(_Heap):
+    """libstdc++'s ``std::priority_queue`` under ps-lite's ``<=`` comparator, by priority only.
+
+    Entries are tuples ``(-priority, ..., message)``; only ``entry[0]`` is compared. The
+    comparator ``below(l, r)`` is P3's ``l.priority <= r.priority``, i.e. ``l[0] >= r[0]``,
+    true for equal priorities both ways, which is what makes ties come out in heap order
+    rather than FIFO. ``push`` is ``push_back`` then ``std::push_heap``; ``pop`` is
+    ``std::pop_heap`` then ``pop_back`` (bits/stl_heap.h: ``__push_heap`` moves the hole
+    up while the parent is below the value; ``__adjust_heap`` moves the hole from the root
+    down to a leaf, taking the right child unless it is below the left, then pushes the
+    former last element up from there).
+    """
 
     def _sift_up(self, hole: int, top: int, value: tuple[Any, ...]) -> None:
         a = self.a
@@ -115,22 +119,11 @@ class StlHeap:
         return top
 
 
-class FifoHeap:
+class FifoHeap(_Heap):
     """Best first, equal priorities in the order queued (ddpbench's own ``ties="fifo"``).
 
     Entries are tuples ``(-priority, sequence, ..., message)`` ordered as tuples (heapq).
     """
-
-    __slots__ = ("a",)
-
-    def __init__(self) -> None:
-        self.a: list[tuple[Any, ...]] = []
-
-    def __len__(self) -> int:
-        return len(self.a)
-
-    def __bool__(self) -> bool:
-        return bool(self.a)
 
     def push(self, entry: tuple[Any, ...]) -> None:
         """Add ``entry``."""

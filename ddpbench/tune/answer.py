@@ -664,17 +664,6 @@ def experiment_yaml(request: Mapping[str, Any], df: Any, folder: str | Path,
     base = {**{k: getattr(cluster, k) for k in chosen if k in contract.Cluster.model_fields},
             **contract.defaults(backend, "both")}
     differ = {k: v for k, v in chosen.items() if k not in base or base[k] != v}
-    workload = _workload(request)
-    from ddpbench.experiments.throughput.spec import BUILTIN_WORKLOADS
-
-    known = set(BUILTIN_WORKLOADS)
-    try:
-        from ddpbench import simulator
-
-        known |= set(simulator.WORKLOADS)
-    except ImportError:
-        pass
-    wl = workload if workload in known else _relative(workload, folder)
     exp: dict[str, Any] = {
         "name": name or f"tune_{Path(str(request['workload'])).stem}".replace(":", "_"),
         "description": (f"The configuration `ddpbench tune` chose "
@@ -682,7 +671,7 @@ def experiment_yaml(request: Mapping[str, Any], df: Any, folder: str | Path,
                         f"predicted {float(best['iteration_time_s']) * 1e3:.4g} ms per "
                         "iteration) beside the defaults of every tuned backend; simulated."),
         "mode": "simulate",
-        "workloads": [wl],
+        "workloads": [_workload_entry(request, folder)],
     }
     for key, value in _non_default(cluster).items():
         if key == "machine" and value is not None:
@@ -714,6 +703,22 @@ def experiment_yaml(request: Mapping[str, Any], df: Any, folder: str | Path,
         report["baseline"] = str(min(others, key=lambda r: float(r["iteration_time_s"]))["backend"])
     exp["report"] = report
     return yaml.safe_dump(exp, sort_keys=False, allow_unicode=True, width=100)
+
+
+def _workload_entry(request: Mapping[str, Any], folder: Path) -> str:
+    """Return the request's workload as the experiment file names it: a shipped name as it
+    is, a profile's path relative to ``folder``."""
+    from ddpbench.experiments.throughput.spec import BUILTIN_WORKLOADS
+
+    workload = _workload(request)
+    known = set(BUILTIN_WORKLOADS)
+    try:
+        from ddpbench import simulator
+
+        known |= set(simulator.WORKLOADS)
+    except ImportError:
+        pass
+    return workload if workload in known else _relative(workload, folder)
 
 
 def _non_default(model: Any) -> dict[str, Any]:
