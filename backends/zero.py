@@ -85,6 +85,8 @@ from ddpbench.backends._common import (
 from ddpbench.backends.mpi import check_consistent
 from ddpbench.contract import FsdpKnobs, ZeroKnobs
 from ddpbench.optim import SGD
+from ddpbench.rules.unshard import ANY as _ANY
+from ddpbench.rules.unshard import FrontEndPlan
 from ddpbench.tensor_ops import byte_view
 
 __all__ = ["RANKS_PER_HOST_ENV", "FrontEndPlan", "FsdpStore", "ZeroStore", "shard_counts"]
@@ -153,31 +155,6 @@ def _back(host: np.ndarray, a: Any) -> None:
     if is_cupy(a):
         with a.device:
             a.set(host)
-
-
-_ANY = 1 << 62  # no bound
-
-
-@dataclass(frozen=True)
-class FrontEndPlan:
-    """When a front end (:class:`ddpbench.torch.FullyShardedDataParallel`) gathers and frees
-    a sharded unit: at most ``*_elements`` elements and ``*_units`` units per gather call
-    before a forward and a backward, a prefetch after a unit's backward, the gathered
-    elements beyond which a unit is freed after its forward and after its backward (0:
-    always), and whether gradients are reduced during backward (in buckets of
-    ``reduce_bucket_elements``, filled by parameter or by unit, asynchronously with
-    ``reduce_async``) or all at the step."""
-
-    forward_elements: int
-    forward_units: int
-    backward_elements: int
-    backward_units: int
-    backward_post_prefetch: bool
-    max_live_elements: int
-    reduce_in_backward: bool = False
-    reduce_async: bool = False
-    reduce_bucket_elements: int = _ANY
-    reduce_per_parameter: bool = False
 
 
 def _starts(counts: list[int]) -> list[int]:

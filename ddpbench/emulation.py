@@ -17,7 +17,11 @@ framework. Iteration time is the time between the starts of successive iteration
 one ends when every gradient has arrived); the first ``--warmup`` iterations are not counted.
 
 Every result is checked: each worker pushes ``rank + 1`` everywhere, so every reduced
-element must equal ``W (W + 1) / 2``. Worker 0 writes the timings as JSON to ``--out`` (and
+element must equal ``W (W + 1) / 2``. A sharding store (``zero``, ``fsdp``) trains instead
+as DeepSpeed and FSDP do: it holds the parameters and the update, units are gathered before
+their forward and backward and reduced by the front-end rule
+(:class:`ddpbench.rules.unshard.UnitSchedule`, the one :mod:`ddpbench.torch` uses), the
+iteration ends with the step, and every gathered value is checked (:func:`_run_sharded`). Worker 0 writes the timings as JSON to ``--out`` (and
 prints them); a failing rank writes its error to ``<out>.rank<R>.err`` and exits non-zero.
 
 ``--then`` runs further phases in the same job, each with a store of its own created after
@@ -201,6 +205,8 @@ def _run_phase(args: argparse.Namespace, ph: dict[str, Any], world: Any) -> dict
         outs.append(np.empty(n, dtype=np.float32))
         by_layer.setdefault(int(t.layer), []).append(i)
     kv = ddpbench.create(args.backend, **knobs)
+    if kv.is_capable("gather"):
+        return _run_sharded(args, ph, world, kv, workload)
     declare = getattr(kv, "declare", None)
     if declare is not None:
         # The gradients' keys in the order the original's PyTorch front end declares them
@@ -241,22 +247,140 @@ def _run_phase(args: argparse.Namespace, ph: dict[str, Any], world: Any) -> dict
         wait_layer(layer)
     starts.append(time.perf_counter())
     kv.close()
+    return _result(ph, world, workload, args.backend, workers, starts,
+                   int(sum(g.nbytes for g in grads)))
+
+
+def _sharded_units(backend: str, kv: Any, workload: Any) -> tuple[
+        list[str], list[int], list[tuple[int, ...]], list[list[int]]]:
+    """Return a sharding store's parameters (names, elements), each unit's layers in
+    forward order and each unit's parameters (indices into the names), as the simulator's
+    strategies cut the profile (:mod:`ddpbench.simulator.sharded`): ZeRO's units are the
+    layers and its parameters the profile's tensors; FSDP's units follow its ``wrap``
+    policy, each one flat parameter (``FlatParamHandle``)."""
+    from ddpbench.simulator.sharded import fsdp_units
+
+    numel = [0] * len(workload.layers)
+    for t in workload.tensors:
+        numel[t.layer] += t.numel
+    if backend == "fsdp":
+        units = fsdp_units(numel, kv.options.wrap, kv.options.min_num_params)
+        return ([f"unit{u.position}" for u in units], [u.numel for u in units],
+                [u.layers for u in units], [[j] for j in range(len(units))])
+    tensors = sorted(workload.tensors, key=lambda t: int(t.layer))  # stable: profile order
+    layers = sorted({int(t.layer) for t in tensors})
+    unit_of = {layer: j for j, layer in enumerate(layers)}
+    members: list[list[int]] = [[] for _ in layers]
+    for k, t in enumerate(tensors):
+        members[unit_of[int(t.layer)]].append(k)
+    return ([t.name for t in tensors], [t.numel for t in tensors],
+            [(layer,) for layer in layers], members)
+
+
+def _run_sharded(args: argparse.Namespace, ph: dict[str, Any], world: Any, kv: Any,
+                 workload: Any) -> dict[str, Any] | None:
+    """One phase on a sharding store (``zero``, ``fsdp``), as DeepSpeed and FSDP train.
+
+    The store holds the parameters (every one zero at first, registered by ``broadcast``)
+    and ``SGD(lr=1)``; each rank's gradients are ``-(rank + 1)``, so after ``t`` steps
+    every element is ``t (W + 1) / 2``. The front-end rule
+    (:class:`ddpbench.rules.unshard.UnitSchedule`) gathers units before their forward and
+    backward, frees and reduces them as the store's plan says; the step waits for every
+    reduction. Every gathered unit, and every parameter a store keeps whole, is checked
+    against that value. The iteration ends when the step has returned.
+    """
+    from ddpbench import comm
+    from ddpbench.optim import SGD
+    from ddpbench.rules.unshard import UnitSchedule
+
+    names, sizes, unit_layers, members = _sharded_units(args.backend, kv, workload)
+    params = [np.zeros(n, dtype=np.float32) for n in sizes]
+    grads = [np.full(n, -(world.role_rank + 1), dtype=np.float32) for n in sizes]
+    kv.broadcast(names, params)
+    kv.set_optimizer(SGD(lr=1.0))
+    workers = kv.num_workers
+    half = np.float32((workers + 1) / 2)
+    steps = [0]
+
+    def check(ks: list[int], when: str) -> None:
+        want = np.float32(steps[0]) * half
+        for k in ks:
+            a = params[k]
+            if a.size and (a[0] != want or a[-1] != want):
+                raise RuntimeError(f"parameter {names[k]!r} {when} is {a[0]} / {a[-1]}, "
+                                   f"expected {want} ({steps[0]} steps of (W + 1) / 2 over "
+                                   f"{workers} workers)")
+
+    def gather(units: list[int]) -> None:
+        ks = [k for j in units for k in members[j]]
+        kv.gather([names[k] for k in ks], [params[k] for k in ks])
+        check(ks, "gathered")
+
+    def reduce(ks: list[int], asynchronous: bool) -> Any:
+        call = kv.push_pull_async if asynchronous else kv.push_pull
+        out = call([names[k] for k in ks], [grads[k] for k in ks],
+                   output=[params[k] for k in ks], op="average")
+        return out if asynchronous else None
+
+    sharded = bool(kv.holds_sharded_params)
+    schedule = UnitSchedule(kv.front_end_plan(), members, sizes, sharded, gather,
+                            lambda units: None, reduce)
+    fwd = [layer.fwd_s * ph["compute_scale"] for layer in workload.layers]
+    bwd = [layer.bwd_s * ph["compute_scale"] for layer in workload.layers]
+    first = {u[0]: j for j, u in enumerate(unit_layers)}
+    last = {u[-1]: j for j, u in enumerate(unit_layers)}
+    if args.compute == "sleep":
+        comm.precise_timers()
+    starts = []
+    world.role_comm.Barrier()
+    for _ in range(ph["warmup"] + ph["iterations"]):
+        starts.append(time.perf_counter())
+        for layer in range(len(workload.layers)):
+            if layer in first:
+                schedule.pre_forward(first[layer])
+            _busy(fwd[layer], args.compute)
+            if layer in last:
+                schedule.post_forward(last[layer])
+        for layer in reversed(range(len(workload.layers))):
+            if layer in last:
+                schedule.pre_backward(last[layer])
+            _busy(bwd[layer], args.compute)
+            if layer in first:
+                for k in members[first[layer]]:
+                    schedule.grad_ready(first[layer], k)
+        schedule.step()
+        steps[0] += 1
+        if not sharded:
+            check(list(range(len(names))), "after the step")
+    starts.append(time.perf_counter())
+    stats = {**kv.stats, **schedule.stats}
+    kv.close()
+    return _result(ph, world, workload, args.backend, workers, starts,
+                   int(sum(n for n in sizes) * 4), stats)
+
+
+def _result(ph: dict[str, Any], world: Any, workload: Any, backend: str, workers: int,
+            starts: list[float], grad_bytes: int,
+            stats: dict[str, int] | None = None) -> dict[str, Any] | None:
+    """Worker 0's result of a phase from every worker's iteration starts (the slowest
+    worker's time per iteration: a job's throughput is bounded by it); None elsewhere."""
     times = [b - a for a, b in zip(starts, starts[1:])][ph["warmup"]:]
-    # Every worker's iteration ends when its slowest peer's gradients arrive; report the
-    # slowest worker's times, as a job's throughput is bounded by it.
     all_times = world.role_comm.allgather(times)
     times = [max(col) for col in zip(*all_times)]
     if world.role_rank != 0:
         return None
     median = statistics.median(times)
-    return {
-        "workload": workload.name, "backend": args.backend, "knobs": knobs,
+    out = {
+        "workload": workload.name, "backend": backend, "knobs": ph["knobs"],
         "workers": workers, "iteration_times_s": times, "iteration_time_s": median,
         "iteration_time_min_s": min(times), "iteration_time_max_s": max(times),
         "throughput": workload.batch_size * workers / median,
-        "bytes_per_iteration": int(sum(g.nbytes for g in grads)),
+        "bytes_per_iteration": grad_bytes,
         "size_scale": ph["size_scale"], "compute_scale": ph["compute_scale"],
     }
+    if stats is not None:
+        out["collectives"] = stats
+    return out
 
 
 def knobs_of(params: dict[str, Any]) -> dict[str, Any]:

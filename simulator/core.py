@@ -835,6 +835,10 @@ def _tree(sim: _Sim, n: int, passes: int) -> Generator[simpy.Event, Any, None]:
         yield sim.env.timeout(sim.latency + n / sim.bandwidth)
 
 
+COLLECTIVE_OPS = ("allreduce", "broadcast", "all_gather", "reduce_scatter")
+"""What :func:`simulate_collective` simulates."""
+
+
 def simulate_collective(op: str, nbytes: int, *, workers: int | None = None,
                         algorithm: str = "ring", bandwidth_gbps: float,
                         latency_us: float = 5.0, hierarchical: bool = False,
@@ -842,8 +846,12 @@ def simulate_collective(op: str, nbytes: int, *, workers: int | None = None,
     """Return the seconds one collective takes on an idle network of ``workers`` hosts.
 
     Args:
-        op: ``"allreduce"`` or ``"broadcast"``.
-        nbytes: message size in bytes (> 0).
+        op: ``"allreduce"``, ``"broadcast"``, ``"all_gather"`` or ``"reduce_scatter"``
+            (the last two: a ring of ``p - 1`` steps, NCCL's tuner on a named GPU over a
+            real transport, as the sharded schemes run them:
+            :func:`ddpbench.simulator.sharded.ring_collective_s`).
+        nbytes: message size in bytes (> 0); for ``all_gather`` and ``reduce_scatter`` the
+            whole buffer (every rank's part), as nccl-tests counts it.
         workers: ranks taking part (or give ``hosts`` and ``gpus_per_host``).
         algorithm: ``"ring"`` (allreduce: reduce-scatter + allgather, 2(p-1) steps;
             broadcast: binomial scatter + ring allgather) or ``"tree"`` (binomial:
@@ -859,8 +867,8 @@ def simulate_collective(op: str, nbytes: int, *, workers: int | None = None,
     Raises:
         ValueError: an unknown op or algorithm, or a bad value, naming the field.
     """
-    if op not in ("allreduce", "broadcast"):
-        raise ValueError(f"op: unknown collective {op!r}; available: ['allreduce', 'broadcast']")
+    if op not in COLLECTIVE_OPS:
+        raise ValueError(f"op: unknown collective {op!r}; available: {list(COLLECTIVE_OPS)}")
     if algorithm not in ("ring", "tree"):
         raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; available: ['ring', 'tree']")
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 1:
@@ -871,6 +879,13 @@ def simulate_collective(op: str, nbytes: int, *, workers: int | None = None,
     c = _validate(None, None, None, workers=workers, bandwidth_gbps=bandwidth_gbps,
                   latency_us=latency_us, **cluster).cluster
     sim = _Sim(None, c, trace=False)
+    if op in ("all_gather", "reduce_scatter"):
+        if algorithm != "ring" or hierarchical:
+            raise ValueError(f"algorithm: {op} runs as a ring (NCCL's tuner on a named GPU); "
+                             "give algorithm='ring' and hierarchical=False")
+        from ddpbench.simulator.sharded import ring_collective_s
+
+        return ring_collective_s(sim, op, int(nbytes), 1)
     gen: Generator[simpy.Event, Any, None]
     if algorithm == "tree":
         gen = _tree(sim, int(nbytes), 2 if op == "allreduce" else 1)

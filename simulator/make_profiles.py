@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from ddpbench.profiling.llm import LLAMA_VOCAB, LLAMAS
+from ddpbench.profiling.llm import LLAMA_VOCAB, LLAMAS, llama_name, llama_vocab
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 BATCH_IMAGES = 128
@@ -557,6 +557,12 @@ by :func:`ddpbench.hardware.precision_factor` instead."""
 # Llama-style decoder-only transformers: their shapes and sources are
 # ddpbench.profiling.llm's LLAMAS (which also builds them as torch modules to measure).
 LLAMA_SEQ_LEN, LLAMA_MICRO_BATCH = 4096, 1  # Llama 2's context length; one sequence
+LLAMA3_SEQ_LEN = 8192  # Llama 3's context length (config.json max_position_embeddings)
+
+
+def llama_seq_len(size: str) -> int:
+    """Return the default sequence length of Llama size ``size``: its context length."""
+    return LLAMA3_SEQ_LEN if size.startswith("3_") else LLAMA_SEQ_LEN
 
 
 class _Roofline:
@@ -641,17 +647,19 @@ def llama_flops_per_token(hidden: int, inter: int, layers: int, heads: int, kv_h
     return 6 * n_mm + 12 * layers * hidden * seq_len
 
 
-def llama(size: str, seq_len: int = LLAMA_SEQ_LEN, micro_batch: int = LLAMA_MICRO_BATCH,
+def llama(size: str, seq_len: int | None = None, micro_batch: int = LLAMA_MICRO_BATCH,
           device: str = LLM_DEVICE, precision: str = LLM_PRECISION) -> dict:
     """Return the profile of Llama-style ``size`` (a key of :data:`LLAMAS`) for ``micro_batch``
-    sequences of ``seq_len`` tokens per worker: one layer per decoder layer, one tensor per
-    weight (Hugging Face LlamaForCausalLM's names and creation order)."""
+    sequences of ``seq_len`` tokens per worker (default: the model's context length,
+    :func:`llama_seq_len`): one layer per decoder layer, one tensor per weight (Hugging Face
+    LlamaForCausalLM's names and creation order), at the model's vocabulary."""
     if size not in LLAMAS:
         raise ValueError(f"unknown Llama size {size!r}; known: {sorted(LLAMAS)}")
+    seq_len = llama_seq_len(size) if seq_len is None else seq_len
     if seq_len < 1 or micro_batch < 1:
         raise ValueError(f"seq_len and micro_batch must be >= 1, got {seq_len} and {micro_batch}")
     h, ff, nlayers, heads, kv_heads = LLAMAS[size]
-    kv, v, tok = kv_heads * (h // heads), LLAMA_VOCAB, micro_batch * seq_len
+    kv, v, tok = kv_heads * (h // heads), llama_vocab(size), micro_batch * seq_len
     net = _Roofline(device, precision)
     net.add("model.embed_tokens", [{"name": "model.embed_tokens.weight", "numel": v * h}],
             0, tok * h * 2)
@@ -670,8 +678,8 @@ def llama(size: str, seq_len: int = LLAMA_SEQ_LEN, micro_batch: int = LLAMA_MICR
         net.add(p, tensors, mm, ew)
     net.add("model.norm", [{"name": "model.norm.weight", "numel": h}], 0, tok * h * 2)
     net.add("lm_head", [{"name": "lm_head.weight", "numel": v * h}], 2 * tok * h * v, tok * v * 3)
-    n = llama_params(h, ff, nlayers, heads, kv_heads)
-    return net.profile(f"llama_{size}", micro_batch,
+    n = llama_params(h, ff, nlayers, heads, kv_heads, v)
+    return net.profile(llama_name(size), micro_batch,
                        f"Llama-style decoder-only transformer, {n / 1e9:.2f}B parameters "
                        f"(hidden {h}, intermediate {ff}, {nlayers} layers, {heads} heads, "
                        f"{kv_heads} key-value heads, vocabulary {v}, untied lm_head; sources in "
@@ -791,7 +799,7 @@ def main() -> None:
 
 
 _TODAY = (lambda: llama("1b"), lambda: llama("7b"), lambda: llama("13b"), lambda: llama("70b"),
-          vit_l, lambda: mpt("7b"), lambda: mpt("13b"), lambda: mpt("70b"))
+          lambda: llama("3_8b"), lambda: llama("3_70b"), vit_l, lambda: mpt("7b"), lambda: mpt("13b"), lambda: mpt("70b"))
 
 
 if __name__ == "__main__":

@@ -83,8 +83,11 @@ def ring_collective_s(sim: SimContext, coll: str, n: int, itemsize: int,
     rank to the next: a step costs what a ring allreduce's step costs
     (:func:`ddpbench.simulator.strategies._ring_step`: across hosts each NIC carries one
     chunk per step, ``(ranks-1)/ranks`` of the buffer in all), on one host the intra-host
-    link's. On a named GPU over a real transport NCCL's model sets the fixed cost and the
-    protocol's share of the bandwidth (:func:`ddpbench.hardware.nccl_ring`).
+    link's. On a named GPU over a real transport NCCL's tuner prices it instead and picks
+    among the algorithms it allows for the collective (ring, NVLS, CollNet Direct, PAT;
+    :func:`ddpbench.hardware.nccl_collective`, with the cluster's ``nccl_algo``, network
+    latency and NICs), as ProcessGroupNCCL's ``ncclReduceScatter``/``ncclAllGather`` leave
+    the choice to NCCL.
     """
     p = sim.workers if ranks is None else ranks
     h = sim.num_hosts if hosts is None else hosts
@@ -97,9 +100,10 @@ def ring_collective_s(sim: SimContext, coll: str, n: int, itemsize: int,
         lat, tx = _ring_step(sim, chunk)
     steps = p - 1
     if sim.nccl is not None:
-        _, nlat, share = hardware.nccl_ring(coll, n * itemsize, p, h, sim.intra_link, sim.nccl,
-                                            steps * tx, sim.nccl_proto, sim.nccl_release)
-        return nlat + steps * tx / share
+        return hardware.nccl_collective(coll, n * itemsize, p, h, sim.intra_link, sim.nccl,
+                                        steps * tx, sim.nccl_proto, sim.nccl_release,
+                                        sim.nccl_algo, sim.nccl_fabric,
+                                        sim.nccl_channels).time_s
     return steps * (lat + tx)
 
 

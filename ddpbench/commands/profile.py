@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 HELP = ("profile a PyTorch model (torchvision:NAME or package.module:factory) into a workload "
-        "YAML, or write a generated one (llama_1b/7b/13b/70b, vit_l, mpt_7b/13b/70b) at a sequence length and "
-        "micro-batch of your own")
+        "YAML, or write a generated one (llama_1b/7b/13b/70b, llama3_8b/70b, vit_l, "
+        "mpt_7b/13b/70b) at a sequence length and micro-batch of your own")
 
-GENERATED = ("llama_1b", "llama_7b", "llama_13b", "llama_70b", "vit_l", "mpt_7b", "mpt_13b",
-             "mpt_70b")
+GENERATED = ("llama_1b", "llama_7b", "llama_13b", "llama_70b", "llama3_8b", "llama3_70b",
+             "vit_l", "mpt_7b", "mpt_13b", "mpt_70b")
 """Models that ``ddpbench profile NAME`` writes from their layer definitions (FLOPs at a
 device's peak, simulator/make_profiles.py) instead of measuring: no torch, no GPU."""
 
@@ -159,8 +159,9 @@ def _generate(args: argparse.Namespace, out: Path) -> int:
                                      seq_len=args.seq_len or make_profiles.MPT_SEQ_LEN,
                                      micro_batch=args.batch_size, **kw)
         else:
-            data = make_profiles.llama(args.model.removeprefix("llama_"),
-                                       seq_len=args.seq_len or make_profiles.LLAMA_SEQ_LEN,
+            from ddpbench.profiling.llm import llama_size
+
+            data = make_profiles.llama(llama_size(args.model), seq_len=args.seq_len,
                                        micro_batch=args.batch_size, **kw)
         if args.name:
             data["name"] = args.name

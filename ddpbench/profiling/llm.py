@@ -22,8 +22,9 @@ from typing import Any
 
 from ddpbench.profiling.model import import_torch
 
-__all__ = ["LLAMAS", "LLAMA_VOCAB", "LlamaShape", "llama", "llama_13b", "llama_1b",
-           "llama_70b", "llama_7b", "llama_module"]
+__all__ = ["LLAMAS", "LLAMA_VOCAB", "LLAMA_VOCABS", "LlamaShape", "llama", "llama3_70b",
+           "llama3_8b", "llama_13b", "llama_1b", "llama_70b", "llama_7b", "llama_module",
+           "llama_name", "llama_size", "llama_vocab"]
 
 LlamaShape = tuple[int, int, int, int, int]
 """(hidden, intermediate, layers, attention heads, key-value heads)."""
@@ -33,19 +34,43 @@ LLAMAS: dict[str, LlamaShape] = {
     "7b": (4096, 11008, 32, 32, 32),
     "13b": (5120, 13824, 40, 40, 40),
     "70b": (8192, 28672, 80, 64, 8),
+    "3_8b": (4096, 14336, 32, 32, 8),
+    "3_70b": (8192, 28672, 80, 64, 8),
 }
 """Llama 2 (Touvron et al. 2023, Table 1 and section 2.2: 7B, 13B and 70B, grouped-query
 attention with 8 key-value heads for 70B) as its Hugging Face configs state them
 (meta-llama/Llama-2-{7b,13b,70b}-hf config.json: hidden_size, intermediate_size,
 num_hidden_layers, num_attention_heads, num_key_value_heads); ``1b`` is TinyLlama-1.1B (Zhang
 et al. 2024, Table 1; TinyLlama/TinyLlama-1.1B config.json), Llama 2's architecture and
-tokenizer at 22 layers with 4 key-value heads."""
+tokenizer at 22 layers with 4 key-value heads. ``3_8b`` and ``3_70b`` are Llama 3 (Llama
+Team, "The Llama 3 Herd of Models", 2024, Table 3; meta-llama/Meta-Llama-3-8B and -70B
+config.json): grouped-query attention with 8 key-value heads at both sizes, Llama 3.1's
+shapes too."""
 
 LLAMA_VOCAB = 32_000
 """Llama 2's and TinyLlama's vocabulary (config.json ``vocab_size``); lm_head is untied."""
 
+LLAMA_VOCABS: dict[str, int] = {"3_8b": 128_256, "3_70b": 128_256}
+"""Vocabularies other than :data:`LLAMA_VOCAB`: Llama 3's tokenizer (config.json
+``vocab_size`` 128256; lm_head untied)."""
 
-def llama(size: str, vocab: int = LLAMA_VOCAB) -> Any:
+
+def llama_vocab(size: str) -> int:
+    """Return the vocabulary of Llama size ``size`` (a key of :data:`LLAMAS`)."""
+    return LLAMA_VOCABS.get(size, LLAMA_VOCAB)
+
+
+def llama_name(size: str) -> str:
+    """Return the workload name of Llama size ``size``: ``llama_7b``, ``llama3_8b``."""
+    return f"llama3_{size[2:]}" if size.startswith("3_") else f"llama_{size}"
+
+
+def llama_size(name: str) -> str:
+    """Return the :data:`LLAMAS` key of workload ``name`` (the inverse of :func:`llama_name`)."""
+    return f"3_{name[7:]}" if name.startswith("llama3_") else name.removeprefix("llama_")
+
+
+def llama(size: str, vocab: int | None = None) -> Any:
     """Return a Llama-style ``torch.nn.Module`` of ``size`` (a key of :data:`LLAMAS`),
     initialised at random.
 
@@ -54,7 +79,7 @@ def llama(size: str, vocab: int = LLAMA_VOCAB) -> Any:
     """
     if size not in LLAMAS:
         raise ValueError(f"unknown Llama size {size!r}; known: {sorted(LLAMAS)}")
-    return llama_module(LLAMAS[size], vocab)
+    return llama_module(LLAMAS[size], llama_vocab(size) if vocab is None else vocab)
 
 
 def llama_module(shape: LlamaShape, vocab: int = LLAMA_VOCAB) -> Any:  # noqa: C901
@@ -172,3 +197,13 @@ def llama_13b() -> Any:
 def llama_70b() -> Any:
     """Return the ``llama_70b`` module (Llama 2 70B's shapes)."""
     return llama("70b")
+
+
+def llama3_8b() -> Any:
+    """Return the ``llama3_8b`` module (Llama 3 8B's shapes and vocabulary)."""
+    return llama("3_8b")
+
+
+def llama3_70b() -> Any:
+    """Return the ``llama3_70b`` module (Llama 3 70B's shapes and vocabulary)."""
+    return llama("3_70b")

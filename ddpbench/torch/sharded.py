@@ -59,6 +59,7 @@ import torch
 
 from ddpbench.api import KVStore, create
 from ddpbench.optim import SGD
+from ddpbench.rules.unshard import UnitSchedule
 from ddpbench.torch._tensors import as_array, check_reducible
 
 __all__ = ["FullyShardedDataParallel"]
@@ -112,85 +113,53 @@ class FullyShardedDataParallel(torch.nn.Module):
         self.kv.set_optimizer(optimizer)
         self.sharded = bool(self.kv.holds_sharded_params)
         self.plan = self.kv.front_end_plan()
-        self._live: set[int] = set()
-        self._sizes = [sum(math.prod(self._shapes[n]) for n, _ in unit) for unit in self._units]
-        self._waiting = [0] * len(self._units)  # gradients of a unit not yet accumulated
-        self.stats = {"gathers": 0, "gathered_elements": 0, "max_live_elements": 0,
-                      "freed_after_forward": 0, "freed_after_backward": 0, "reductions": 0}
-        # gradients by their index in self._named: those waiting for a fuller bucket, sent
-        self._index = {name: k for k, (name, _) in enumerate(self._named)}
-        self._pending: list[int] = []
-        self._sent: set[int] = set()
-        self._handles: list[Any] = []
+        index = {name: k for k, (name, _) in enumerate(self._named)}
+        self.schedule = UnitSchedule(
+            self.plan, [[index[name] for name, _ in unit] for unit in self._units],
+            [math.prod(self._shapes[name]) for name, _ in self._named], self.sharded,
+            self._gather_units, self._free_units, self._reduce)
+        self.stats = self.schedule.stats
         if self.sharded:
-            self._free()
+            self.schedule.free()
         for i, sub in enumerate(self._owners()):
-            self._hook(i, sub)
+            self._hook(i, sub, [index[name] for name, _ in self._units[i]])
 
     def _owners(self) -> list[torch.nn.Module]:
         """The modules of :func:`_units`, in the same order."""
         return [sub for _, sub in self.module.named_modules()
                 if any(True for _ in sub.parameters(recurse=False))]
 
-    def _hook(self, i: int, sub: torch.nn.Module) -> None:
-        """Unit ``i``'s gathers, frees and gradient reduction around its forward and
-        backward."""
-        plan, last = self.plan, len(self._units)
-
-        def pre_forward(_m: Any, _args: Any) -> None:
-            if self.sharded:
-                self._gather(range(i, last), plan.forward_elements, plan.forward_units)
-            self._waiting[i] = len(self._units[i])
-
-        def post_forward(_m: Any, _args: Any, _out: Any) -> None:
-            self._release(i, "freed_after_forward")
-
-        def pre_backward(_m: Any, _grad: Any) -> None:
-            self._gather(range(i, -1, -1), plan.backward_elements, plan.backward_units)
-
-        own = [self._index[name] for name, _ in self._units[i]]
-
-        def grad_ready(k: int) -> None:
-            # DeepSpeed's gradient hook: each parameter's gradient into the bucket
-            if plan.reduce_in_backward and plan.reduce_per_parameter:
-                self._bucket([k])
-            self._waiting[i] -= 1
-            if self._waiting[i]:
-                return
-            # the unit's gradients are all accumulated: FSDP's post-backward hook
-            if self.sharded and plan.backward_post_prefetch and i > 0:
-                self._gather(range(i - 1, -1, -1), plan.backward_elements, 1)
-            if plan.reduce_in_backward and not plan.reduce_per_parameter:
-                self._bucket(own)
-            self._release(i, "freed_after_backward")
-
-        sub.register_forward_pre_hook(pre_forward)
+    def _hook(self, i: int, sub: torch.nn.Module, own: list[int]) -> None:
+        """Unit ``i``'s events to the schedule: its forward, its backward, each of its
+        parameters' (``own``) accumulated gradients."""
+        s = self.schedule
+        sub.register_forward_pre_hook(lambda _m, _a: s.pre_forward(i))
         for k, (_, p) in zip(own, self._units[i]):
-            p.register_post_accumulate_grad_hook(lambda _p, k=k: grad_ready(k))
+            p.register_post_accumulate_grad_hook(lambda _p, k=k: s.grad_ready(i, k))
         if self.sharded:
-            sub.register_forward_hook(post_forward)
-            sub.register_full_backward_pre_hook(pre_backward)
+            sub.register_forward_hook(lambda _m, _a, _o: s.post_forward(i))
+            sub.register_full_backward_pre_hook(lambda _m, _g: s.pre_backward(i))
 
-    def _bucket(self, ks: list[int]) -> None:
-        """Add gradients ``ks`` (a parameter's, or a unit's) to the bucket being filled: a
-        bucket they would overflow goes first (DeepSpeed's ``reduce_independent_p_g_buckets_
-        and_remove_grads``), a full one at once (FSDP: each unit's at its backward's end)."""
-        limit = self.plan.reduce_bucket_elements
-        size = sum(self._numel(k) for k in ks)
-        if self._pending and sum(self._numel(k) for k in self._pending) + size > limit:
-            self._send(self._pending)
-            self._pending = []
-        self._pending.extend(ks)
-        if sum(self._numel(k) for k in self._pending) >= limit:
-            self._send(self._pending)
-            self._pending = []
+    def _gather_units(self, units: list[int]) -> None:
+        """All-gather the parameters of ``units`` into whole tensors, in one call."""
+        named = [item for j in units for item in self._units[j]]
+        with torch.no_grad():
+            for name, p in named:
+                p.data = torch.empty(self._shapes[name], dtype=p.dtype, device=p.device)
+            self.kv.gather([n for n, _ in named], [as_array(p.data) for _, p in named])
 
-    def _numel(self, k: int) -> int:
-        return math.prod(self._shapes[self._named[k][0]])
+    def _free_units(self, units: list[int]) -> None:
+        """Drop the whole parameters of ``units``; the store keeps this rank's shard.
+        Autograd saved the parameter objects, not their data, so a unit gathered again
+        before its backward computes with its whole values."""
+        with torch.no_grad():
+            for j in units:
+                for _, p in self._units[j]:
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
-    def _send(self, ks: list[int], wait: bool = False) -> None:
-        """One ``push_pull`` of these gradients (asynchronous where the plan overlaps it
-        with backward, unless ``wait``); a parameter without a gradient sends zeros."""
+    def _reduce(self, ks: list[int], asynchronous: bool) -> Any:
+        """One ``push_pull`` of gradients ``ks`` (a parameter without a gradient sends
+        zeros); the handle where ``asynchronous``."""
         names, grads, outs = [], [], []
         for k in ks:
             name, p = self._named[k]
@@ -200,63 +169,10 @@ class FullyShardedDataParallel(torch.nn.Module):
             names.append(name)
             grads.append(as_array(g.detach().contiguous()))
             outs.append(as_array(g.detach().clone()) if self.sharded else as_array(p.data))
-        self._sent.update(ks)
-        self.stats["reductions"] += 1
-        if self.plan.reduce_async and not wait:
-            self._handles.append(self.kv.push_pull_async(names, grads, output=outs,
-                                                         op="average"))
-        else:
-            self.kv.push_pull(names, grads, output=outs, op="average")
-
-    def _release(self, i: int, counter: str) -> None:
-        """Free unit ``i`` once more than the plan's live elements are gathered."""
-        if i in self._live and self._live_elements() > self.plan.max_live_elements:
-            self._free([i])
-            self.stats[counter] += 1
-
-    def _live_elements(self) -> int:
-        return sum(self._sizes[j] for j in self._live)
-
-    def _gather(self, order: range, budget: int, units: int, count: bool = True) -> None:
-        """All-gather, in one call, the units among the first ``units`` of ``order`` (the
-        one about to run, then the prefetch) that are not whole, within ``budget``
-        elements (the first always); ``count``: record the live peak."""
-        todo: list[int] = []
-        held = 0
-        for k, j in enumerate(order):
-            if k >= units:
-                break
-            if j in self._live:
-                continue
-            size = self._sizes[j]
-            if todo and held + size > budget:
-                break
-            todo.append(j)
-            held += size
-        if not todo:
-            return
-        named = [item for j in todo for item in self._units[j]]
-        with torch.no_grad():
-            for name, p in named:
-                p.data = torch.empty(self._shapes[name], dtype=p.dtype, device=p.device)
-            self.kv.gather([n for n, _ in named], [as_array(p.data) for _, p in named])
-        self._live.update(todo)
-        self.stats["gathers"] += 1
-        self.stats["gathered_elements"] += held
-        if count:
-            self.stats["max_live_elements"] = max(self.stats["max_live_elements"],
-                                                  self._live_elements())
-
-    def _free(self, units: list[int] | None = None) -> None:
-        """Drop the whole parameters of ``units`` (default: all); the store keeps this
-        rank's shard. Autograd saved the parameter objects, not their data, so a unit
-        gathered again before its backward computes with its whole values."""
-        chosen = range(len(self._units)) if units is None else units
-        with torch.no_grad():
-            for j in chosen:
-                for _, p in self._units[j]:
-                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        self._live.difference_update(chosen)
+        if asynchronous:
+            return self.kv.push_pull_async(names, grads, output=outs, op="average")
+        self.kv.push_pull(names, grads, output=outs, op="average")
+        return None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -264,20 +180,8 @@ class FullyShardedDataParallel(torch.nn.Module):
     def step(self) -> None:
         """Reduce every gradient not reduced during backward, wait for all, update
         (collective: every rank calls it), then free the sharded parameters."""
-        if self._pending:
-            self._send(self._pending)
-        rest = [k for k in range(len(self._named)) if k not in self._sent]
-        if rest:
-            self._send(rest, wait=True)
-        handles, self._handles = self._handles, []
-        for h in handles:
-            h.wait()
-        self._pending, self._sent = [], set()
-        if self.sharded:
-            self._free()
+        self.schedule.step()
 
     def gather_parameters(self) -> None:
         """Make every parameter whole now (e.g. to evaluate or save). Collective."""
-        for i in range(len(self._units)):
-            self._gather(range(i, len(self._units)), self.plan.forward_elements,
-                         self.plan.forward_units, count=False)
+        self.schedule.gather_all()

@@ -1,10 +1,12 @@
 """Sharded data parallelism on 1-4 ranks: allgather and reduce_scatter on every backend that
 has them against NumPy references, and the ``zero``/``fsdp`` engines against one process on
-the whole batch."""
+the whole batch; the real-mode worker's gathers and reductions on both."""
+
+import json
 
 import pytest
 from conftest import gpu_or_skip
-from mpiutil import SCRIPTS, results, run_mpi
+from mpiutil import REPO, SCRIPTS, results, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -120,3 +122,58 @@ def test_ranks_that_disagree_get_one_error_on_every_rank(n):
     assert sorted(r["backend"] for r in rows) == ["fsdp", "zero"], out[-3000:]
     assert all("Mismatched shape for ('a',): rank 0 sent (4,), rank 1 sent (5,)" in r["message"]
                for r in rows)
+
+
+def _sharded_phases(n: int, backend: str, phases: list[dict]) -> list[dict]:
+    """The real-mode worker on ``n`` ranks: ResNet-50's tensors / 1000, no compute, one
+    warm-up and two timed steps per phase; each phase's result."""
+    then = json.dumps([{"knobs": k} for k in phases[1:]])
+    out = run_mpi(n, REPO / "ddpbench" / "emulation.py", "--workload", "resnet50",
+                  "--backend", backend, "--knobs", json.dumps(phases[0]), "--size-scale",
+                  "0.001", "--compute-scale", "0", "--iterations", "2", "--then", then,
+                  timeout=300)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"workload"')]
+    assert len(rows) == 1, out[-3000:]
+    return rows[0]["phases"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_real_mode_worker_gathers_and_reduces_as_fsdp_and_zero_do(n):
+    # the worker checks every gathered unit and every kept parameter against
+    # t (W + 1) / 2 after t steps; here the calls the front end made, in closed form
+    from ddpbench.simulator.workload import load_workload
+
+    w = load_workload("resnet50").resized(0.001)
+    units, elements, steps = len({t.layer for t in w.tensors}), sum(t.numel for t in w.tensors), 3
+    full, grad_op, no_shard, hybrid = _sharded_phases(n, "fsdp", [
+        {}, {"sharding_strategy": "SHARD_GRAD_OP"}, {"sharding_strategy": "NO_SHARD"},
+        {"sharding_strategy": "HYBRID_SHARD", "ranks_per_host": 1}])
+    for ph in (full, grad_op, no_shard, hybrid):
+        assert len(ph["iteration_times_s"]) == 2 and ph["workers"] == n
+        assert ph["collectives"]["reductions"] == units * steps  # one per unit's backward
+    # FULL_SHARD: each unit gathered before its forward and again before its backward
+    # (BACKWARD_PRE: the first two of backward in one call), freed after each
+    c = full["collectives"]
+    assert c["allgather"] == 2 * units * steps and c["gathers"] == (2 * units - 1) * steps
+    assert c["gathered_elements"] == 2 * elements * steps
+    assert c["freed_after_forward"] == c["freed_after_backward"] == units * steps
+    assert c["reduce_scatter"] == units * steps and c["allreduce"] == 0
+    # SHARD_GRAD_OP keeps the parameters from forward to backward: one all-gather a unit
+    c = grad_op["collectives"]
+    assert c["allgather"] == units * steps and c["gathers"] == 0
+    c = no_shard["collectives"]
+    assert c["allgather"] == c["reduce_scatter"] == 0
+    assert c["allreduce"] == (units * steps if n > 1 else 0)
+    # HYBRID_SHARD over hosts of one rank: the shards allreduced across them
+    assert hybrid["collectives"]["allreduce"] == (units * steps if n > 1 else 0)
+    zero3, zero1 = _sharded_phases(n, "zero", [
+        {"stage": 3, "param_persistence_threshold": 0, "prefetch_bucket_size": 2000},
+        {"stage": 1}])
+    # ZeRO-3 keeps what it gathered (max_live_parameters, 1e9) until the step
+    c = zero3["collectives"]
+    assert c["gathered_elements"] == elements * steps and c["freed_after_forward"] == 0
+    assert c["max_live_elements"] == elements
+    # stage 1: every bucket (5e8 elements: the whole model) allreduced at the step, the
+    # updated partitions all-gathered; the front end gathers nothing
+    c = zero1["collectives"]
+    assert c["gathers"] == 0 and c["reductions"] == steps

@@ -104,6 +104,17 @@ def test_broadcast_and_tree_closed_forms():
     assert got == pytest.approx(2 * 3 * (a + n * b), rel=1e-9)
 
 
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_ring_all_gather_and_reduce_scatter_closed_form(op, p):
+    # p - 1 steps, each moving ceil(n / p) bytes: half an allreduce's ring
+    a, b, n = 5e-6, 1 / B10, 1_000_003
+    got = simulate_collective(op, n, workers=p, bandwidth_gbps=10, latency_us=5)
+    assert got == pytest.approx((p - 1) * (a + -(-n // p) * b), rel=1e-6)
+    with pytest.raises(ValueError, match="runs as a ring"):
+        simulate_collective(op, n, workers=p, algorithm="tree", bandwidth_gbps=10)
+
+
 def busiest_server_bytes(wl, partition_bytes, servers):
     """Bytes of one worker's gradients on the busiest server under BytePS's hashing."""
     from ddpbench.rules.placement import byteps_parts

@@ -8,15 +8,16 @@ import yaml
 
 from ddpbench import hardware
 from ddpbench.cli import main as cli_main
-from ddpbench.profiling.llm import LLAMA_VOCAB, LLAMAS
+from ddpbench.profiling.llm import LLAMAS, llama_name, llama_size, llama_vocab
 from ddpbench.simulator import make_profiles, simulate
 from ddpbench.simulator.workload import Workload, load_workload
 
 # Published parameter counts: Llama 2 (Touvron et al. 2023, Table 1) 7B, 13B, 70B as the HF
 # checkpoints hold them (6.74B, 13.0B, 69.0B); TinyLlama 1.1B; ViT-L/16 304M (torchvision's
-# ViT_L_16_Weights num_params 304,326,632).
+# ViT_L_16_Weights num_params 304,326,632); Llama 3 8B and 70B (the Llama 3 Herd of Models,
+# 2024; the HF checkpoints' 8,030,261,248 and 70,553,706,496).
 PUBLISHED = {"llama_1b": 1.1e9, "llama_7b": 6.74e9, "llama_13b": 13.0e9, "llama_70b": 69.0e9,
-             "vit_l": 304e6}
+             "llama3_8b": 8.030261248e9, "llama3_70b": 70.553706496e9, "vit_l": 304e6}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -33,13 +34,16 @@ def test_parameter_counts_are_within_one_percent_of_the_published(name):
 @pytest.mark.parametrize("size", sorted(LLAMAS))
 def test_llama_parameters_and_tensors_in_closed_form(size):
     h, ff, layers, heads, kv_heads = LLAMAS[size]
-    wl = load_workload(f"llama_{size}")
-    assert wl.total_params == make_profiles.llama_params(h, ff, layers, heads, kv_heads)
+    vocab = llama_vocab(size)
+    assert llama_size(llama_name(size)) == size
+    wl = load_workload(llama_name(size))
+    assert wl.total_params == make_profiles.llama_params(h, ff, layers, heads, kv_heads, vocab)
     # one tensor per weight: 9 per decoder layer, the embedding, the final norm, lm_head
     assert len(wl.tensors) == 9 * layers + 3
     assert len(wl.layers) == layers + 3
-    assert wl.tensors[0].numel == wl.tensors[-1].numel == LLAMA_VOCAB * h  # untied lm_head
-    if size == "70b":  # grouped-query attention: k and v project to 8 heads of 128
+    assert wl.tensors[0].numel == wl.tensors[-1].numel == vocab * h  # untied lm_head
+    assert wl.seq_len == (8192 if size.startswith("3_") else 4096)  # the context length
+    if kv_heads == 8:  # grouped-query attention: k and v project to 8 heads of 128
         k = next(t for t in wl.tensors if t.name == "model.layers.0.self_attn.k_proj.weight")
         assert k.numel == h * 8 * 128
 
@@ -52,9 +56,11 @@ def test_a_step_is_its_model_flops_at_the_stated_mfu(size, seq_len, micro_batch)
     h, ff, layers, heads, kv_heads = LLAMAS[size]
     prof = make_profiles.llama(size, seq_len=seq_len, micro_batch=micro_batch)
     wl = Workload.from_dict(prof)
-    per_token = make_profiles.llama_flops_per_token(h, ff, layers, heads, kv_heads, seq_len)
+    vocab = llama_vocab(size)
+    per_token = make_profiles.llama_flops_per_token(h, ff, layers, heads, kv_heads, seq_len,
+                                                    vocab)
     n = wl.total_params
-    assert per_token == 6 * (n - LLAMA_VOCAB * h - (2 * layers + 1) * h) \
+    assert per_token == 6 * (n - vocab * h - (2 * layers + 1) * h) \
         + 12 * layers * h * seq_len
     assert 0.9 < per_token / (6 * n) < 1.3  # ~6N: no product for the embedding lookup
     step = sum(x.fwd_s + x.bwd_s for x in wl.layers)
@@ -68,7 +74,7 @@ def test_a_step_is_its_model_flops_at_the_stated_mfu(size, seq_len, micro_batch)
 
 def test_the_shipped_profiles_are_the_generators_defaults():
     for size in LLAMAS:
-        shipped = load_workload(f"llama_{size}")
+        shipped = load_workload(llama_name(size))
         assert shipped == Workload.from_dict(make_profiles.llama(size), source=shipped.name)
     assert load_workload("vit_l") == Workload.from_dict(make_profiles.vit_l(), source="vit_l")
 
@@ -163,7 +169,7 @@ def test_the_torch_modules_list_the_generated_profiles_tensors():
         with torch.device("meta"):
             model = llm.llama(size)
         assert [(n, p.numel()) for n, p in model.named_parameters()] == \
-            [(t.name, t.numel) for t in load_workload(f"llama_{size}").tensors]
+            [(t.name, t.numel) for t in load_workload(llm.llama_name(size)).tensors]
     torchvision = pytest.importorskip("torchvision")
     with torch.device("meta"):
         vit = torchvision.models.vit_l_16(weights=None)

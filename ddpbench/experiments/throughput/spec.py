@@ -42,8 +42,8 @@ __all__ = ["GanttOptions", "RealOptions", "ReportOptions", "ThroughputSpec", "ch
 
 BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16", "resnet101",
                      "inception_v3", "transformer_big", "bert_large", "gpt2_xl", "sockeye",
-                     "llama_1b", "llama_7b", "llama_13b", "llama_70b", "vit_l", "mpt_7b", "mpt_13b",
-                     "mpt_70b")
+                     "llama_1b", "llama_7b", "llama_13b", "llama_70b", "llama3_8b", "llama3_70b", "vit_l", "mpt_7b",
+                     "mpt_13b", "mpt_70b")
 
 
 def _strict(kind: type) -> BeforeValidator:

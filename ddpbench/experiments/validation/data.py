@@ -61,6 +61,9 @@ class Setting(_Frozen):
     latency_us: float = Field(5.0, ge=0)
     servers: int | Literal["colocated"] = "colocated"
     message_bytes: int | None = Field(None, ge=1)
+    collective: Literal["allreduce", "all_gather", "reduce_scatter"] = Field(
+        "allreduce", description="bus_bandwidth: the nccl-tests operation (all_reduce_perf, "
+        "all_gather_perf, reduce_scatter_perf); message_bytes is its size column")
 
 
 class Reference(_Frozen):
@@ -104,6 +107,9 @@ class Point(_Frozen):
         if (self.metric == "bus_bandwidth") != (self.setting.message_bytes is not None):
             raise ValueError(f"point {self.id!r}: setting.message_bytes is needed by, and only "
                              f"by, metric 'bus_bandwidth'")
+        if self.setting.collective != "allreduce" and self.metric != "bus_bandwidth":
+            raise ValueError(f"point {self.id!r}: setting.collective applies to metric "
+                             f"'bus_bandwidth' only")
         for field in self.assumed:
             if field not in Setting.model_fields:
                 raise ValueError(f"point {self.id!r}: assumed field {field!r} is not a setting "

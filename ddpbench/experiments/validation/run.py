@@ -145,8 +145,10 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
 
 
 def _bus_bandwidth(point: data.Point, override: dict[str, Any]) -> float:
-    """Return nccl-tests' bus bandwidth (GB/s) of one simulated allreduce in the point's
-    setting: ``bytes / time x 2 (p-1) / p`` (nccl-tests doc/PERFORMANCE.md)."""
+    """Return nccl-tests' bus bandwidth (GB/s) of the point's simulated collective in its
+    setting: ``bytes / time`` times ``2 (p-1) / p`` for an allreduce, ``(p-1) / p`` for an
+    all-gather or a reduce-scatter, whose size is the whole buffer (nccl-tests
+    doc/PERFORMANCE.md)."""
     from ddpbench.simulator import simulate_collective
 
     s = point.setting
@@ -162,10 +164,11 @@ def _bus_bandwidth(point: data.Point, override: dict[str, Any]) -> float:
                                "nics_per_host": s.nics_per_host if s.nics_per_host != 1
                                else None, "collnet": s.collnet or None,
                                **override}
-    t = simulate_collective("allreduce", s.message_bytes, bandwidth_gbps=s.bandwidth_gbps,
+    t = simulate_collective(s.collective, s.message_bytes, bandwidth_gbps=s.bandwidth_gbps,
                             latency_us=s.latency_us,
                             **{k: v for k, v in cluster.items() if v is not None})
-    return s.message_bytes / t * 2 * (p - 1) / p / 1e9
+    factor = 2 * (p - 1) / p if s.collective == "allreduce" else (p - 1) / p
+    return s.message_bytes / t * factor / 1e9
 
 
 def run_point(params: dict[str, Any]) -> dict[str, Any]:
