@@ -876,6 +876,8 @@ MAX_US = 1e7
 MAX_ITERATIONS = 1_000_000
 """Most iterations one point may simulate or run."""
 MAX_BATCH = 1 << 20
+MAX_ACCUMULATION = 1 << 16
+"""The most micro-batches per optimizer step a point may accumulate."""
 """Most samples per worker per iteration (1,048,576)."""
 
 
@@ -1165,7 +1167,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "priority": True, "precision": "fp32", "bind": "none",
     "fuse_grad_size_mb": 0.0,
     "compression": "none", "gradient_predivide_factor": 1.0,
-    "activation_checkpointing": False,
+    "activation_checkpointing": False, "grad_accumulation": 1,
 }
 """Fields and knobs added after results were first keyed, with the value under which they
 change nothing: it reproduces, bit for bit, the results from before they existed
@@ -1201,6 +1203,14 @@ class Schedule(BaseModel):
             the backward reaches it; torchtitan's and FSDP recipes wrap every transformer
             block): each layer's backward takes its forward time more. Selective
             checkpointing (some operators only) is not modelled.
+        grad_accumulation: micro-batches per optimizer step (each of ``batch_size``
+            samples per worker), simulated only. Allreduce and parameter-server backends
+            communicate once a step, after the last micro-batch's backward, as DDP under
+            ``no_sync``, Horovod's ``backward_passes_per_step`` and MXNet's ``grad_req='add'``
+            do; ZeRO stages 2 and 3 reduce every micro-batch (DeepSpeed's engine.py
+            ``backward``: partitioned gradients are reduced at every micro-step, other stages
+            only at the accumulation boundary), and FSDP every micro-batch (outside its
+            ``no_sync``). Throughput counts every micro-batch's samples.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -1221,6 +1231,9 @@ class Schedule(BaseModel):
                                              "(a profile's measured mixed-precision speedup)"})
     activation_checkpointing: bool = Field(False, strict=True, json_schema_extra={
         "expect": "true or false (recompute every layer's forward in its backward)"})
+    grad_accumulation: int = Field(1, ge=1, le=MAX_ACCUMULATION, strict=True,
+                                   json_schema_extra={
+        "expect": f">= 1 and <= {MAX_ACCUMULATION:,} (micro-batches per optimizer step)"})
 
     @classmethod
     def from_point(cls, params: Mapping[str, Any]) -> Schedule:

@@ -471,6 +471,8 @@ def _job(params: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
         simulated_only.append("precision")
     if schedule.activation_checkpointing:
         simulated_only.append("activation_checkpointing")
+    if schedule.grad_accumulation != 1:
+        simulated_only.append("grad_accumulation")
     if simulated_only:
         verb = "is" if len(simulated_only) == 1 else "are"
         raise ValueError(f"{', '.join(simulated_only)} {verb} simulated only (a real run uses "

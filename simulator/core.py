@@ -763,6 +763,10 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
     c, sched = point.cluster, point.schedule
     wl = _compressed(_rescaled(load_workload(workload), c, sched), parsed, sched)
     batch = sched.batch_size or wl.batch_size
+    micro = sched.grad_accumulation
+    per_micro = micro > 1 and communicates_every_micro_batch(backend, parsed)
+    if micro > 1 and not per_micro:
+        wl = wl.accumulated(micro)
     summation, transport = point.summation_gbps, None
     if machine is not None or c.machine is not None:
         c, wl, transport, summation = _on_machine(machine or c.machine, backend, c, wl)
@@ -771,17 +775,29 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
                itemsize=hardware.gradient_bytes(sched.precision))
     ends = _without_gc(lambda: sim.run_training(cls(sim, parsed), sched.iterations))
     return _result(sim, ends, sched, backend=backend, symmetric=cls.symmetric, parsed=parsed,
-                   batch=batch)
+                   batch=batch * micro, repeat=micro if per_micro else 1)
+
+
+def communicates_every_micro_batch(backend: str, knobs: Any) -> bool:
+    """Return whether ``backend`` under ``knobs`` communicates after every micro-batch of an
+    accumulating step: FSDP (outside ``no_sync``, torch/distributed/fsdp
+    ``_post_backward_hook``) and ZeRO stages 2 and 3 (deepspeed/runtime/engine.py
+    ``backward``: partitioned gradients are reduced at every micro-step). The others
+    communicate at the accumulation boundary only (DDP's ``no_sync``, Horovod's
+    ``backward_passes_per_step``, MXNet's ``grad_req='add'``, DeepSpeed stages 0 and 1)."""
+    return backend == "fsdp" or (backend == "zero" and int(getattr(knobs, "stage", 0)) >= 2)
 
 
 def _result(sim: _Sim, ends: list[float], sched: contract.Schedule, *, backend: str,
-            symmetric: bool, parsed: Any, batch: int) -> SimResult:
+            symmetric: bool, parsed: Any, batch: int, repeat: int = 1) -> SimResult:
     """Return what the run measured: the steady-state iteration time (after the warm-up
-    iterations), and each host's bytes per iteration and NIC utilisation."""
+    iterations), and each host's bytes per iteration and NIC utilisation. ``repeat``: a
+    step is that many simulated iterations (micro-batches that each communicate), so its
+    time and bytes are that many times an iteration's."""
     c, wl = sim.cluster, sim.workload
     base = ends[sched.warmup - 1] if sched.warmup > 0 else 0.0
-    iter_time = (ends[-1] - base) / (sched.iterations - sched.warmup)
-    n = sched.iterations
+    iter_time = (ends[-1] - base) / (sched.iterations - sched.warmup) * repeat
+    n = sched.iterations / repeat
     sent = {h: (float(b) + m) / n for h, b, m in zip(sim.hosts, sim.sent, sim._sent_msgs)}
     recv = {h: (float(b) + m) / n
             for h, b, m in zip(sim.hosts, sim.received, sim._received_msgs)}

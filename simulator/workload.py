@@ -195,6 +195,21 @@ class Workload(BaseModel):
                        for x in self.layers)
         return self.model_copy(update={"layers": layers})
 
+    def accumulated(self, micro_batches: int) -> Workload:
+        """Return a copy for ``micro_batches`` per optimizer step that communicates once, after
+        the last one: the GPU runs the first micro-batch's forward, the other micro-batches'
+        backward and forward passes, then the last backward (``F1 B1 F2 ... Fk Bk``), so the
+        ``k - 1`` extra forward and backward passes are added to the last layer's forward,
+        where they fall between the forward that waits for fresh weights and the backward
+        whose gradients are sent."""
+        extra = (micro_batches - 1) * sum(x.fwd_s + x.bwd_s for x in self.layers)
+        if extra <= 0:
+            return self
+        last = self.layers[-1]
+        layers = (*self.layers[:-1], Layer(name=last.name, fwd_s=last.fwd_s + extra,
+                                           bwd_s=last.bwd_s))
+        return self.model_copy(update={"layers": layers})
+
     def emulated(self, rate: float, overhead_s: float) -> Workload:
         """Return a copy whose non-zero compute times ``t`` are ``t x rate + overhead_s``.
 

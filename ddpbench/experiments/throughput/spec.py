@@ -177,6 +177,7 @@ class ThroughputSpec(Frozen):
     batch_size: tuple[Annotated[int | None, _STRICT_INT], ...] = (None,)
     precision: tuple[str, ...] = ("fp32",)
     activation_checkpointing: tuple[Annotated[bool, _STRICT_BOOL], ...] = (False,)
+    grad_accumulation: tuple[Annotated[int, _STRICT_INT], ...] = (1,)
     machine: tuple[str | None, ...] = (None,)
     paced: tuple[Annotated[bool, _STRICT_BOOL], ...] = (False,)
     repetitions: int = Field(1, ge=1)

@@ -48,6 +48,8 @@ class Setting(_Frozen):
     batch_size: int | None = Field(None, ge=1)
     precision: Literal["fp32", "mixed", "tf32", "fp16", "bf16", "fp8"] = "fp32"
     activation_checkpointing: bool = False
+    grad_accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step "
+                                   "(batch_size is one micro-batch's, per GPU)")
     transport: str = "tcp"
     intra_link: str = "pcie"
     nccl_proto: str | None = None

@@ -138,6 +138,8 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
         params["precision"] = s.precision
     if s.activation_checkpointing:
         params["activation_checkpointing"] = True
+    if s.grad_accumulation != 1:
+        params["grad_accumulation"] = s.grad_accumulation
     if backend in ("kvstore", "p3", "byteps"):
         params["servers"] = s.servers
     params.update(override or {})
