@@ -149,11 +149,18 @@ class Point(_Frozen):
         if s.precision == "mixed" and self.metric != "bus_bandwidth":
             from ddpbench.simulator import load_workload
 
-            if load_workload(s.workload).mixed_precision_speedup is None:
+            wl = load_workload(s.workload)
+            if wl.mixed_precision_speedup is None:
                 raise ValueError(f"point {self.id!r}: precision 'mixed' needs a workload "
                                  f"profile that records a measured mixed_precision_speedup; "
                                  f"{s.workload!r} records none (mark the point simulate: "
                                  f"false with a reason)")
+            measured = hardware.DEVICES[wl.device].like if wl.device in hardware.DEVICES \
+                else None
+            if s.device is not None and s.device not in (wl.device, measured):
+                raise ValueError(f"point {self.id!r}: precision 'mixed' is {s.workload!r}'s "
+                                 f"speedup measured on {measured or wl.device}, not "
+                                 f"{s.device}; name the arithmetic (fp16, bf16) instead")
         contract.validate_knobs(self.backend, dict(self.backend_knobs))
         if self.baseline is not None:
             contract.validate_knobs(self.baseline, dict(self.baseline_knobs))
