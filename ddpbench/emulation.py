@@ -21,8 +21,9 @@ element must equal ``W (W + 1) / 2``. A sharding store (``zero``, ``fsdp``) trai
 as DeepSpeed and FSDP do: it holds the parameters and the update, units are gathered before
 their forward and backward and reduced by the front-end rule
 (:class:`ddpbench.rules.unshard.UnitSchedule`, the one :mod:`ddpbench.torch` uses), the
-iteration ends with the step, and every gathered value is checked (:func:`_run_sharded`). Worker 0 writes the timings as JSON to ``--out`` (and
-prints them); a failing rank writes its error to ``<out>.rank<R>.err`` and exits non-zero.
+iteration ends with the step, and every gathered value is checked (:func:`_run_sharded`).
+Worker 0 writes the timings as JSON to ``--out`` (and prints them); a failing rank writes
+its error to ``<out>.rank<R>.err`` and exits non-zero.
 
 ``--then`` runs further phases in the same job, each with a store of its own created after
 the previous one closed (``ddpbench calibrate`` times three workloads per launch so, sparing
@@ -197,6 +198,9 @@ def _run_phase(args: argparse.Namespace, ph: dict[str, Any], world: Any) -> dict
     layers = workload.layers
     fwd = [layer.fwd_s * ph["compute_scale"] for layer in layers]
     bwd = [layer.bwd_s * ph["compute_scale"] for layer in layers]
+    kv = ddpbench.create(args.backend, **knobs)
+    if kv.is_capable("gather"):
+        return _run_sharded(args, ph, world, kv, workload, fwd, bwd)
     by_layer: dict[int, list[int]] = {}
     grads, outs = [], []
     for i, t in enumerate(workload.tensors):
@@ -204,9 +208,6 @@ def _run_phase(args: argparse.Namespace, ph: dict[str, Any], world: Any) -> dict
         grads.append(np.full(n, world.role_rank + 1, dtype=np.float32))
         outs.append(np.empty(n, dtype=np.float32))
         by_layer.setdefault(int(t.layer), []).append(i)
-    kv = ddpbench.create(args.backend, **knobs)
-    if kv.is_capable("gather"):
-        return _run_sharded(args, ph, world, kv, workload)
     declare = getattr(kv, "declare", None)
     if declare is not None:
         # The gradients' keys in the order the original's PyTorch front end declares them
@@ -278,7 +279,7 @@ def _sharded_units(backend: str, kv: Any, workload: Any) -> tuple[
 
 
 def _run_sharded(args: argparse.Namespace, ph: dict[str, Any], world: Any, kv: Any,
-                 workload: Any) -> dict[str, Any] | None:
+                 workload: Any, fwd: list[float], bwd: list[float]) -> dict[str, Any] | None:
     """One phase on a sharding store (``zero``, ``fsdp``), as DeepSpeed and FSDP train.
 
     The store holds the parameters (every one zero at first, registered by ``broadcast``)
@@ -287,7 +288,8 @@ def _run_sharded(args: argparse.Namespace, ph: dict[str, Any], world: Any, kv: A
     (:class:`ddpbench.rules.unshard.UnitSchedule`) gathers units before their forward and
     backward, frees and reduces them as the store's plan says; the step waits for every
     reduction. Every gathered unit, and every parameter a store keeps whole, is checked
-    against that value. The iteration ends when the step has returned.
+    against that value. The iteration ends when the step has returned. ``fwd`` and ``bwd``:
+    each layer's compute, seconds.
     """
     from ddpbench import comm
     from ddpbench.optim import SGD
@@ -325,8 +327,6 @@ def _run_sharded(args: argparse.Namespace, ph: dict[str, Any], world: Any, kv: A
     sharded = bool(kv.holds_sharded_params)
     schedule = UnitSchedule(kv.front_end_plan(), members, sizes, sharded, gather,
                             lambda units: None, reduce)
-    fwd = [layer.fwd_s * ph["compute_scale"] for layer in workload.layers]
-    bwd = [layer.bwd_s * ph["compute_scale"] for layer in workload.layers]
     first = {u[0]: j for j, u in enumerate(unit_layers)}
     last = {u[-1]: j for j, u in enumerate(unit_layers)}
     if args.compute == "sleep":
@@ -356,7 +356,7 @@ def _run_sharded(args: argparse.Namespace, ph: dict[str, Any], world: Any, kv: A
     stats = {**kv.stats, **schedule.stats}
     kv.close()
     return _result(ph, world, workload, args.backend, workers, starts,
-                   int(sum(n for n in sizes) * 4), stats)
+                   int(sum(g.nbytes for g in grads)), stats)
 
 
 def _result(ph: dict[str, Any], world: Any, workload: Any, backend: str, workers: int,

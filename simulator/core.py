@@ -764,9 +764,9 @@ def simulate(workload: str | Path | Workload, backend: str, *, workers: int | No
     wl = _compressed(_rescaled(load_workload(workload), c, sched), parsed, sched)
     batch = sched.batch_size or wl.batch_size
     micro = sched.grad_accumulation
-    per_micro = micro > 1 and communicates_every_micro_batch(backend, parsed)
-    if micro > 1 and not per_micro:
-        wl = wl.accumulated(micro)
+    per_micro = communicates_every_micro_batch(backend, parsed)
+    if not per_micro:
+        wl = wl.accumulated(micro)  # itself at one micro-batch
     summation, transport = point.summation_gbps, None
     if machine is not None or c.machine is not None:
         c, wl, transport, summation = _on_machine(machine or c.machine, backend, c, wl)

@@ -799,7 +799,8 @@ def main() -> None:
 
 
 _TODAY = (lambda: llama("1b"), lambda: llama("7b"), lambda: llama("13b"), lambda: llama("70b"),
-          lambda: llama("3_8b"), lambda: llama("3_70b"), vit_l, lambda: mpt("7b"), lambda: mpt("13b"), lambda: mpt("70b"))
+          lambda: llama("3_8b"), lambda: llama("3_70b"), vit_l, lambda: mpt("7b"),
+          lambda: mpt("13b"), lambda: mpt("70b"))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16",
                               "resnet101", "inception_v3", "transformer_big", "bert_large",
                               "gpt2_xl", "sockeye", "llama_1b", "llama_7b", "llama_13b",
-                              "llama_70b", "llama3_8b", "llama3_70b", "vit_l", "mpt_7b", "mpt_13b", "mpt_70b")
+                              "llama_70b", "llama3_8b", "llama3_70b", "vit_l", "mpt_7b",
+                              "mpt_13b", "mpt_70b")
 ITEMSIZE = 4
 """Bytes per gradient element at the default precision (fp32). A point's own item size
 follows its ``precision`` (:func:`ddpbench.hardware.gradient_bytes`): the simulator hands it

@@ -94,6 +94,7 @@ class UnitSchedule:
         self.live: set[int] = set()
         self._waiting = [0] * len(self.units)  # gradients of a unit not yet complete
         self._pending: list[int] = []
+        self._pending_elements = 0
         self._sent: set[int] = set()
         self._handles: list[Any] = []
         self.stats = {"gathers": 0, "gathered_elements": 0, "max_live_elements": 0,
@@ -137,14 +138,14 @@ class UnitSchedule:
         """Reduce every gradient not reduced yet, wait for every reduction, then free every
         unit of a sharded store."""
         if self._pending:
-            self._send(self._pending)
+            self._send_pending()
         rest = [k for k in range(len(self.param_sizes)) if k not in self._sent]
         if rest:
             self._send(rest, wait=True)
         handles, self._handles = self._handles, []
         for h in handles:
             h.wait()
-        self._pending, self._sent = [], set()
+        self._sent = set()
         if self.sharded:
             self.free()
 
@@ -201,13 +202,17 @@ class UnitSchedule:
         bucket they would overflow goes first, a full one at once."""
         limit = self.plan.reduce_bucket_elements
         size = sum(self.param_sizes[k] for k in ks)
-        if self._pending and sum(self.param_sizes[k] for k in self._pending) + size > limit:
-            self._send(self._pending)
-            self._pending = []
+        if self._pending and self._pending_elements + size > limit:
+            self._send_pending()
         self._pending.extend(ks)
-        if sum(self.param_sizes[k] for k in self._pending) >= limit:
-            self._send(self._pending)
-            self._pending = []
+        self._pending_elements += size
+        if self._pending_elements >= limit:
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        """Send the bucket being filled and start an empty one."""
+        self._send(self._pending)
+        self._pending, self._pending_elements = [], 0
 
     def _send(self, ks: list[int], wait: bool = False) -> None:
         """One reduction of gradients ``ks`` (asynchronous where the plan says, unless
