@@ -685,6 +685,18 @@ INTRA_LINKS: dict[str, IntraLink] = {x.name: x for x in (
               "the path (src/graph/topo.cc: width x 240 / 80 for 32 GT/s lanes); otherwise "
               "as pcie4",
               hw="pcie", host_gbps=384.0, host_share=1),
+    IntraLink("nvlink2-nvswitch", 1040.0, 3.0,
+              "NVLink 2 through first-generation NVSwitch (DGX-2 / DGX-2H: 16 V100 SXM3 on "
+              "two baseboards of six NVSwitches each, six NVLinks per GPU, 300 GB/s "
+              "bidirectional, 150 GB/s per direction; NVIDIA DGX-2 System Architecture white "
+              "paper): no nccl-tests figure of the board was found, so the "
+              "ring's bus bandwidth keeps the nvlink preset's measured 130 GB/s of the same "
+              "six NVLink 2 links per V100; NCCL counts 6 x 20 GB/s (SM70_NVLINK_BW, "
+              "src/graph/topo.h); no NVLS (compute capability 7.0); each pair of GPUs and "
+              "its InfiniBand NIC under one PCIe 3.0 switch (the same white paper), ~12 GB/s "
+              "as NCCL counts a Gen3 x16 path",
+              hw="nvlink", host_gbps=96.0, host_share=2, nvswitch=True,
+              nvlink_gbytes=6 * 20.0),
     IntraLink("nvlink3-nvswitch", 1846.0, 3.0,
               "NVLink 3 through NVSwitch (DGX/HGX A100: 12 NVLinks per GPU, 600 GB/s "
               "bidirectional, 300 GB/s per direction; NVIDIA A100 datasheet): 230.77 GB/s "

@@ -256,3 +256,11 @@ def test_simulator_runs_nvls_at_the_links_rate():
     assert t == pytest.approx(25e-6 + 2 * (g - 1) / g * n / (nvls * 1e9 / 8), rel=1e-9)
     ring = simulate_collective("allreduce", n, **kw, nccl_algo="Ring")
     assert ring > t
+
+
+def test_the_dgx2_preset_is_nvlink2_through_nvswitch_without_nvls():
+    dgx2, dgx1 = hardware.intra_link("nvlink2-nvswitch"), hardware.intra_link("nvlink")
+    assert dgx2.nccl_hw == "nvlink" and dgx2.nvswitch and dgx2.nvls_gbps is None
+    assert dgx2.bandwidth_gbps == dgx1.bandwidth_gbps  # the same six NVLink 2 links per V100
+    assert dgx2.nvlink_gbytes == 6 * 20.0  # links x SM70_NVLINK_BW
+    assert not hardware.nccl_allowed("NVLS", 16, 1, "nvlink2-nvswitch", 7.0)
