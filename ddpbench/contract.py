@@ -40,16 +40,25 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ddpbench import hardware
 
 __all__ = [
     "BACKENDS",
+    "ACTIVATION_CHECKPOINTING_EXPECT",
     "COMMON_AXES",
     "PS_BACKENDS",
     "BackendContract",
@@ -65,6 +74,8 @@ __all__ = [
     "P3Knobs",
     "PSKnobs",
     "Schedule",
+    "check_activation_checkpointing",
+    "checkpointing_period",
     "ZeroKnobs",
     "backend",
     "check_axis",
@@ -1177,6 +1188,37 @@ names a GPU is keyed on that figure instead (see ``key_params`` of the throughpu
 its results from before the slowdown existed go stale."""
 
 
+ACTIVATION_CHECKPOINTING_EXPECT = (
+    "false, true (full: every layer's forward recomputed in its backward), 'op' (torchtitan's "
+    "per-op selective checkpointing) or 'layer:N' with an integer N >= 1 (torchtitan's "
+    "per-layer selective checkpointing: every N-th transformer block)")
+"""The accepted forms of ``activation_checkpointing``, as its error messages state them."""
+
+_LAYER_SAC = re.compile(r"layer:([1-9][0-9]*)")
+
+
+def check_activation_checkpointing(value: Any) -> bool | str:
+    """Return ``value`` if it is an ``activation_checkpointing`` setting: ``False``,
+    ``True``, ``"op"`` or ``"layer:N"`` with an integer ``N >= 1`` (torchtitan's
+    ``selective_ac_option``: ``"op"`` or a layer frequency, torchtitan/distributed/
+    activation_checkpoint.py).
+
+    Raises:
+        ValueError: naming the field, the value and the accepted forms.
+    """
+    if isinstance(value, bool) or (isinstance(value, str) and (
+            value == "op" or _LAYER_SAC.fullmatch(value))):
+        return value
+    raise ValueError(f"activation_checkpointing must be {ACTIVATION_CHECKPOINTING_EXPECT}, "
+                     f"got {value!r}")
+
+
+def checkpointing_period(value: bool | str) -> int | None:
+    """Return ``N`` of a ``"layer:N"`` setting, ``None`` for any other."""
+    match = _LAYER_SAC.fullmatch(value) if isinstance(value, str) else None
+    return int(match.group(1)) if match else None
+
+
 class Schedule(BaseModel):
     """How long a point runs and how its workload is scaled.
 
@@ -1201,8 +1243,11 @@ class Schedule(BaseModel):
             backward pass, as full activation checkpointing does (torch/utils/checkpoint.py:
             a checkpointed segment keeps only its inputs and runs its forward again when
             the backward reaches it; torchtitan's and FSDP recipes wrap every transformer
-            block): each layer's backward takes its forward time more. Selective
-            checkpointing (some operators only) is not modelled.
+            block): each layer's backward takes its forward time more. ``"layer:N"`` and
+            ``"op"`` are torchtitan's selective checkpointing, simulated only
+            (:meth:`ddpbench.simulator.workload.Workload.recomputed` gives the rule):
+            ``"layer:N"`` recomputes every N-th transformer block, ``"op"`` each block's
+            operators other than the saved matrix products and attention.
         grad_accumulation: micro-batches per optimizer step (each of ``batch_size``
             samples per worker), simulated only. Allreduce and parameter-server backends
             communicate once a step, after the last micro-batch's backward, as DDP under
@@ -1229,11 +1274,16 @@ class Schedule(BaseModel):
     precision: Literal["fp32", "mixed", "tf32", "fp16", "bf16", "fp8"] = Field(
         "fp32", json_schema_extra={"expect": "one of fp32, tf32, fp16, bf16, fp8 or mixed "
                                              "(a profile's measured mixed-precision speedup)"})
-    activation_checkpointing: bool = Field(False, strict=True, json_schema_extra={
-        "expect": "true or false (recompute every layer's forward in its backward)"})
+    activation_checkpointing: bool | str = Field(False, json_schema_extra={
+        "expect": ACTIVATION_CHECKPOINTING_EXPECT})
     grad_accumulation: int = Field(1, ge=1, le=MAX_ACCUMULATION, strict=True,
                                    json_schema_extra={
         "expect": f">= 1 and <= {MAX_ACCUMULATION:,} (micro-batches per optimizer step)"})
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _check_checkpointing(cls, value: Any) -> bool | str:
+        return check_activation_checkpointing(value)
 
     @classmethod
     def from_point(cls, params: Mapping[str, Any]) -> Schedule:

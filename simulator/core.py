@@ -156,7 +156,7 @@ def _rescaled(wl: Workload, c: contract.Cluster, sched: contract.Schedule) -> Wo
         factor /= wl.mixed_precision_speedup
         wl = wl.resized(0.5)  # fp16 gradients: half the bytes
     wl = wl.scaled(factor)
-    return wl.recomputed() if sched.activation_checkpointing else wl
+    return wl.recomputed(sched.activation_checkpointing)
 
 
 def _compressed(wl: Workload, parsed: Any, sched: contract.Schedule) -> Workload:

@@ -38,6 +38,7 @@ placement rules of each backend (:mod:`ddpbench.rules.placement`, docs/fidelity/
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,8 @@ WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", 
                               "gpt2_xl", "sockeye", "llama_1b", "llama_7b", "llama_13b",
                               "llama_70b", "llama3_8b", "llama3_70b", "vit_l", "mpt_7b",
                               "mpt_13b", "mpt_70b")
+_BLOCK = re.compile(r"^(?:.*\.)?(?:layers|blocks|layer|h)\.(?:encoder_layer_)?\d+(?=\.|$)")
+"""A layer name's prefix up to a transformer block's index (``model.layers.3``)."""
 ITEMSIZE = 4
 """Bytes per gradient element at the default precision (fp32). A point's own item size
 follows its ``precision`` (:func:`ddpbench.hardware.gradient_bytes`): the simulator hands it
@@ -189,12 +192,78 @@ class Workload(BaseModel):
                              bwd_s=x.bwd_s * compute_scale) for x in self.layers)
         return self.model_copy(update={"layers": layers})
 
-    def recomputed(self) -> Workload:
-        """Return a copy under full activation checkpointing: every layer's backward also
-        runs its forward again (torch/utils/checkpoint.py), so it takes ``fwd + bwd``."""
-        layers = tuple(Layer(name=x.name, fwd_s=x.fwd_s, bwd_s=x.bwd_s + x.fwd_s)
-                       for x in self.layers)
+    def recomputed(self, policy: bool | str = True) -> Workload:
+        """Return a copy under activation checkpointing ``policy`` (the values of
+        :attr:`ddpbench.contract.Schedule.activation_checkpointing`).
+
+        ``True`` (full): every layer's backward also runs its forward again
+        (torch/utils/checkpoint.py), so it takes ``fwd + bwd``. ``False``: ``self``.
+
+        The selective policies follow torchtitan (torchtitan/distributed/
+        activation_checkpoint.py at commit 1f029641, ``_apply_layer_sac`` and
+        ``_apply_op_sac`` for ``selective_ac_option`` a frequency or ``"op"``), which wraps
+        only the transformer blocks (the children of ``model.layers``): embedding, final
+        norm and output layers are never recomputed. A block is the run of layers whose
+        names share a prefix ending in a block index (``model.layers.K``,
+        ``transformer.blocks.K``, ``transformer.h.K.attn``, ``encoder.layer.K.output``,
+        ``encoder.layers.encoder_layer_K``); a profile without such names (a CNN, an LSTM)
+        counts each of its layers as one block.
+
+        ``"layer:N"``: torchtitan counts the blocks from 1 in forward order and checkpoints
+        those whose count ``% N == 0`` (blocks ``N-1, 2N-1, ...`` from 0), so their layers
+        take ``fwd + bwd``; ``"layer:1"`` checkpoints every block.
+
+        ``"op"``: torchtitan's policy saves the outputs of the compute-intensive operators
+        (matrix products, attention, ...) except every second ``mm``/``linear`` (the 2nd,
+        4th, ... of each block's forward; the count restarts per block), which is
+        recomputed with every operator outside the save list. A block layer's backward
+        therefore takes ``fwd x ((1 - m) + 0.5 x m x s)`` more, where ``m`` is the profile's
+        ``matmul_fraction``, ``s`` the share of the matrix-product time in linear layers
+        rather than attention, and 0.5 the even-numbered linears' share of the linear time
+        (the profiles do not record each linear's time). The profiles do not separate
+        attention-score products from linear layers either, so ``s = 1``.
+
+        Raises:
+            ValueError: for ``"op"`` on a profile without ``matmul_fraction``, or a policy
+                that is not one of the accepted forms.
+        """
+        from ddpbench import contract
+
+        policy = contract.check_activation_checkpointing(policy)
+        if policy is False:
+            return self
+        if policy is True:
+            extra = [x.fwd_s for x in self.layers]
+        else:
+            blocks = self.blocks()
+            period = contract.checkpointing_period(policy)
+            if period is not None:
+                extra = [x.fwd_s if b is not None and (b + 1) % period == 0 else 0.0
+                         for x, b in zip(self.layers, blocks)]
+            else:
+                if self.matmul_fraction is None:
+                    raise ValueError(f"activation_checkpointing: workload {self.name!r} "
+                                     f"records no matmul_fraction, which 'op' needs")
+                share = (1 - self.matmul_fraction) + 0.5 * self.matmul_fraction
+                extra = [x.fwd_s * share if b is not None else 0.0
+                         for x, b in zip(self.layers, blocks)]
+        layers = tuple(Layer(name=x.name, fwd_s=x.fwd_s, bwd_s=x.bwd_s + e) if e else x
+                       for x, e in zip(self.layers, extra))
         return self.model_copy(update={"layers": layers})
+
+    def blocks(self) -> tuple[int | None, ...]:
+        """Return, per layer, the 0-based index of the transformer block it belongs to (in
+        forward order) or ``None`` outside every block; a profile none of whose layer
+        names carries a block index counts each layer as a block of its own (the rule of
+        :meth:`recomputed`)."""
+        prefixes = [m.group(0) if (m := _BLOCK.search(x.name)) else None for x in self.layers]
+        if all(p is None for p in prefixes):
+            return tuple(range(len(self.layers)))
+        order: dict[str, int] = {}
+        for p in prefixes:
+            if p is not None:
+                order.setdefault(p, len(order))
+        return tuple(None if p is None else order[p] for p in prefixes)
 
     def accumulated(self, micro_batches: int) -> Workload:
         """Return a copy for ``micro_batches`` per optimizer step that communicates once, after

@@ -136,8 +136,8 @@ def _throughput(point: data.Point, backend: str, knobs: dict[str, Any], *, bandw
         params["batch_size"] = s.batch_size
     if s.precision != "fp32":
         params["precision"] = s.precision
-    if s.activation_checkpointing:
-        params["activation_checkpointing"] = True
+    if s.activation_checkpointing is not False:
+        params["activation_checkpointing"] = s.activation_checkpointing
     if s.grad_accumulation != 1:
         params["grad_accumulation"] = s.grad_accumulation
     if backend in ("kvstore", "p3", "byteps"):
