@@ -57,6 +57,8 @@ WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", 
                               "mpt_13b", "mpt_70b")
 _BLOCK = re.compile(r"^(?:.*\.)?(?:layers|blocks|layer|h)\.(?:encoder_layer_)?\d+(?=\.|$)")
 """A layer name's prefix up to a transformer block's index (``model.layers.3``)."""
+_NOT_LINEAR = ("norm", "embed", "ln_", ".ln", "bn", "bias")
+"""Parameter-name parts that mark a weight as no linear layer's (norms, embeddings)."""
 ITEMSIZE = 4
 """Bytes per gradient element at the default precision (fp32). A point's own item size
 follows its ``precision`` (:func:`ddpbench.hardware.gradient_bytes`): the simulator hands it
@@ -217,11 +219,11 @@ class Workload(BaseModel):
         (matrix products, attention, ...) except every second ``mm``/``linear`` (the 2nd,
         4th, ... of each block's forward; the count restarts per block), which is
         recomputed with every operator outside the save list. A block layer's backward
-        therefore takes ``fwd x ((1 - m) + 0.5 x m x s)`` more, where ``m`` is the profile's
-        ``matmul_fraction``, ``s`` the share of the matrix-product time in linear layers
-        rather than attention, and 0.5 the even-numbered linears' share of the linear time
-        (the profiles do not record each linear's time). The profiles do not separate
-        attention-score products from linear layers either, so ``s = 1``.
+        therefore takes ``fwd x ((1 - m) + m x r)`` more, where ``m`` is the profile's
+        ``matmul_fraction`` and ``r`` the even-numbered linears' share of the layer's
+        linear time, by weight size (:meth:`_even_linear_shares`). The profiles do not
+        separate attention-score products from linear layers, so all of ``m`` counts as
+        linear time.
 
         Raises:
             ValueError: for ``"op"`` on a profile without ``matmul_fraction``, or a policy
@@ -244,12 +246,35 @@ class Workload(BaseModel):
                 if self.matmul_fraction is None:
                     raise ValueError(f"activation_checkpointing: workload {self.name!r} "
                                      f"records no matmul_fraction, which 'op' needs")
-                share = (1 - self.matmul_fraction) + 0.5 * self.matmul_fraction
-                extra = [x.fwd_s * share if b is not None else 0.0
-                         for x, b in zip(self.layers, blocks)]
+                m = self.matmul_fraction
+                recomputed = self._even_linear_shares(blocks)
+                extra = [x.fwd_s * ((1 - m) + m * r) if b is not None else 0.0
+                         for x, b, r in zip(self.layers, blocks, recomputed)]
         layers = tuple(Layer(name=x.name, fwd_s=x.fwd_s, bwd_s=x.bwd_s + e) if e else x
                        for x, e in zip(self.layers, extra))
         return self.model_copy(update={"layers": layers})
+
+    def _even_linear_shares(self, blocks: tuple[int | None, ...]) -> list[float]:
+        """Return, per layer, the share of its linear layers' matrix-product time that
+        torchtitan's ``"op"`` policy recomputes: its block's 2nd, 4th, ... linear in forward
+        order (the count restarts per block), each linear's time taken as its weight's
+        element count (a linear's FLOPs at a fixed token count). A linear is a
+        two-dimensional weight, here a tensor named ``*.weight`` outside the norms and
+        embeddings; a layer without one has no linear time to recompute (0); a profile
+        without block names counts each layer as one block."""
+        count: dict[int | None, int] = {}
+        even = [0.0] * len(self.layers)
+        total = [0.0] * len(self.layers)
+        for t in self.tensors:  # creation order, which is forward order in the profiles
+            low = t.name.lower()
+            if not low.endswith(".weight") or any(k in low for k in _NOT_LINEAR):
+                continue
+            block = blocks[t.layer]
+            count[block] = count.get(block, 0) + 1
+            total[t.layer] += t.numel
+            if count[block] % 2 == 0:
+                even[t.layer] += t.numel
+        return [e / n if n else 0.0 for e, n in zip(even, total)]
 
     def blocks(self) -> tuple[int | None, ...]:
         """Return, per layer, the 0-based index of the transformer block it belongs to (in
