@@ -159,7 +159,7 @@ def test_a_real_point_past_its_timeout_is_a_failed_row_and_the_run_goes_on(tmp_p
         size_scale: 0.01
         iterations: [100000, 2]
         backends: [mpi]
-        real: {timeout_s: 3}
+        real: {timeout_s: 10}
         """))
     out = tmp_path / "slowreal"
     summary = runner.run_experiment(exp, out, jobs=1, progress=False)
@@ -167,7 +167,7 @@ def test_a_real_point_past_its_timeout_is_a_failed_row_and_the_run_goes_on(tmp_p
     assert summary.failed == 1
     assert rows["100000"]["status"] == "failed"
     assert rows["100000"]["error"].startswith(
-        "TimeoutError: real run did not finish in 3 s (timeout_s); the job was killed")
+        "TimeoutError: real run did not finish in 10 s (timeout_s); the job was killed")
     assert rows["2"]["status"] == "ok"
 
 
