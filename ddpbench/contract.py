@@ -43,16 +43,9 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from ddpbench import hardware
 
@@ -74,6 +67,7 @@ __all__ = [
     "P3Knobs",
     "PSKnobs",
     "Schedule",
+    "CheckpointingPolicy",
     "check_activation_checkpointing",
     "checkpointing_period",
     "ZeroKnobs",
@@ -1213,6 +1207,11 @@ def check_activation_checkpointing(value: Any) -> bool | str:
                      f"got {value!r}")
 
 
+CheckpointingPolicy = Annotated[bool | str, BeforeValidator(check_activation_checkpointing)]
+"""The type of an ``activation_checkpointing`` value wherever one is read (the schedule, an
+experiment's axis, a published point's setting): :func:`check_activation_checkpointing`."""
+
+
 def checkpointing_period(value: bool | str) -> int | None:
     """Return ``N`` of a ``"layer:N"`` setting, ``None`` for any other."""
     match = _LAYER_SAC.fullmatch(value) if isinstance(value, str) else None
@@ -1274,16 +1273,11 @@ class Schedule(BaseModel):
     precision: Literal["fp32", "mixed", "tf32", "fp16", "bf16", "fp8"] = Field(
         "fp32", json_schema_extra={"expect": "one of fp32, tf32, fp16, bf16, fp8 or mixed "
                                              "(a profile's measured mixed-precision speedup)"})
-    activation_checkpointing: bool | str = Field(False, json_schema_extra={
+    activation_checkpointing: CheckpointingPolicy = Field(False, json_schema_extra={
         "expect": ACTIVATION_CHECKPOINTING_EXPECT})
     grad_accumulation: int = Field(1, ge=1, le=MAX_ACCUMULATION, strict=True,
                                    json_schema_extra={
         "expect": f">= 1 and <= {MAX_ACCUMULATION:,} (micro-batches per optimizer step)"})
-
-    @field_validator("activation_checkpointing", mode="before")
-    @classmethod
-    def _check_checkpointing(cls, value: Any) -> bool | str:
-        return check_activation_checkpointing(value)
 
     @classmethod
     def from_point(cls, params: Mapping[str, Any]) -> Schedule:

@@ -65,8 +65,6 @@ def _strict(kind: type) -> BeforeValidator:
 
 
 _STRICT_INT, _STRICT_FLOAT, _STRICT_BOOL = _strict(int), _strict(float), _strict(bool)
-_CHECKPOINTING = BeforeValidator(contract.check_activation_checkpointing)
-"""``activation_checkpointing``'s values: false, true, ``'op'`` or ``'layer:N'``."""
 
 
 class RealOptions(Frozen):
@@ -178,7 +176,7 @@ class ThroughputSpec(Frozen):
     seed: tuple[Annotated[int, _STRICT_INT], ...] = (0,)
     batch_size: tuple[Annotated[int | None, _STRICT_INT], ...] = (None,)
     precision: tuple[str, ...] = ("fp32",)
-    activation_checkpointing: tuple[Annotated[bool | str, _CHECKPOINTING], ...] = (False,)
+    activation_checkpointing: tuple[contract.CheckpointingPolicy, ...] = (False,)
     grad_accumulation: tuple[Annotated[int, _STRICT_INT], ...] = (1,)
     machine: tuple[str | None, ...] = (None,)
     paced: tuple[Annotated[bool, _STRICT_BOOL], ...] = (False,)

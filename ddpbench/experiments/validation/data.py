@@ -10,17 +10,10 @@ quote, a metric, a setting whose device, transport and intra-host link exist in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ddpbench import contract, hardware
 
@@ -54,8 +47,7 @@ class Setting(_Frozen):
     device: str | None = None
     batch_size: int | None = Field(None, ge=1)
     precision: Literal["fp32", "mixed", "tf32", "fp16", "bf16", "fp8"] = "fp32"
-    activation_checkpointing: Annotated[bool | str, BeforeValidator(
-        contract.check_activation_checkpointing)] = False
+    activation_checkpointing: contract.CheckpointingPolicy = False
     grad_accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step "
                                    "(batch_size is one micro-batch's, per GPU)")
     transport: str = "tcp"
