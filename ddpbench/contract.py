@@ -881,6 +881,8 @@ MAX_US = 1e7
 MAX_ITERATIONS = 1_000_000
 """Most iterations one point may simulate or run."""
 MAX_BATCH = 1 << 20
+MAX_SWITCH_BUFFER_KB = 1 << 30
+"""Most KiB of one switch port's buffer (1 TiB: far beyond any switch's)."""
 MAX_ACCUMULATION = 1 << 16
 """The most micro-batches per optimizer step a point may accumulate."""
 """Most samples per worker per iteration (1,048,576)."""
@@ -976,6 +978,12 @@ class Cluster(BaseModel):
             malloc maps each anew); ``None`` = the transport's figure
             (:data:`ddpbench.hardware.TRANSPORTS`: 0, not charged, since it depends on the
             allocator); set it from a host's own measurement; simulated only.
+        switch_buffer_kb: the packet buffer of each switch output port, KiB, on a lossy
+            transport (``tcp``): a port that more TCP senders reach at once than it and the
+            path hold four segments each for (:func:`ddpbench.hardware.incast_senders`)
+            drops a newcomer's window, which then waits Linux's minimum retransmission
+            timeout (TCP incast); ``None`` = a switch with deep buffers, which drops nothing;
+            simulated only.
         jitter: sigma of each worker's per-iteration compute factor, a log-normal of mean 1
             (0.05 = about 5% iteration-to-iteration variation); 0 = every worker equal.
         stragglers: workers (chosen by ``seed``) slower than the rest in every iteration.
@@ -1063,6 +1071,10 @@ class Cluster(BaseModel):
                                         json_schema_extra=_expect(
         f"a finite number >= 0, at most {MAX_US:g} us (per 4 KiB page of a large received "
         f"message; or none: the transport's)"))
+    switch_buffer_kb: float | None = Field(None, gt=0, le=MAX_SWITCH_BUFFER_KB,
+                                           allow_inf_nan=False, json_schema_extra=_expect(
+        f"a finite number > 0, at most {MAX_SWITCH_BUFFER_KB:g} KiB (each switch port's packet "
+        f"buffer on a lossy transport; or none: deep buffers, no drops)"))
     jitter: float = Field(0.0, ge=0, le=2, allow_inf_nan=False,
                           json_schema_extra=_expect(
         "a number in [0, 2] (sigma of the log-normal compute factor)"))
@@ -1109,6 +1121,12 @@ class Cluster(BaseModel):
             hardware.device(self.device)
         hardware.nccl_protocols(self.nccl_proto)
         hardware.nccl_algorithms(self.nccl_algo, hardware.nccl_release(self.nccl_version))
+        if (self.switch_buffer_kb is not None
+                and hardware.transport(self.transport).rto_min_ms is None):
+            lossy = sorted(n for n, t in hardware.TRANSPORTS.items() if t.rto_min_ms is not None)
+            raise ValueError(f"switch_buffer_kb applies to a lossy transport ({', '.join(lossy)}); "
+                             f"transport {self.transport!r} does not drop on congestion: "
+                             f"leave switch_buffer_kb unset")
         if self.stragglers > self.workers:
             raise ValueError(f"stragglers ({self.stragglers}) must be <= workers "
                              f"({self.workers})")
@@ -1165,7 +1183,7 @@ NEUTRAL_AT_DEFAULT: dict[str, Any] = {
     "nccl_socket_flows": None, "nics_per_host": 1, "collnet": False, "ecmp_paths": 1, "overlap_slowdown": None,
     "server_sum_gbps": 80.0,
     "server_update_gbps": None, "per_message_us": None, "socket_gbps": None,
-    "page_fault_us": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
+    "page_fault_us": None, "switch_buffer_kb": None, "jitter": 0.0, "stragglers": 0, "straggler_slowdown": 2.0, "seed": 0, "batch_size": None,
     "hierarchical": False, "machine": None, "paced": False, "idle": "cycle",
     "coordinator": "cache", "force_distributed": False, "system": "mxnet",
     "grpc_gbps": 1.3,
@@ -1317,6 +1335,9 @@ def check_axis(axis: str, value: Any) -> Any:
         values["hosts"] = 1
     elif axis == "stragglers" and isinstance(value, int) and not isinstance(value, bool):
         values["workers"] = max(1, value)
+    elif axis == "switch_buffer_kb":
+        values["transport"] = next(n for n, t in hardware.TRANSPORTS.items()
+                                   if t.rto_min_ms is not None)
     try:
         return getattr(model.model_validate(values), axis)
     except ValidationError as err:

@@ -64,6 +64,7 @@ from typing import NamedTuple, TypeVar
 __all__ = [
     "ACTIVATION_BYTES",
     "DEVICES",
+    "FAST_RETRANSMIT_SEGMENTS",
     "GRADIENT_BYTES",
     "INTRA_LINKS",
     "MXNET_REDUCTION_THREADS",
@@ -84,6 +85,8 @@ __all__ = [
     "PRECISIONS",
     "PROFILED_RESNET50_S",
     "TCP_FLOW_SPREAD",
+    "TCP_MSS_BYTES",
+    "TCP_RTO_MIN_MS",
     "TRANSPORTS",
     "Device",
     "IntraLink",
@@ -94,6 +97,7 @@ __all__ = [
     "compute_factor",
     "device",
     "gradient_bytes",
+    "incast_senders",
     "intra_link",
     "matmul_fraction_on",
     "mxnet_cpu_sum_bytes",
@@ -415,6 +419,13 @@ class Transport:
             (:func:`nccl_net_latency_us`). ``None``: a transport from before NCCL's pricing
             took the network's own latency (tcp, rdma, shm, ideal): only a cluster's
             explicit ``per_message_us`` reaches it.
+        rto_min_ms: the transport drops packets when a switch port's buffer overflows and
+            a flow that cannot fast-retransmit waits this long for its retransmission timer
+            (a lossy fabric: TCP over Ethernet); ``None``: the fabric does not drop on
+            congestion (InfiniBand's credit-based link-level flow control, RoCE's priority
+            flow control, EFA's SRD retransmitting inside the NIC) or the analytic network.
+            Used only where a cluster gives its ``switch_buffer_kb``
+            (:func:`incast_senders`).
     """
 
     name: str
@@ -430,6 +441,7 @@ class Transport:
     flow_spread: float = 0.0
     server_cpu: bool = False
     nccl_net_us: float | None = None
+    rto_min_ms: float | None = None
 
     def binding_socket_gbps(self, bandwidth_gbps: float,
                             socket_gbps: float | None = None) -> float | None:
@@ -451,6 +463,41 @@ between two 100 Gbit/s hosts moved 42.1, 72.2 and 86.6 Gbit/s with the slowest c
 three). NCCL stripes each transfer evenly over its sockets, so it "will be the minimum speed
 of the sockets multiplied by the number of sockets" (NVIDIA/nccl-tests issue #83, the
 maintainer)."""
+
+
+TCP_RTO_MIN_MS = 200.0
+"""Linux's floor on TCP's retransmission timeout: ``TCP_RTO_MIN`` is ``HZ/5`` jiffies, 200 ms
+(include/net/tcp.h), however short the round trip; a flow that loses its window waits it out
+(Vasudevan et al., "Safe and Effective Fine-grained TCP Retransmissions for Datacenter
+Communication", SIGCOMM 2009, on the default it leaves in data centres)."""
+
+TCP_MSS_BYTES = 1448
+"""TCP's payload per Ethernet frame at MTU 1500 with timestamps (1500 - 20 IPv4 - 20 TCP -
+12 timestamp option; Linux enables timestamps by default, net.ipv4.tcp_timestamps = 1)."""
+
+FAST_RETRANSMIT_SEGMENTS = 4
+"""The window a flow needs to recover a lost segment without its timer: the lost one and
+the three behind it whose duplicate ACKs trigger fast retransmit (RFC 5681 section 3.2)."""
+
+
+def incast_senders(buffer_bytes: float, bandwidth: float, rtt_s: float,
+                   mss_bytes: int = TCP_MSS_BYTES) -> int:
+    """Return the most TCP senders one switch port takes at once before a drop costs a
+    newcomer its retransmission timer (TCP incast).
+
+    The port holds ``buffer_bytes`` and the path ``bandwidth x rtt_s`` bytes (bytes/s, s);
+    ``n`` concurrent flows share that, and a flow whose share is under
+    :data:`FAST_RETRANSMIT_SEGMENTS` segments has too few packets in flight to draw the three
+    duplicate ACKs of fast retransmit when one is dropped: it times out (the account of
+    incast in Phanishayee et al., "Measurement and Analysis of TCP Throughput Collapse in
+    Cluster-based Storage Systems", FAST 2008, and Zhang et al., "Modeling and Understanding
+    TCP Incast in Data Center Networks", INFOCOM 2011). Returns
+    ``floor((buffer + bandwidth x rtt) / (4 x mss))``, at least 1."""
+    if not buffer_bytes > 0 or not bandwidth > 0 or not rtt_s >= 0:
+        raise ValueError(f"buffer ({buffer_bytes} bytes), bandwidth ({bandwidth} bytes/s) "
+                         f"must be > 0 and the round trip ({rtt_s} s) >= 0")
+    held = buffer_bytes + bandwidth * rtt_s
+    return max(1, int(held // (FAST_RETRANSMIT_SEGMENTS * mss_bytes)))
 
 
 def slowest_share(flows: int, spread: float) -> float:
@@ -499,7 +546,7 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "20-51 at 1-16 MiB (tools/probes/zmq_large_messages.py), a fresh mapping costing "
               "2.6-2.9 us per page more than mapped memory (tools/probes/page_fault_cost.c)",
               socket_gbps=15.0, loopback=True, large_message_bytes=32 << 20, server_cpu=True,
-              flow_spread=TCP_FLOW_SPREAD),
+              flow_spread=TCP_FLOW_SPREAD, rto_min_ms=TCP_RTO_MIN_MS),
     Transport("rdma", 0.97, 2.0, 1.0, True,
               "efficiency: RoCEv2 payload at 4096-byte MTU after IB/UDP/IP/Ethernet headers "
               "and ICRC (~3%), as NCCL's maintainers state it for allreduce (peak bus "

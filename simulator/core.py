@@ -70,6 +70,9 @@ class SimResult:
         batch_size: samples per worker per iteration.
         fusion_groups: the fused buffers a fusing strategy (``horovod``) planned, in order:
             (cycle start in seconds, tensor names).
+        timeouts: messages that waited TCP's retransmission timeout at a switch port over
+            the whole run, warm-up included (incast: a cluster's ``switch_buffer_kb``; 0
+            without it).
     """
 
     workload: str
@@ -89,6 +92,7 @@ class SimResult:
     gpus_per_host: int = 1
     batch_size: int = 0
     fusion_groups: list[tuple[float, list[str]]] = field(default_factory=list, repr=False)
+    timeouts: int = 0
 
     def to_chrome_trace(self, path: str | Path) -> Path:
         """Write the timeline as Chrome-trace JSON (:mod:`ddpbench.trace`, the writer real
@@ -299,7 +303,19 @@ class _Sim:
             oversubscription=c.oversubscription, rack_size=c.rack_size,
             per_message=self.per_message,
             socket_bandwidth=None if sock is None else sock * 1e9 / 8,
-            loopback=self.loopback, large_message=large, ecmp_paths=c.ecmp_paths)
+            loopback=self.loopback, large_message=large, ecmp_paths=c.ecmp_paths,
+            incast=self._incast(c, tr))
+
+    def _incast(self, c: contract.Cluster, tr: hardware.Transport) -> tuple[int, float] | None:
+        """Return the network's incast limit, ``(senders, rto)``, where the cluster gives its
+        switches' buffer on a lossy transport: the senders a port holds four segments each
+        for over its buffer and the path's round trip (two latencies), and the
+        transport's minimum retransmission timeout; None without."""
+        if c.switch_buffer_kb is None or tr.rto_min_ms is None:
+            return None
+        senders = hardware.incast_senders(c.switch_buffer_kb * 1024, self.bandwidth,
+                                          2 * self.latency)
+        return senders, tr.rto_min_ms * 1e-3
 
     def _init_rings(self, c: contract.Cluster, tr: hardware.Transport,
                     link: hardware.IntraLink, cap: float | None) -> None:
@@ -812,7 +828,8 @@ def _result(sim: _Sim, ends: list[float], sched: contract.Schedule, *, backend: 
                      bytes_sent=sent, bytes_received=recv, nic_utilisation=util,
                      events=sim.env.events, timeline=sim.timeline, iteration_end_s=list(ends),
                      fusion_groups=list(getattr(sim.strategy, "plan_log", [])),
-                     hosts=c.num_hosts, gpus_per_host=c.gpus_per_host, batch_size=batch)
+                     hosts=c.num_hosts, gpus_per_host=c.gpus_per_host, batch_size=batch,
+                     timeouts=sim.net.timeouts if sim.net is not None else 0)
 
 
 def _on_machine(machine: Any, backend: str, c: contract.Cluster, wl: Workload

@@ -13,9 +13,10 @@ of its time in matrix products, which the device rescaling rule needs
 
 Operators without parameters (ReLU, pooling, Add, View, Dropout) are folded into the
 preceding parametric layer; the ``Input`` operator (data loading) is left out because data
-loading overlaps training. ``vgg16`` is PipeDream's VGG-16 profile itself; ``resnet101`` is
-ResNet-50's profile with the extra layer3 blocks. The others (``seq2seq_lstm``, ``sockeye``,
-``bert_base``, ``bert_large``, ``transformer_big``, ``gpt2_xl``, ``inception_v3``) have no
+loading overlaps training. ``vgg16`` is PipeDream's VGG-16 profile itself; ``resnet101`` and
+``resnet152`` are ResNet-50's profile with the extra layer2 and layer3 blocks. The others
+(``seq2seq_lstm``, ``sockeye``, ``bert_base``, ``bert_large``, ``transformer_big``,
+``gpt2_xl``, ``inception_v3``, ``alexnet``) have no
 measured profile: each is built from its layer definitions (its source named in its notes),
 and its times come from FLOP counts at the speed the ResNet-50 profile shows for the same GPU
 (matrix products at the effective FLOP/s of ResNet-50's convolutions; element-wise operators
@@ -519,22 +520,63 @@ def vgg16() -> dict:
             "layers": out}
 
 
+def _deeper(layers: list[dict], stage: str, last: int, blocks: int) -> list[dict]:
+    """Return ResNet-50's ``layers`` with ``stage`` grown to ``blocks`` bottleneck blocks:
+    blocks after a stage's first have one shape, so each new one takes the measured times of
+    the stage's last block (``{stage}.{last}``)."""
+    old = f"{stage}.{last}."
+    template = [x for x in layers if x["name"].startswith(old)]
+    at = max(i for i, x in enumerate(layers) if x["name"].startswith(old)) + 1
+    extra = []
+    for b in range(last + 1, blocks):
+        new = f"{stage}.{b}."
+        for x in template:
+            extra.append({**x, "name": x["name"].replace(old, new),
+                          "tensors": [{**t, "name": t["name"].replace(old, new)}
+                                      for t in x["tensors"]]})
+    return layers[:at] + extra + layers[at:]
+
+
 def resnet101() -> dict:
     base = resnet50()
-    # ResNet-101 is ResNet-50 with 23 bottleneck blocks in layer3 instead of 6; blocks
-    # layer3.1 to layer3.22 have one shape, so the extra ones take layer3.5's measured times.
-    template = [x for x in base["layers"] if x["name"].startswith("layer3.5.")]
-    at = max(i for i, x in enumerate(base["layers"]) if x["name"].startswith("layer3.5.")) + 1
-    extra = []
-    for b in range(6, 23):
-        for x in template:
-            extra.append({**x, "name": x["name"].replace("layer3.5.", f"layer3.{b}."),
-                          "tensors": [{**t, "name": t["name"].replace("layer3.5.", f"layer3.{b}.")}
-                                      for t in x["tensors"]]})
-    return {**base, "name": "resnet101", "layers": base["layers"][:at] + extra + base["layers"][at:],
+    # ResNet-101 is ResNet-50 with 23 bottleneck blocks in layer3 instead of 6.
+    return {**base, "name": "resnet101", "layers": _deeper(base["layers"], "layer3", 5, 23),
             "notes": "torchvision ResNet-101: ResNet-50's layers and PipeDream times (batch 128) "
                      "with 17 more layer3 bottleneck blocks (layer3.6 to layer3.22), each given "
                      "the measured times of layer3.5, the same shapes."}
+
+
+def resnet152() -> dict:
+    base = resnet50()
+    # ResNet-152 is ResNet-50 with 8 bottleneck blocks in layer2 (not 4) and 36 in layer3
+    # (not 6): torchvision's resnet152, Bottleneck with layers [3, 8, 36, 3].
+    layers = _deeper(_deeper(base["layers"], "layer2", 3, 8), "layer3", 5, 36)
+    return {**base, "name": "resnet152", "layers": layers,
+            "notes": "torchvision ResNet-152: ResNet-50's layers and PipeDream times (batch 128) "
+                     "with 4 more layer2 bottleneck blocks (layer2.4 to layer2.7), each given "
+                     "the measured times of layer2.3, and 30 more layer3 blocks (layer3.6 to "
+                     "layer3.35), each given those of layer3.5, the same shapes."}
+
+
+def alexnet(batch: int = BATCH_IMAGES) -> dict:
+    net = _Builder()
+    # torchvision's AlexNet (the "one weird trick" variant): convolutions with biases, each
+    # followed by ReLU (and some by max-pooling, folded in), at 224x224.
+    convs = (("features.0", 3, 64, 11, 55), ("features.3", 64, 192, 5, 27),
+             ("features.6", 192, 384, 3, 13), ("features.8", 384, 256, 3, 13),
+             ("features.10", 256, 256, 3, 13))
+    for name, cin, cout, k, out in convs:
+        net.add(name, [{"name": f"{name}.weight", "numel": cout * cin * k * k},
+                       {"name": f"{name}.bias", "numel": cout}],
+                2 * batch * out * out * cin * cout * k * k, batch * cout * out * out)
+    for name, n_in, n_out in (("classifier.1", 256 * 6 * 6, 4096), ("classifier.4", 4096, 4096),
+                              ("classifier.6", 4096, 1000)):
+        net.add(name, _lin(name, n_in, n_out), 2 * batch * n_in * n_out, batch * n_out)
+    return net.profile("alexnet", batch,
+                       "torchvision AlexNet (Krizhevsky 2014, 'One weird trick', the variant "
+                       "torchvision builds) at 224x224: five convolutions and three linear "
+                       "layers with biases; ReLU, max-pooling and dropout folded into the "
+                       f"preceding layer. Batch {batch} images.")
 
 
 # -- workloads of today: decoder-only transformers and ViT-L, at a device's bf16 peak --------
@@ -785,7 +827,7 @@ def vit_l(batch: int = 64, device: str = LLM_DEVICE, precision: str = LLM_PRECIS
 
 def main() -> None:
     for build in (resnet50, vgg19, seq2seq_lstm, bert_base, vgg16, resnet101, inception_v3,
-                  transformer_big, bert_large, gpt2_xl, sockeye, *_TODAY):
+                  transformer_big, bert_large, gpt2_xl, sockeye, resnet152, alexnet, *_TODAY):
         prof = build()
         params = sum(t["numel"] for layer in prof["layers"] for t in layer["tensors"])
         ntensors = sum(len(layer["tensors"]) for layer in prof["layers"])

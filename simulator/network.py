@@ -5,7 +5,9 @@ of their hosts' NICs (see :class:`Network`); every hop is such a port.
 
 A message (a slice, a partition, a ring chunk; there are no packets) leaves its sender's
 uplink in ``nbytes / bandwidth`` and the sender moves on to its next message: the switch
-buffers what the receiver cannot take yet, as a switch with large buffers does. Each host's
+buffers what the receiver cannot take yet, as a switch with large buffers does (or, given a
+shallow buffer on a lossy transport, drops the windows of flows past what it holds:
+:class:`IncastPort`). Each host's
 uplink is a :class:`Sender` process serving a priority queue (larger priority first, then
 FIFO). Each host's downlink is a :class:`Port`, the switch's output port towards that host:
 it carries one message at a time for ``nbytes / bandwidth``, cut-through (a message can
@@ -34,7 +36,8 @@ import simpy
 from ddpbench import contract
 from ddpbench.rules.sockets import Sockets, Wire
 
-__all__ = ["CountingEnvironment", "Gate", "Link", "Message", "Network", "Port", "Sender",
+__all__ = ["CountingEnvironment", "Gate", "IncastPort", "Link", "Message", "Network", "Port",
+           "Sender",
            "call_later", "ecmp_path"]
 
 
@@ -247,6 +250,51 @@ class Port:
             self._deciding = False
 
 
+class IncastPort(Port):
+    """A switch output port with a shallow buffer on a lossy transport (TCP incast).
+
+    It takes at most ``senders`` TCP flows at once (:func:`ddpbench.hardware.incast_senders`:
+    the buffer and the path hold four segments for each); a message that arrives while that
+    many other senders have messages at the port (queued or on the wire) loses its window
+    and reaches the port again ``rto`` seconds later, Linux's minimum retransmission
+    timeout, when it goes through whatever the port holds: the timer desynchronises the
+    flows. Messages of one sender are one flow. So the first ``senders`` flows of a fan-in
+    keep the port busy and every later one waits ``rto`` once per message, the goodput
+    collapse of barrier-synchronised reads (Phanishayee et al., FAST 2008).
+    """
+
+    __slots__ = ("senders", "rto", "_ends", "timeouts")
+
+    def __init__(self, net: Network, host: int, senders: int, rto: float,
+                 bandwidth: float | None = None) -> None:
+        super().__init__(net, host, bandwidth)
+        self.senders, self.rto = senders, rto
+        self._ends: dict[int, float] = {}  # sender -> when its last carried message ends here
+        self.timeouts = 0
+
+    def _others(self, src: int, now: float) -> int:
+        busy = {s for s, end in self._ends.items() if end > now}
+        busy.update(entry[3].src for entry in self._queue)
+        busy.discard(src)
+        return len(busy)
+
+    def arrive(self, msg: Message) -> None:
+        env: Any = self.net.env
+        now = env._now
+        if not msg.timed_out and self._others(msg.src, now) >= self.senders:
+            msg.timed_out = True
+            self.timeouts += 1
+            call_later(env, self.rto, self.arrive, msg)
+            return
+        super().arrive(msg)
+        if self.fifo:
+            self._ends[msg.src] = self.free_at
+
+    def _carry(self, msg: Message, now: float) -> None:
+        super()._carry(msg, now)
+        self._ends[msg.src] = self.free_at
+
+
 class Gate:
     """A limit on what one sender may have in flight (P3's water mark, BytePS's credit).
 
@@ -286,7 +334,7 @@ class Message:
     """
 
     __slots__ = ("src", "dst", "nbytes", "priority", "seq", "kind", "layer", "gate", "cost",
-                 "on_arrive", "data", "route", "not_before", "arrive_at")
+                 "on_arrive", "data", "route", "not_before", "arrive_at", "timed_out")
 
     def __init__(self, src: int, dst: int, nbytes: int, priority: float, kind: str, layer: int,
                  on_arrive: Callable[[Message], None], data: Any = None,
@@ -298,6 +346,7 @@ class Message:
         self.route: tuple[Port, ...] = ()  # switch ports still to cross after the current
         self.not_before = 0.0
         self.arrive_at: Callable[[Message, float], None] | None = None
+        self.timed_out = False  # it has waited a retransmission timeout (IncastPort)
 
 
 class Sender:
@@ -522,6 +571,9 @@ class Network:
             fresh mapping whose pages fault as the bytes land: :mod:`ddpbench.hardware`,
             ``Transport.page_fault_us``); None: no such cost. Socket ports then exist
             wherever a socket rate is given, whatever the NIC's.
+        incast: ``(senders, rto)``: every switch port (a host's downlink, a rack's links to
+            the core) is an :class:`IncastPort` that takes at most ``senders`` TCP flows at
+            once, a later one waiting ``rto`` seconds; None: ports drop nothing.
         loopback: a message to its sender's own host (a worker's push to the server beside
             it, that server's reply) goes through the stack over the host's loopback, as
             ps-lite sends it (see :meth:`loop`); False: the strategies keep a colocated
@@ -533,7 +585,8 @@ class Network:
                  oversubscription: float = 1.0, rack_size: int = contract.DEFAULT_RACK_SIZE,
                  per_message: float = 0.0, socket_bandwidth: float | None = None,
                  loopback: bool = False,
-                 large_message: tuple[int, float] | None = None, ecmp_paths: int = 1) -> None:
+                 large_message: tuple[int, float] | None = None, ecmp_paths: int = 1,
+                 incast: tuple[int, float] | None = None) -> None:
         if bandwidth <= 0:
             raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
         if latency < 0:
@@ -547,7 +600,15 @@ class Network:
         self.per_message = per_message
         self.env, self.bandwidth, self.latency, self.record = env, bandwidth, latency, record
         self._seq = 0
-        self.down = [Port(self, h) for h in range(nhosts)]
+        if incast is not None and not (incast[0] >= 1 and incast[1] >= 0):
+            raise ValueError(f"incast must be (senders >= 1, rto >= 0 s), got {incast}")
+
+        def switch_port(host: int, rate: float | None = None) -> Port:
+            if incast is None:
+                return Port(self, host, rate)
+            return IncastPort(self, host, incast[0], incast[1], rate)
+
+        self.down = [switch_port(h) for h in range(nhosts)]
         self.senders = [Sender(self, h) for h in range(nhosts)]
         self.rack_size = rack_size
         nracks = -(-nhosts // rack_size)
@@ -557,9 +618,9 @@ class Network:
         self.paths = ecmp_paths
         path = rack_size * bandwidth / oversubscription / ecmp_paths
         # rack r's links to the core: path k of rack r at index r * paths + k
-        self.rack_up = ([Port(self, -1 - r, path) for r in range(nracks)
+        self.rack_up = ([switch_port(-1 - r, path) for r in range(nracks)
                          for _ in range(ecmp_paths)] if self.racked else [])
-        self.rack_down = ([Port(self, -1 - r, path) for r in range(nracks)
+        self.rack_down = ([switch_port(-1 - r, path) for r in range(nracks)
                            for _ in range(ecmp_paths)] if self.racked else [])
         if socket_bandwidth is not None and not socket_bandwidth > 0:
             raise ValueError(f"socket_bandwidth must be > 0 bytes/s, got {socket_bandwidth}")
@@ -579,6 +640,12 @@ class Network:
                     port.large, port.fault = large_message
         # every message goes straight to its receiver's port (no racks, no socket ports)
         self.direct = not self.racked and not self.sockets_in
+
+    @property
+    def timeouts(self) -> int:
+        """Return how many messages have waited a retransmission timeout (incast) so far."""
+        return sum(p.timeouts for p in (*self.down, *self.rack_up, *self.rack_down)
+                   if isinstance(p, IncastPort))
 
     def cap_receivers(self, bandwidth: float) -> None:
         """Give every host's receiving processes (its server's and its worker's) a port of

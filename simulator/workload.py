@@ -54,7 +54,7 @@ WORKLOADS: tuple[str, ...] = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", 
                               "resnet101", "inception_v3", "transformer_big", "bert_large",
                               "gpt2_xl", "sockeye", "llama_1b", "llama_7b", "llama_13b",
                               "llama_70b", "llama3_8b", "llama3_70b", "vit_l", "mpt_7b",
-                              "mpt_13b", "mpt_70b")
+                              "mpt_13b", "mpt_70b", "resnet152", "alexnet")
 _BLOCK = re.compile(r"^(?:.*\.)?(?:layers|blocks|layer|h)\.(?:encoder_layer_)?\d+(?=\.|$)")
 """A layer name's prefix up to a transformer block's index (``model.layers.3``)."""
 _NOT_LINEAR = ("norm", "embed", "ln_", ".ln", "bn", "bias")

@@ -146,6 +146,7 @@ def main(args: argparse.Namespace) -> int:
         **cluster, "bandwidth_gbps": args.bandwidth_gbps,
         "iteration_time_s": res.iteration_time_s, "throughput": res.throughput,
         "bytes_sent_max": max(sent.values()) if sent else None, "events": res.events,
+        "timeouts": res.timeouts,
     }
     note = _memory_note(args.workload, args.backend, knobs, res, cluster.get("device"))
     if note is not None:
@@ -164,6 +165,13 @@ def main(args: argparse.Namespace) -> int:
               f"{res.throughput:,.1f} samples/s, "
               f"max bytes sent per host {out['bytes_sent_max'] or 0:,.0f}, {res.events} events")
         _notes(args, cluster, servers)
+        if res.timeouts:
+            from ddpbench import hardware
+
+            print(f"note: {res.timeouts:,} messages waited TCP's minimum retransmission "
+                  f"timeout ({hardware.transport(cluster.get('transport', 'ideal')).rto_min_ms:g}"
+                  f" ms) at a switch port over the run: more senders reached a port at once "
+                  f"than its {cluster['switch_buffer_kb']:g} KiB buffer holds (TCP incast)")
         if note is not None:
             print(f"warning: {note}")
     return _write_trace(res, args.trace, quiet=args.json) if args.trace else 0

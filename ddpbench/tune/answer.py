@@ -425,7 +425,7 @@ def compute_only_time(request: Mapping[str, Any]) -> float:
         **dump, "hosts": cluster.workers, "gpus_per_host": 1, "servers": "colocated",
         "bandwidth_gbps": _FREE_GBPS, "latency_us": 0.0, "transport": "ideal",
         "oversubscription": 1.0, "ecmp_paths": 1, "per_message_us": 0.0, "socket_gbps": None,
-        "page_fault_us": None, "overlap_slowdown": 0.0})
+        "page_fault_us": None, "switch_buffer_kb": None, "overlap_slowdown": 0.0})
     return simulator.simulate(_workload(request), "mpi", cluster=free, schedule=schedule,
                               summation_gbps=math.inf, trace=False).iteration_time_s
 

@@ -167,6 +167,7 @@ def test_missing_torch_says_how_to_install(monkeypatch, tmp_path, capsys):
 @pytest.mark.parametrize("name, count, params", [
     ("resnet50", 161, 25_557_032), ("vgg19", 38, 143_667_240), ("vgg16", 32, 138_357_544),
     ("resnet101", 314, 44_549_160), ("inception_v3", 292, 27_161_264),
+    ("resnet152", 467, 60_192_808), ("alexnet", 16, 61_100_840),
 ])
 def test_shipped_profiles_list_torchvisions_tensors(name, count, params):
     """The shipped profiles of torchvision models list its parameters exactly, in order."""

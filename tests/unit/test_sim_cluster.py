@@ -460,6 +460,8 @@ def test_profiles_that_record_no_device_cannot_be_rescaled(tmp_path):
 @pytest.mark.parametrize("name,params", [
     ("vgg16", 138_357_544),         # torchvision vgg16
     ("resnet101", 44_549_160),      # torchvision resnet101
+    ("resnet152", 60_192_808),      # torchvision resnet152
+    ("alexnet", 61_100_840),        # torchvision alexnet
     ("inception_v3", 27_161_264),   # torchvision inception_v3 (aux classifier included)
     ("bert_large", 335_141_888),    # HF bert-large-uncased BertModel
     ("gpt2_xl", 1_557_611_200),     # HF gpt2-xl (tied LM head)

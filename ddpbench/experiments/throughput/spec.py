@@ -43,7 +43,7 @@ __all__ = ["GanttOptions", "RealOptions", "ReportOptions", "ThroughputSpec", "ch
 BUILTIN_WORKLOADS = ("resnet50", "vgg19", "seq2seq_lstm", "bert_base", "vgg16", "resnet101",
                      "inception_v3", "transformer_big", "bert_large", "gpt2_xl", "sockeye",
                      "llama_1b", "llama_7b", "llama_13b", "llama_70b", "llama3_8b", "llama3_70b", "vit_l", "mpt_7b",
-                     "mpt_13b", "mpt_70b")
+                     "mpt_13b", "mpt_70b", "resnet152", "alexnet")
 
 
 def _strict(kind: type) -> BeforeValidator:
@@ -170,6 +170,7 @@ class ThroughputSpec(Frozen):
     per_message_us: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
     socket_gbps: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
     page_fault_us: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
+    switch_buffer_kb: tuple[Annotated[float | None, _STRICT_FLOAT], ...] = (None,)
     jitter: tuple[Annotated[float, _STRICT_FLOAT], ...] = (0.0,)
     stragglers: tuple[Annotated[int, _STRICT_INT], ...] = (0,)
     straggler_slowdown: tuple[Annotated[float, _STRICT_FLOAT], ...] = (2.0,)
