@@ -57,8 +57,8 @@ def test_bench_size_parsing():
         parse_size("lots")
     sizes = profile_tensor_sizes("resnet50")
     assert len(sizes) == 161 and sum(sizes) == 25_557_032
-    with pytest.raises(ValueError, match="unknown tensor set 'alexnet'"):
-        profile_tensor_sizes("alexnet")
+    with pytest.raises(ValueError, match="unknown tensor set 'googlenet'"):
+        profile_tensor_sizes("googlenet")
 
 
 def test_adjacent_span_is_one_view_over_back_to_back_tensors():
