@@ -329,16 +329,27 @@ def _family(backend: str) -> str:
     return "parameter server" if contract.backend(backend).uses_servers else "allreduce"
 
 
+_SIXTEEN_BIT = frozenset({"fp16", "bf16", "fp8", "mixed"})
+"""Precisions whose compute a point's profile (measured in fp32, or at a fixed MFU) reaches
+only through a rule or a measured speedup: a band for one of them is taken from such points."""
+
+
+def _precision_class(precision: str | None) -> str:
+    return "16-bit" if precision in _SIXTEEN_BIT else "32-bit"
+
+
 def error_band(backend: str, cluster: Mapping[str, Any], *,
                results: str | Path = VALIDATION_RESULTS,
                published: str | Path | None = None, min_points: int = 3,
-               scale_factor: float = 4.0) -> ErrorBand:
+               scale_factor: float = 4.0, precision: str | None = None) -> ErrorBand:
     """Return the simulator's error on published points like ``backend`` on ``cluster``.
 
     The points come from the validation report's ``results.csv`` (``rel_error`` per point;
     sensitivity rows left out), with their settings from the published points
     (:mod:`ddpbench.experiments.validation.data`). Comparable means the same backend family
-    (allreduce or parameter server) and transport; of those, the ones within ``scale_factor``
+    (allreduce or parameter server) and transport; of those, the ones of the same precision
+    class (16-bit: fp16, bf16, fp8 and mixed; else 32-bit) when ``precision`` is given and
+    there are at least ``min_points`` of them; of those, the ones within ``scale_factor``
     of the cluster's GPU count when there are at least ``min_points`` of them. When no
     point is comparable, every test-split point is used (and the band says so).
 
@@ -348,6 +359,7 @@ def error_band(backend: str, cluster: Mapping[str, Any], *,
             ``transport`` are read).
         results: the validation results.csv.
         published: the published points' YAML (None: the shipped file).
+        precision: the tune's precision (its schedule's), or None: any precision.
     """
     import numpy as np
     import pandas as pd
@@ -371,6 +383,13 @@ def error_band(backend: str, cluster: Mapping[str, Any], *,
     like = [r for r in rows if _family(r[2].backend) == family
             and r[2].setting.transport == transport]
     basis = f"{family} backends over {transport}"
+    if precision is not None and like:
+        cls = _precision_class(precision)
+        same = [r for r in like if _precision_class(r[2].setting.precision) == cls]
+        if len(same) >= min_points:
+            like, basis = same, basis + f" in {cls} precision"
+        else:
+            basis += f" (any precision: fewer than {min_points} in {cls} precision)"
     lo, hi = workers / scale_factor, workers * scale_factor
     near = [r for r in like if (g := gpus(r[2])) is not None and lo <= g <= hi]
     comparable = bool(like)

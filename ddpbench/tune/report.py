@@ -152,7 +152,8 @@ def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: An
                      f"original {backend} has: a prediction for a variant to build, not a "
                      f"setting to switch on." + alt)
     band = answer.error_band(backend, request["cluster"], results=validation,
-                             published=published)
+                             published=published,
+                             precision=(request.get("schedule") or {}).get("precision", "fp32"))
     lines.append("How sure: " + _lower_first(band.describe()))
     lines.append(_compute_bound_line(request, best, base))
     memory = _memory_line(request, best, rank, rec)

@@ -163,6 +163,33 @@ def test_error_band_recomputes(validation_csv: Path) -> None:
     assert none.describe().startswith("No published point is comparable")
 
 
+def test_error_band_takes_points_of_the_tunes_precision_class(tmp_path: Path) -> None:
+    # Horovod over tcp: three fp32 points and three fp16 ones (issue 779's V100s); a tune in
+    # fp16 (or bf16) takes the 16-bit ones, one in fp32 the others, and with too few of a
+    # class the band takes every precision and says so.
+    errors = FAKE_ERRORS + [("fb_hvd779_p316_rn50_1gpu", 0.70, ""),
+                            ("fb_hvd779_p316_rn50_8gpu", 0.75, ""),
+                            ("fb_hvd779_p316_rn50_16gpu", 0.80, "")]
+    path = tmp_path / "validation.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "status", "rel_error", "sensitivity"])
+        for pid, err, sens in errors:
+            w.writerow([pid, "ok", "" if math.isnan(err) else err, sens])
+    tcp8 = {"workers": 8, "transport": "tcp"}
+    for precision in ("fp16", "bf16", "mixed"):
+        low = answer.error_band("horovod", tcp8, results=path, precision=precision)
+        assert low.points == 3 and low.median == pytest.approx(0.75)
+        assert "in 16-bit precision" in low.basis
+    full = answer.error_band("horovod", tcp8, results=path, precision="fp32")
+    assert "in 32-bit precision" in full.basis
+    assert full.median == pytest.approx(_band([-0.10, 0.05, 0.02, -0.04])[0])
+    # parameter servers over tcp have no 16-bit point: every precision, and it says so
+    assert answer.error_band("byteps", tcp8, results=path, precision="fp16").basis.endswith(
+        "(any precision: fewer than 3 in 16-bit precision) (at any scale: fewer than 3 within "
+        "4x of 8 GPUs)")
+
+
 def _table(md: str, heading: str) -> list[dict[str, str]]:
     """Return the rows of the first markdown table after ``heading``."""
     lines = md.split(heading, 1)[1].splitlines()
