@@ -125,15 +125,18 @@ FAKE_ERRORS = [
 ]
 
 
-@pytest.fixture
-def validation_csv(tmp_path: Path) -> Path:
-    path = tmp_path / "validation.csv"
+def _write_validation(path: Path, errors: list[tuple[str, float, str]]) -> Path:
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["id", "status", "rel_error", "sensitivity"])
-        for pid, err, sens in FAKE_ERRORS:
+        for pid, err, sens in errors:
             w.writerow([pid, "ok", "" if math.isnan(err) else err, sens])
     return path
+
+
+@pytest.fixture
+def validation_csv(tmp_path: Path) -> Path:
+    return _write_validation(tmp_path / "validation.csv", FAKE_ERRORS)
 
 
 def _band(errors: list[float]) -> tuple[float, float]:
@@ -170,12 +173,7 @@ def test_error_band_takes_points_of_the_tunes_precision_class(tmp_path: Path) ->
     errors = FAKE_ERRORS + [("fb_hvd779_p316_rn50_1gpu", 0.70, ""),
                             ("fb_hvd779_p316_rn50_8gpu", 0.75, ""),
                             ("fb_hvd779_p316_rn50_16gpu", 0.80, "")]
-    path = tmp_path / "validation.csv"
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["id", "status", "rel_error", "sensitivity"])
-        for pid, err, sens in errors:
-            w.writerow([pid, "ok", "" if math.isnan(err) else err, sens])
+    path = _write_validation(tmp_path / "validation.csv", errors)
     tcp8 = {"workers": 8, "transport": "tcp"}
     for precision in ("fp16", "bf16", "mixed"):
         low = answer.error_band("horovod", tcp8, results=path, precision=precision)
