@@ -152,11 +152,15 @@ def _rescaled(wl: Workload, c: contract.Cluster, sched: contract.Schedule) -> Wo
         if wl.mixed_precision_speedup is None:
             raise ValueError(f"precision: workload {wl.name!r} records no "
                              f"mixed_precision_speedup (a measured one), so mixed precision "
-                             f"cannot be simulated for it")
+                             f"cannot be simulated for it; precision fp16 or bf16 runs its "
+                             f"compute at that precision by the precision rule "
+                             f"(ddpbench.hardware.precision_factor)")
         measured_on = hardware.DEVICES[wl.device].like if wl.device in hardware.DEVICES else None
         if c.device is not None and c.device not in (wl.device, measured_on):
             raise ValueError(f"precision: workload {wl.name!r}'s mixed-precision speedup was "
-                             f"measured on {measured_on or wl.device}, not {c.device}")
+                             f"measured on {measured_on or wl.device}, not {c.device}; "
+                             f"precision fp16 or bf16 runs its compute on {c.device} by the "
+                             f"precision rule (ddpbench.hardware.precision_factor)")
         factor /= wl.mixed_precision_speedup
         wl = wl.resized(0.5)  # fp16 gradients: half the bytes
     wl = wl.scaled(factor)

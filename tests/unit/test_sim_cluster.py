@@ -565,6 +565,22 @@ def test_mixed_precision_divides_compute_by_the_profiles_measured_speedup_and_ha
     assert sent == pytest.approx(full / 2, rel=1e-4)  # fp16 gradients (rounded per tensor)
 
 
+def test_mixed_precision_without_a_measured_speedup_points_at_the_rule():
+    # resnet50's profile records no measured speedup; bert_large's was measured on a V100
+    with pytest.raises(ValueError, match="records no mixed_precision_speedup.*fp16 or bf16"):
+        simulate("resnet50", "mpi", workers=1, bandwidth_gbps=10, precision="mixed")
+    with pytest.raises(ValueError, match="measured on V100, not A100.*fp16 or bf16 runs its "
+                                         "compute on A100"):
+        simulate("bert_large", "mpi", workers=1, bandwidth_gbps=10, precision="mixed",
+                 device="A100")
+    # and the rule it names runs: one worker's fp16 step over its fp32 step is the rule's
+    wl = load_workload("resnet50")
+    t16, t32 = (simulate("resnet50", "mpi", workers=1, bandwidth_gbps=10, precision=p,
+                         device="V100").iteration_time_s for p in ("fp16", "fp32"))
+    assert t16 / t32 == pytest.approx(wl.compute_factor("V100", None, "fp16")
+                                      / wl.compute_factor("V100", None, None), rel=1e-9)
+
+
 @pytest.mark.parametrize("backend", ["horovod", "byteps"])
 def test_fp16_compression_halves_the_bytes_and_changes_nothing_under_mixed_precision(backend):
     """Compression.fp16 (horovod/torch/compression.py, byteps/torch/compression.py) casts
