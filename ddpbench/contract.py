@@ -1073,7 +1073,7 @@ class Cluster(BaseModel):
         f"message; or none: the transport's)"))
     switch_buffer_kb: float | None = Field(None, gt=0, le=MAX_SWITCH_BUFFER_KB,
                                            allow_inf_nan=False, json_schema_extra=_expect(
-        f"a finite number > 0, at most {MAX_SWITCH_BUFFER_KB:g} KiB (each switch port's packet "
+        f"a finite number > 0, at most {MAX_SWITCH_BUFFER_KB:,} KiB (each switch port's packet "
         f"buffer on a lossy transport; or none: deep buffers, no drops)"))
     jitter: float = Field(0.0, ge=0, le=2, allow_inf_nan=False,
                           json_schema_extra=_expect(

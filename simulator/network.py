@@ -37,8 +37,7 @@ from ddpbench import contract
 from ddpbench.rules.sockets import Sockets, Wire
 
 __all__ = ["CountingEnvironment", "Gate", "IncastPort", "Link", "Message", "Network", "Port",
-           "Sender",
-           "call_later", "ecmp_path"]
+           "Sender", "call_later", "ecmp_path"]
 
 
 class CountingEnvironment(simpy.Environment):
