@@ -881,11 +881,11 @@ MAX_US = 1e7
 MAX_ITERATIONS = 1_000_000
 """Most iterations one point may simulate or run."""
 MAX_BATCH = 1 << 20
-MAX_SWITCH_BUFFER_KB = 1 << 30
-"""Most KiB of one switch port's buffer (1 TiB: far beyond any switch's)."""
+"""Most samples per worker per iteration (1,048,576)."""
 MAX_ACCUMULATION = 1 << 16
 """The most micro-batches per optimizer step a point may accumulate."""
-"""Most samples per worker per iteration (1,048,576)."""
+MAX_SWITCH_BUFFER_KB = 1 << 30
+"""Most KiB of one switch port's buffer (1 TiB: far beyond any switch's)."""
 
 
 class Cluster(BaseModel):
@@ -1123,8 +1123,8 @@ class Cluster(BaseModel):
         hardware.nccl_algorithms(self.nccl_algo, hardware.nccl_release(self.nccl_version))
         if (self.switch_buffer_kb is not None
                 and hardware.transport(self.transport).rto_min_ms is None):
-            lossy = sorted(n for n, t in hardware.TRANSPORTS.items() if t.rto_min_ms is not None)
-            raise ValueError(f"switch_buffer_kb applies to a lossy transport ({', '.join(lossy)}); "
+            raise ValueError(f"switch_buffer_kb applies to a lossy transport "
+                             f"({', '.join(hardware.LOSSY_TRANSPORTS)}); "
                              f"transport {self.transport!r} does not drop on congestion: "
                              f"leave switch_buffer_kb unset")
         if self.stragglers > self.workers:
@@ -1336,8 +1336,7 @@ def check_axis(axis: str, value: Any) -> Any:
     elif axis == "stragglers" and isinstance(value, int) and not isinstance(value, bool):
         values["workers"] = max(1, value)
     elif axis == "switch_buffer_kb":
-        values["transport"] = next(n for n, t in hardware.TRANSPORTS.items()
-                                   if t.rto_min_ms is not None)
+        values["transport"] = hardware.LOSSY_TRANSPORTS[0]
     try:
         return getattr(model.model_validate(values), axis)
     except ValidationError as err:

@@ -67,6 +67,7 @@ __all__ = [
     "FAST_RETRANSMIT_SEGMENTS",
     "GRADIENT_BYTES",
     "INTRA_LINKS",
+    "LOSSY_TRANSPORTS",
     "MXNET_REDUCTION_THREADS",
     "MXNET_SERVER_BYTES",
     "MXNET_SERVER_UPDATE_GBPS",
@@ -587,6 +588,11 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "bandwidth; ~1 us per message to signal the peer", server_cpu=True),
 )}
 """Transport name -> :class:`Transport`: the ``transport`` axis of a point."""
+
+LOSSY_TRANSPORTS: tuple[str, ...] = tuple(sorted(n for n, t in TRANSPORTS.items()
+                                                 if t.rto_min_ms is not None))
+"""The transports that drop on congestion (a minimum retransmission timeout), the ones a
+cluster's ``switch_buffer_kb`` applies to."""
 
 
 def nccl_net_latency_us(tr: Transport, per_message_us: float | None = None) -> float:

@@ -16,12 +16,11 @@ preceding parametric layer; the ``Input`` operator (data loading) is left out be
 loading overlaps training. ``vgg16`` is PipeDream's VGG-16 profile itself; ``resnet101`` and
 ``resnet152`` are ResNet-50's profile with the extra layer2 and layer3 blocks. The others
 (``seq2seq_lstm``, ``sockeye``, ``bert_base``, ``bert_large``, ``transformer_big``,
-``gpt2_xl``, ``inception_v3``, ``alexnet``) have no
-measured profile: each is built from its layer definitions (its source named in its notes),
-and its times come from FLOP counts at the speed the ResNet-50 profile shows for the same GPU
-(matrix products at the effective FLOP/s of ResNet-50's convolutions; element-wise operators
-at the effective memory bandwidth of its BatchNorm layers), so all profiles stand for
-one GPU.
+``gpt2_xl``, ``inception_v3``, ``alexnet``) have no measured profile: each is built from its
+layer definitions (its source named in its notes), and its times come from FLOP counts at
+the speed the ResNet-50 profile shows for the same GPU (matrix products at the effective
+FLOP/s of ResNet-50's convolutions; element-wise operators at the effective memory bandwidth
+of its BatchNorm layers), so all profiles stand for one GPU.
 """
 
 from __future__ import annotations
