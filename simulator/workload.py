@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ddpbench import hardware
+from ddpbench import hardware, safeyaml
 
 __all__ = ["WORKLOADS", "Layer", "Tensor", "Workload", "load_workload"]
 
@@ -423,7 +423,7 @@ def _explain(err: ValidationError) -> str:
 @functools.cache
 def _builtin(name: str) -> Workload:
     path = PROFILE_DIR / f"{name}.yaml"
-    return Workload.from_dict(yaml.safe_load(path.read_text()), source=name)
+    return Workload.from_dict(safeyaml.load(path.read_text()), source=name)
 
 
 def load_workload(name_or_path: str | Path | Workload) -> Workload:
@@ -449,7 +449,7 @@ def load_workload(name_or_path: str | Path | Workload) -> Workload:
         raise ValueError(f"workload: unknown workload {key!r}; available: {list(WORKLOADS)} "
                          "or the path of a profile YAML file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safeyaml.load(path.read_text())
     except yaml.YAMLError as err:
         raise ValueError(f"workload: {path} is not valid YAML: {err}") from None
     return Workload.from_dict(data, source=str(path))

@@ -29,10 +29,10 @@ import ddpbench
 # longest package entry that holds it.
 FLOORS: dict[int, tuple[str, tuple[str, ...]]] = {
     0: ("the knob contract, the hardware presets, the staging buffers, the size check, "
-        "bounded messages and the launcher's watchdog (run by path, standard library only): "
-        "no other ddpbench module",
+        "bounded messages, the launcher's watchdog (run by path, standard library only) and "
+        "the safe YAML loader: no other ddpbench module",
         ("ddpbench.contract", "ddpbench.hardware", "ddpbench.staging", "ddpbench.sizes",
-         "ddpbench.messages", "ddpbench.watchdog")),
+         "ddpbench.messages", "ddpbench.watchdog", "ddpbench.safeyaml")),
     1: ("building blocks: the API and its registry (and the package's front door), the MPI "
         "world and engine, the launcher, the per-rank runner, kernels, CuPy helpers, the "
         "numerics emulator, the optimizer, the trace writer, the profiler, the rules the "

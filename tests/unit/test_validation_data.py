@@ -4,15 +4,21 @@ malformed point is refused with its id and field named."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
-import yaml
 
+from ddpbench import safeyaml
 from ddpbench.experiments.validation import data
 
 
+@functools.cache
+def _shipped() -> dict:
+    return safeyaml.load(data.DEFAULT_FILE.read_text(encoding="utf-8"))
+
+
 def _raw() -> dict:
-    return yaml.safe_load(data.DEFAULT_FILE.read_text(encoding="utf-8"))
+    return copy.deepcopy(_shipped())
 
 
 def test_shipped_points_validate_and_cover_enough_sources():
@@ -46,7 +52,7 @@ def test_byteps_points_run_nccl_2_3_7():
 
 def _write(tmp_path, raw):
     path = tmp_path / "pub.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path.write_text(safeyaml.dump(raw))
     return path
 
 
@@ -74,7 +80,7 @@ def _write(tmp_path, raw):
      "nccl_algo"),
 ])
 def test_a_bad_point_is_refused_naming_it(tmp_path, edit, words):
-    raw = copy.deepcopy(_raw())
+    raw = _raw()
     edit(raw)
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
         data.load(_write(tmp_path, raw))

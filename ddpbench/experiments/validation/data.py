@@ -1,9 +1,9 @@
 """The published data points the ``validation`` kind checks the simulator against.
 
 The points live in ``published.yaml`` beside this module (or a file the experiment names);
-:func:`load` reads it with ``yaml.safe_load`` and validates every point: a known source, a
-quote, a metric, a setting whose device, transport and intra-host link exist in
-:mod:`ddpbench.hardware` and whose workload is a shipped profile (points marked
+:func:`load` reads it with a safe loader (:func:`ddpbench.safeyaml.load`) and validates every
+point: a known source, a quote, a metric, a setting whose device, transport and intra-host
+link exist in :mod:`ddpbench.hardware` and whose workload is a shipped profile (points marked
 ``simulate: false`` only need a ``reason``).
 """
 
@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ddpbench import contract, hardware
+from ddpbench import contract, hardware, safeyaml
 
 __all__ = ["DEFAULT_FILE", "METRICS", "SPLITS", "Point", "Published", "Reference", "Setting",
            "Source", "load"]
@@ -194,7 +193,7 @@ def load(path: str | Path | None = None) -> Published:
             the point and the field).
     """
     file = Path(path) if path is not None else DEFAULT_FILE
-    raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    raw = safeyaml.load(file.read_text(encoding="utf-8"))
     if not isinstance(raw, dict):
         raise ValueError(f"{file}: expected a mapping with 'sources' and 'points'")
     try:
