@@ -262,6 +262,42 @@ def test_curve_slopes_flag_a_step_of_the_wrong_sign():
     assert curve_slopes(df, by_id)[0]["agree"] == [True]
 
 
+def _throughput_point(pid, hosts, value, split="fit", bandwidth=10, curve="t1"):
+    return {"id": pid, "source": "t", "where": "w", "quote": "q", "metric": "throughput",
+            "setting": {"workload": "resnet50", "hosts": hosts, "gpus_per_host": 8,
+                        "transport": "ideal", "bandwidth_gbps": bandwidth},
+            "backend": "horovod", "curve": curve, "split": split, "value": value}
+
+
+def test_curve_scaling_is_each_points_scaling_from_the_first_simulated_over_published():
+    from ddpbench.experiments.validation.report import curve_scaling, curve_slopes, scaling_summary
+
+    pub = va.data.Published.model_validate({"sources": {"t": {"title": "a", "url": "b"}},
+                                            "points": [
+        _throughput_point("one", 1, 1000.0),
+        _throughput_point("two", 2, 1800.0),
+        _throughput_point("four", 4, 3000.0, split="test"),
+        # a bandwidth sweep is not a scaling curve
+        _throughput_point("bw10", 2, 500.0, curve="sweep"),
+        _throughput_point("bw25", 2, 900.0, bandwidth=25, curve="sweep"),
+    ]})
+    by_id = {p.id: p for p in pub.points}
+    df = pd.DataFrame({"id": ["four", "two", "one", "bw10", "bw25"],
+                       "simulated": [4400.0, 2000.0, 1100.0, 600.0, 700.0]})
+    rows = {r["id"]: r for r in curve_scaling(curve_slopes(df, by_id), df)}
+    assert set(rows) == {"two", "four"}
+    # published 1.8x and 3.0x from one host; simulated 2000/1100 and 4400/1100
+    assert rows["two"]["published"] == pytest.approx(1.8)
+    assert rows["two"]["error"] == pytest.approx((2000 / 1100) / 1.8 - 1)
+    assert rows["four"]["error"] == pytest.approx((4400 / 1100) / 3.0 - 1)
+    assert (rows["two"]["split"], rows["four"]["split"]) == ("fit", "test")
+    s = scaling_summary(list(rows.values()))
+    assert s["fit"]["points"] == s["test"]["points"] == 1 and s["both"]["curves"] == 1
+    assert s["both"]["median_abs_error"] == pytest.approx(
+        (abs(rows["two"]["error"]) + abs(rows["four"]["error"])) / 2)
+    assert s["test"]["beyond_25"] == 1 and s["fit"]["beyond_25"] == 0
+
+
 @pytest.mark.parametrize("edit, words", [
     ({"reference": {"hosts": 1}, "metric": "throughput"}, "reference applies to"),
     ({"setting": {"workload": "resnet50", "bandwidth_gbps": 10, "message_bytes": 8}},

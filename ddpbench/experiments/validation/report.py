@@ -154,6 +154,49 @@ def curve_slopes(df: Any, by_id: dict[str, data.Point]) -> list[dict[str, Any]]:
     return out
 
 
+def curve_scaling(slopes: list[dict[str, Any]], df: Any) -> list[dict[str, Any]]:
+    """Return, for every point of a throughput curve past its first GPU count, how its
+    scaling from the curve's first point (fewest GPUs) compares: ``published`` is
+    ``value / first value``, ``simulated`` the same of the simulated values, and ``error``
+    ``simulated / published - 1``. Only curves over GPU counts count (one bandwidth, no
+    message sizes): the ratio takes the one-GPU or one-host compute out, which a user's own
+    profile sets, and leaves what adding GPUs and hosts does. A point keeps its own split."""
+    sims = {str(r["id"]): _num(r.get("simulated")) for _, r in df.iterrows()}
+    out = []
+    for c in slopes:
+        pts = c["points"]
+        if pts[0].metric != "throughput" or len({p.metric for p in pts}) > 1 \
+                or len({p.setting.bandwidth_gbps for p in pts}) > 1:
+            continue
+        first = pts[0]
+        n0 = (first.setting.hosts or 1) * first.setting.gpus_per_host
+        s0 = sims.get(first.id)
+        for p in pts[1:]:
+            n = (p.setting.hosts or 1) * p.setting.gpus_per_host
+            s = sims.get(p.id)
+            if n == n0 or s0 is None or s is None:
+                continue
+            pub, sim = p.value / first.value, s / s0
+            out.append({"curve": c["curve"], "id": p.id, "split": p.split, "from_gpus": n0,
+                        "gpus": n, "published": pub, "simulated": sim,
+                        "error": sim / pub - 1})
+    return out
+
+
+def scaling_summary(scaling: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Return per split (and ``"both"``) the :func:`curve_scaling` points' count, curves,
+    median and largest |error| and how many are beyond 25%."""
+    out = {}
+    for k in (*data.SPLITS, "both"):
+        rows = [r for r in scaling if k == "both" or r["split"] == k]
+        errs = [abs(r["error"]) for r in rows]
+        out[k] = {"points": len(rows), "curves": len({r["curve"] for r in rows}),
+                  "median_abs_error": _median(errs),
+                  "max_abs_error": max(errs) if errs else None,
+                  "beyond_25": sum(e > 0.25 for e in errs)}
+    return out
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -172,10 +215,13 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         f"mechanisms were chosen; the `test` split holds points set aside before any of them "
         f"was simulated, to score the model once it is frozen.")
     slopes = curve_slopes(df, by_id)
+    scaling = curve_scaling(slopes, df)
     _scores(doc, s, spec, slopes)
+    if scaling:
+        _scaling(doc, scaling)
     _every_point(doc, df, pub, by_id)
     if slopes:
-        _curves(doc, slopes, df)
+        _curves(doc, slopes, df, scaling)
     _p3_ordering(doc, df, by_id)
     _constants(doc, df, by_id)
     _mechanisms_and_notes(doc, spec)
@@ -232,6 +278,22 @@ def _scores(doc: Document, s: dict[str, Any], spec: Spec,
         f"within {_pct(spec.target_max)}: {'met' if met['every_point'] else 'NOT met'}; "
         f"{len(slopes) - len(wrong)} of {len(slopes)} published curves with every step's "
         f"slope of the published sign" + (f" (not: {', '.join(wrong)})" if wrong else "") + ".")
+
+
+def _scaling(doc: Document, scaling: list[dict[str, Any]]) -> None:
+    """Table :func:`scaling_summary` per split: what adding GPUs and hosts does."""
+    import pandas as pd
+
+    doc.text(
+        "What adding GPUs and hosts does, apart from one GPU's speed: each throughput curve's "
+        "scaling from its first point (fewest GPUs), simulated over published, at every later "
+        "point (shown, not a target; the per-point errors are in the curves' table):")
+    rows = []
+    for k, t in scaling_summary(scaling).items():
+        rows.append({"split": k, "curves": t["curves"], "points": t["points"],
+                     "median abs. error": _pct(t["median_abs_error"]),
+                     "largest": _pct(t["max_abs_error"]), "beyond 25.0%": t["beyond_25"]})
+    doc.table(pd.DataFrame(rows))
 
 
 def _every_point(doc: Document, df: Any, pub: data.Published,
@@ -337,12 +399,15 @@ def _mechanisms_and_notes(doc: Document, spec: Spec) -> None:
         doc.bullets(list(spec.notes))
 
 
-def _curves(doc: Document, slopes: list[dict[str, Any]], df: Any) -> None:
-    """One row per published curve: its points in order, published and simulated, and
-    whether each step's simulated slope has the published sign."""
+def _curves(doc: Document, slopes: list[dict[str, Any]], df: Any,
+            scaling: list[dict[str, Any]]) -> None:
+    """One row per published curve: its points in order, published and simulated, whether
+    each step's simulated slope has the published sign, and (throughput over GPU counts)
+    each later point's scaling error from the first (:func:`curve_scaling`)."""
     import pandas as pd
 
     sims = {str(r["id"]): _num(r.get("simulated")) for _, r in df.iterrows()}
+    scaled = {r["id"]: r["error"] for r in scaling}
     doc.heading("Published curves: slopes")
     rows = []
     for c in slopes:
@@ -364,7 +429,9 @@ def _curves(doc: Document, slopes: list[dict[str, Any]], df: Any) -> None:
             "simulated": ", ".join(sim),
             "slopes agree": "yes" if all(a is not False for a in c["agree"]) else
             "NO (" + ", ".join("ok" if a else "-" if a is None else "wrong"
-                               for a in c["agree"]) + ")"})
+                               for a in c["agree"]) + ")",
+            "scaling from the first": ", ".join(
+                f"{100 * scaled[p.id]:+.1f}%" for p in pts if p.id in scaled) or "-"})
     doc.table(pd.DataFrame(rows))
 
 
