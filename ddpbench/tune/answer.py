@@ -6,7 +6,9 @@ A tune folder holds ``tune.json`` (the request), ``results.csv`` (one row per tr
 - :func:`ranked`, :func:`defaults`, :func:`best_per_backend`: the trials ranked by predicted
   iteration time, each backend's default configuration and its best;
 - :func:`error_band`: how far the simulator's predictions have been from published
-  measurements on points like this one (``reports/validation/results.csv``);
+  measurements on points like this one (``reports/validation/results.csv``), and
+  :func:`scaling_band`: how far their scaling from each published curve's first point has
+  been;
 - :func:`compute_only_time` and :func:`compute_bound`: the iteration time with a free network,
   and whether the best configuration is already within 2% of it (then no communication
   setting can gain anything);
@@ -61,6 +63,7 @@ __all__ = [
     "predivide_factor",
     "ranked",
     "recommended",
+    "scaling_band",
     "summary_lines",
     "verdict_of",
 ]
@@ -293,6 +296,8 @@ class ErrorBand:
         comparable: False when no point shared backend family and transport and the band
             falls back on every test-split point.
         source: the results.csv it was read from.
+        kind: ``"time"`` (each point's value as published, :func:`error_band`) or
+            ``"scaling"`` (each curve's scaling from its first point, :func:`scaling_band`).
     """
 
     points: int
@@ -303,13 +308,22 @@ class ErrorBand:
     comparable: bool
     source: str
     ids: tuple[str, ...] = field(default=(), repr=False)
+    kind: str = "time"
 
     def describe(self) -> str:
         """Return one sentence: the band and where it comes from."""
         if not self.points or self.median is None or self.p90 is None:
-            return f"No validation point to take an error band from ({self.basis})."
+            what = "a scaling band" if self.kind == "scaling" else "an error band"
+            return f"No validation point to take {what} from ({self.basis})."
         split = ", ".join(f"{n} {k}" for k, n in sorted(self.splits.items()))
         lead = "" if self.comparable else "No published point is comparable, so "
+        if self.kind == "scaling":
+            return (f"{lead}on {self.points} points of published throughput curves "
+                    f"({self.basis}; {split} split) the simulated scaling from each curve's "
+                    f"first point (fewest GPUs) is off the published by a median of "
+                    f"{self.median:.1%} (90th percentile {self.p90:.1%}). The ratio leaves "
+                    "out one GPU's speed, which sets a time's level (your own profile's, if "
+                    "you give one), and keeps what adding GPUs and hosts does.")
         return (f"{lead}on {self.points} published points ({self.basis}; {split} split) the "
                 f"simulator's |relative error| has median {self.median:.1%} and 90th "
                 f"percentile {self.p90:.1%}: a predicted time is typically within "
@@ -413,6 +427,61 @@ def error_band(backend: str, cluster: Mapping[str, Any], *,
     med, p90 = (float(v) for v in np.percentile(errs, [50, 90]))
     return ErrorBand(len(errs), splits, med, p90, basis, comparable, str(results),
                      tuple(i for i, _, _ in chosen))
+
+
+def scaling_band(backend: str, cluster: Mapping[str, Any], *,
+                 results: str | Path = VALIDATION_RESULTS,
+                 published: str | Path | None = None, min_points: int = 3,
+                 scale_factor: float = 4.0) -> ErrorBand:
+    """Return the simulator's error on published curves' scaling, for ``backend`` on
+    ``cluster``: |simulated / published - 1| of each throughput curve's scaling from its
+    first point (:func:`ddpbench.experiments.validation.report.curve_scaling`), at the points
+    of the same backend family and transport, of those within ``scale_factor`` of the
+    cluster's GPU count when there are at least ``min_points``. No comparable point: every
+    test-split curve point (and the band says so). The same arguments as :func:`error_band`.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from ddpbench.experiments.validation.report import curve_scaling, curve_slopes
+
+    family, transport = _family(backend), str(cluster.get("transport", "ideal"))
+    workers = int(cluster.get("workers") or 1)
+    try:
+        df = pd.read_csv(results)
+    except (OSError, ValueError) as err:
+        return ErrorBand(0, {}, None, None, f"cannot read {results}: {err}", False,
+                         str(results), kind="scaling")
+    by_id = _published(None if published is None else str(published))
+    if "sensitivity" in df.columns:
+        df = df[~df["sensitivity"].map(lambda v: isinstance(v, str) and bool(v))]
+    df = df[df["id"].isin(by_id)]
+    rows = [(r, by_id[r["id"]]) for r in curve_scaling(curve_slopes(df, by_id), df)]
+    like = [(r, p) for r, p in rows if _family(p.backend) == family
+            and p.setting.transport == transport]
+    basis = f"{family} backends over {transport}"
+    lo, hi = workers / scale_factor, workers * scale_factor
+    near = [(r, p) for r, p in like if lo <= r["gpus"] <= hi]
+    if len(near) >= min_points:
+        chosen = near
+        basis += f", {math.ceil(lo)} to {math.floor(hi)} GPUs"
+    elif like:
+        chosen = like
+        basis += (f" (at any scale: fewer than {min_points} within {scale_factor:g}x of "
+                  f"{workers} GPUs)")
+    else:
+        chosen = [(r, p) for r, p in rows if r["split"] == "test"]
+        basis = (f"none is a {family} backend over {transport}; every test-split curve "
+                 "point instead")
+    errs = np.array([abs(r["error"]) for r, _ in chosen], dtype=float)
+    splits: dict[str, int] = {}
+    for r, _ in chosen:
+        splits[r["split"]] = splits.get(r["split"], 0) + 1
+    if not len(errs):
+        return ErrorBand(0, {}, None, None, basis, bool(like), str(results), kind="scaling")
+    med, p90 = (float(v) for v in np.percentile(errs, [50, 90]))
+    return ErrorBand(len(errs), splits, med, p90, basis, bool(like), str(results),
+                     tuple(r["id"] for r, _ in chosen), kind="scaling")
 
 
 # -- compute-bound ---------------------------------------------------------------------------

@@ -155,6 +155,10 @@ def _answer_section(doc: Document, request: Mapping[str, Any], df: Any, rank: An
                              published=published,
                              precision=(request.get("schedule") or {}).get("precision", "fp32"))
     lines.append("How sure: " + _lower_first(band.describe()))
+    scaling = answer.scaling_band(backend, request["cluster"], results=validation,
+                                  published=published)
+    if scaling.points:
+        lines.append("How sure of the scaling: " + _lower_first(scaling.describe()))
     lines.append(_compute_bound_line(request, best, base))
     memory = _memory_line(request, best, rank, rec)
     if memory:

@@ -188,6 +188,31 @@ def test_error_band_takes_points_of_the_tunes_precision_class(tmp_path: Path) ->
         "4x of 8 GPUs)")
 
 
+def test_scaling_band_is_the_error_of_each_curves_scaling_from_its_first_point(
+        tmp_path: Path) -> None:
+    # The BytePS README's Horovod ResNet-50 curve over 20 Gbit/s tcp: published 2450, 3950,
+    # 7620 and 11430 images/s at 8, 16, 32 and 64 GPUs; made-up simulated values.
+    path = tmp_path / "validation.csv"
+    sims = {8: 2500.0, 16: 4000.0, 32: 8000.0, 64: 12000.0}
+    published = {8: 2450.0, 16: 3950.0, 32: 7620.0, 64: 11430.0}
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "status", "simulated", "rel_error", "sensitivity"])
+        for n, sim in sims.items():
+            w.writerow([f"bpsreadme_tcp20_resnet50_horovod_{n}", "ok", sim,
+                        sim / published[n] - 1, ""])
+    errors = [abs((sims[n] / sims[8]) / (published[n] / published[8]) - 1) for n in (16, 32, 64)]
+    band = answer.scaling_band("horovod", {"workers": 16, "transport": "tcp"}, results=path)
+    assert (band.points, band.splits, band.kind) == (3, {"fit": 3}, "scaling")
+    assert band.median == pytest.approx(float(np.median(errors)))
+    assert band.p90 == pytest.approx(float(np.percentile(errors, 90)))
+    assert "4 to 64 GPUs" in band.basis and f"{band.median:.1%}" in band.describe()
+    # no parameter-server curve, and no test-split one to fall back on: no band, said so
+    none = answer.scaling_band("byteps", {"workers": 16, "transport": "tcp"}, results=path)
+    assert none.points == 0 and none.describe().startswith("No validation point to take a "
+                                                           "scaling band from")
+
+
 def _table(md: str, heading: str) -> list[dict[str, str]]:
     """Return the rows of the first markdown table after ``heading``."""
     lines = md.split(heading, 1)[1].splitlines()
