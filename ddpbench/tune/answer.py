@@ -375,19 +375,15 @@ def error_band(backend: str, cluster: Mapping[str, Any], *,
         published: the published points' YAML (None: the shipped file).
         precision: the tune's precision (its schedule's), or None: any precision.
     """
-    import numpy as np
     import pandas as pd
 
     family, transport = _family(backend), str(cluster.get("transport", "ideal"))
     workers = int(cluster.get("workers") or 1)
-    try:
-        df = pd.read_csv(results)
-    except (OSError, ValueError) as err:
-        return ErrorBand(0, {}, None, None, f"cannot read {results}: {err}", False, str(results))
-    by_id = _published(None if published is None else str(published))
-    if "sensitivity" in df.columns:
-        df = df[~df["sensitivity"].map(lambda v: isinstance(v, str) and bool(v))]
-    df = df[pd.to_numeric(df["rel_error"], errors="coerce").notna() & df["id"].isin(by_id)]
+    read = _scored_rows(results, published)
+    if isinstance(read, str):
+        return ErrorBand(0, {}, None, None, read, False, str(results))
+    df, by_id = read
+    df = df[pd.to_numeric(df["rel_error"], errors="coerce").notna()]
     rows = [(str(r["id"]), abs(float(r["rel_error"])), by_id[str(r["id"])])
             for _, r in df.iterrows()]
 
@@ -404,29 +400,58 @@ def error_band(backend: str, cluster: Mapping[str, Any], *,
             like, basis = same, basis + f" in {cls} precision"
         else:
             basis += f" (any precision: fewer than {min_points} in {cls} precision)"
-    lo, hi = workers / scale_factor, workers * scale_factor
-    near = [r for r in like if (g := gpus(r[2])) is not None and lo <= g <= hi]
-    comparable = bool(like)
-    if len(near) >= min_points:
-        chosen = near
-        basis += f", {math.ceil(lo)} to {math.floor(hi)} GPUs"
-    elif like:
-        chosen = like
-        basis += (f" (at any scale: fewer than {min_points} within {scale_factor:g}x of "
-                  f"{workers} GPUs)")
+    if like:
+        chosen, basis = _near_scale(like, lambda r: gpus(r[2]), workers, scale_factor,
+                                    min_points, basis)
     else:
         chosen = [r for r in rows if r[2].split == "test"]
         basis = (f"none is a {family} backend over {transport}; every test-split point "
                  f"instead")
-    errs = np.array([e for _, e, _ in chosen], dtype=float)
+    return _band([(i, e, p.split) for i, e, p in chosen], basis, bool(like), str(results))
+
+
+def _scored_rows(results: str | Path,
+                 published: str | Path | None) -> tuple[Any, dict[str, Any]] | str:
+    """Return the validation results' rows of published points (sensitivity rows left out)
+    and the published points by id; or why ``results`` cannot be read."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(results)
+    except (OSError, ValueError) as err:
+        return f"cannot read {results}: {err}"
+    by_id = _published(None if published is None else str(published))
+    if "sensitivity" in df.columns:
+        df = df[~df["sensitivity"].map(lambda v: isinstance(v, str) and bool(v))]
+    return df[df["id"].isin(by_id)], by_id
+
+
+def _near_scale(like: list[Any], gpus: Callable[[Any], int | None], workers: int,
+                scale_factor: float, min_points: int, basis: str) -> tuple[list[Any], str]:
+    """Return those of ``like`` within ``scale_factor`` of ``workers`` GPUs when there are
+    at least ``min_points`` of them, else all of ``like``; and ``basis`` saying which."""
+    lo, hi = workers / scale_factor, workers * scale_factor
+    near = [r for r in like if (g := gpus(r)) is not None and lo <= g <= hi]
+    if len(near) >= min_points:
+        return near, basis + f", {math.ceil(lo)} to {math.floor(hi)} GPUs"
+    return like, basis + (f" (at any scale: fewer than {min_points} within "
+                          f"{scale_factor:g}x of {workers} GPUs)")
+
+
+def _band(chosen: list[tuple[str, float, str]], basis: str, comparable: bool, source: str,
+          kind: str = "time") -> ErrorBand:
+    """Return the band of ``chosen`` (id, |error|, split): its median and 90th percentile."""
+    import numpy as np
+
     splits: dict[str, int] = {}
-    for _, _, p in chosen:
-        splits[p.split] = splits.get(p.split, 0) + 1
-    if not len(errs):
-        return ErrorBand(0, {}, None, None, basis, comparable, str(results))
+    for _, _, split in chosen:
+        splits[split] = splits.get(split, 0) + 1
+    if not chosen:
+        return ErrorBand(0, {}, None, None, basis, comparable, source, kind=kind)
+    errs = np.array([e for _, e, _ in chosen], dtype=float)
     med, p90 = (float(v) for v in np.percentile(errs, [50, 90]))
-    return ErrorBand(len(errs), splits, med, p90, basis, comparable, str(results),
-                     tuple(i for i, _, _ in chosen))
+    return ErrorBand(len(errs), splits, med, p90, basis, comparable, source,
+                     tuple(i for i, _, _ in chosen), kind=kind)
 
 
 def scaling_band(backend: str, cluster: Mapping[str, Any], *,
@@ -440,48 +465,28 @@ def scaling_band(backend: str, cluster: Mapping[str, Any], *,
     cluster's GPU count when there are at least ``min_points``. No comparable point: every
     test-split curve point (and the band says so). The same arguments as :func:`error_band`.
     """
-    import numpy as np
-    import pandas as pd
 
     from ddpbench.experiments.validation.report import curve_scaling, curve_slopes
 
     family, transport = _family(backend), str(cluster.get("transport", "ideal"))
     workers = int(cluster.get("workers") or 1)
-    try:
-        df = pd.read_csv(results)
-    except (OSError, ValueError) as err:
-        return ErrorBand(0, {}, None, None, f"cannot read {results}: {err}", False,
-                         str(results), kind="scaling")
-    by_id = _published(None if published is None else str(published))
-    if "sensitivity" in df.columns:
-        df = df[~df["sensitivity"].map(lambda v: isinstance(v, str) and bool(v))]
-    df = df[df["id"].isin(by_id)]
+    read = _scored_rows(results, published)
+    if isinstance(read, str):
+        return ErrorBand(0, {}, None, None, read, False, str(results), kind="scaling")
+    df, by_id = read
     rows = [(r, by_id[r["id"]]) for r in curve_scaling(curve_slopes(df, by_id), df)]
     like = [(r, p) for r, p in rows if _family(p.backend) == family
             and p.setting.transport == transport]
     basis = f"{family} backends over {transport}"
-    lo, hi = workers / scale_factor, workers * scale_factor
-    near = [(r, p) for r, p in like if lo <= r["gpus"] <= hi]
-    if len(near) >= min_points:
-        chosen = near
-        basis += f", {math.ceil(lo)} to {math.floor(hi)} GPUs"
-    elif like:
-        chosen = like
-        basis += (f" (at any scale: fewer than {min_points} within {scale_factor:g}x of "
-                  f"{workers} GPUs)")
+    if like:
+        chosen, basis = _near_scale(like, lambda rp: rp[0]["gpus"], workers, scale_factor,
+                                    min_points, basis)
     else:
         chosen = [(r, p) for r, p in rows if r["split"] == "test"]
         basis = (f"none is a {family} backend over {transport}; every test-split curve "
                  "point instead")
-    errs = np.array([abs(r["error"]) for r, _ in chosen], dtype=float)
-    splits: dict[str, int] = {}
-    for r, _ in chosen:
-        splits[r["split"]] = splits.get(r["split"], 0) + 1
-    if not len(errs):
-        return ErrorBand(0, {}, None, None, basis, bool(like), str(results), kind="scaling")
-    med, p90 = (float(v) for v in np.percentile(errs, [50, 90]))
-    return ErrorBand(len(errs), splits, med, p90, basis, bool(like), str(results),
-                     tuple(r["id"] for r, _ in chosen), kind="scaling")
+    return _band([(r["id"], abs(r["error"]), r["split"]) for r, _ in chosen], basis,
+                 bool(like), str(results), kind="scaling")
 
 
 # -- compute-bound ---------------------------------------------------------------------------
