@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpbench import contract
+from ddpbench import contract, hardware
 from ddpbench.experiments.naming import format_value, make_name
 
 __all__ = [
@@ -343,7 +343,7 @@ def _family(backend: str) -> str:
     return "parameter server" if contract.backend(backend).uses_servers else "allreduce"
 
 
-_SIXTEEN_BIT = frozenset({"fp16", "bf16", "fp8", "mixed"})
+_SIXTEEN_BIT = frozenset({p for p, b in hardware.ACTIVATION_BYTES.items() if b < 4} | {"mixed"})
 """Precisions whose compute a point's profile (measured in fp32, or at a fixed MFU) reaches
 only through a rule or a measured speedup: a band for one of them is taken from such points."""
 
@@ -465,7 +465,6 @@ def scaling_band(backend: str, cluster: Mapping[str, Any], *,
     cluster's GPU count when there are at least ``min_points``. No comparable point: every
     test-split curve point (and the band says so). The same arguments as :func:`error_band`.
     """
-
     from ddpbench.experiments.validation.report import curve_scaling, curve_slopes
 
     family, transport = _family(backend), str(cluster.get("transport", "ideal"))
@@ -474,7 +473,7 @@ def scaling_band(backend: str, cluster: Mapping[str, Any], *,
     if isinstance(read, str):
         return ErrorBand(0, {}, None, None, read, False, str(results), kind="scaling")
     df, by_id = read
-    rows = [(r, by_id[r["id"]]) for r in curve_scaling(curve_slopes(df, by_id), df)]
+    rows = [(r, by_id[r["id"]]) for r in curve_scaling(curve_slopes(df, by_id))]
     like = [(r, p) for r, p in rows if _family(p.backend) == family
             and p.setting.transport == transport]
     basis = f"{family} backends over {transport}"

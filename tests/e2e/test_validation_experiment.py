@@ -284,7 +284,7 @@ def test_curve_scaling_is_each_points_scaling_from_the_first_simulated_over_publ
     by_id = {p.id: p for p in pub.points}
     df = pd.DataFrame({"id": ["four", "two", "one", "bw10", "bw25"],
                        "simulated": [4400.0, 2000.0, 1100.0, 600.0, 700.0]})
-    rows = {r["id"]: r for r in curve_scaling(curve_slopes(df, by_id), df)}
+    rows = {r["id"]: r for r in curve_scaling(curve_slopes(df, by_id))}
     assert set(rows) == {"two", "four"}
     # published 1.8x and 3.0x from one host; simulated 2000/1100 and 4400/1100
     assert rows["two"]["published"] == pytest.approx(1.8)

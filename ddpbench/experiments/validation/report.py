@@ -130,7 +130,7 @@ def curve_slopes(df: Any, by_id: dict[str, data.Point]) -> list[dict[str, Any]]:
     """Return one entry per published curve (points sharing ``curve``), its points in order
     of GPU count (then bandwidth), and whether each step's simulated change has the sign of
     the published one (a change under 1% either way counts as flat, which agrees with
-    either sign)."""
+    either sign); ``simulated`` holds the points' simulated values, in the same order."""
     sims = {str(r["id"]): _num(r.get("simulated")) for _, r in df.iterrows()}
     curves: dict[str, list[data.Point]] = {}
     for pid in sims:
@@ -150,30 +150,29 @@ def curve_slopes(df: Any, by_id: dict[str, data.Point]) -> list[dict[str, Any]]:
             pub_d, sim_d = b.value / a.value - 1, sb / sa - 1
             agree.append(abs(pub_d) < 0.01 or abs(sim_d) < 0.01 or (pub_d > 0) == (sim_d > 0))
         out.append({"curve": name, "points": pts, "agree": agree,
+                    "simulated": [sims[q.id] for q in pts],
                     "split": ",".join(sorted({q.split for q in pts}))})
     return out
 
 
-def curve_scaling(slopes: list[dict[str, Any]], df: Any) -> list[dict[str, Any]]:
+def curve_scaling(slopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Return, for every point of a throughput curve past its first GPU count, how its
     scaling from the curve's first point (fewest GPUs) compares: ``published`` is
     ``value / first value``, ``simulated`` the same of the simulated values, and ``error``
     ``simulated / published - 1``. Only curves over GPU counts count (one bandwidth, no
     message sizes): the ratio takes the one-GPU or one-host compute out, which a user's own
-    profile sets, and leaves what adding GPUs and hosts does. A point keeps its own split."""
-    sims = {str(r["id"]): _num(r.get("simulated")) for _, r in df.iterrows()}
+    profile sets, and leaves what adding GPUs and hosts does. A point keeps its own split
+    (``slopes``: :func:`curve_slopes`' entries)."""
     out = []
     for c in slopes:
         pts = c["points"]
         if pts[0].metric != "throughput" or len({p.metric for p in pts}) > 1 \
                 or len({p.setting.bandwidth_gbps for p in pts}) > 1:
             continue
-        first = pts[0]
+        first, s0 = pts[0], c["simulated"][0]
         n0 = (first.setting.hosts or 1) * first.setting.gpus_per_host
-        s0 = sims.get(first.id)
-        for p in pts[1:]:
+        for p, s in zip(pts[1:], c["simulated"][1:]):
             n = (p.setting.hosts or 1) * p.setting.gpus_per_host
-            s = sims.get(p.id)
             if n == n0 or s0 is None or s is None:
                 continue
             pub, sim = p.value / first.value, s / s0
@@ -215,13 +214,13 @@ def render(df: Any, outdir: Path, spec: Spec) -> list[Path]:
         f"mechanisms were chosen; the `test` split holds points set aside before any of them "
         f"was simulated, to score the model once it is frozen.")
     slopes = curve_slopes(df, by_id)
-    scaling = curve_scaling(slopes, df)
+    scaling = curve_scaling(slopes)
     _scores(doc, s, spec, slopes)
     if scaling:
         _scaling(doc, scaling)
     _every_point(doc, df, pub, by_id)
     if slopes:
-        _curves(doc, slopes, df, scaling)
+        _curves(doc, slopes, scaling)
     _p3_ordering(doc, df, by_id)
     _constants(doc, df, by_id)
     _mechanisms_and_notes(doc, spec)
@@ -399,14 +398,13 @@ def _mechanisms_and_notes(doc: Document, spec: Spec) -> None:
         doc.bullets(list(spec.notes))
 
 
-def _curves(doc: Document, slopes: list[dict[str, Any]], df: Any,
+def _curves(doc: Document, slopes: list[dict[str, Any]],
             scaling: list[dict[str, Any]]) -> None:
     """One row per published curve: its points in order, published and simulated, whether
     each step's simulated slope has the published sign, and (throughput over GPU counts)
     each later point's scaling error from the first (:func:`curve_scaling`)."""
     import pandas as pd
 
-    sims = {str(r["id"]): _num(r.get("simulated")) for _, r in df.iterrows()}
     scaled = {r["id"]: r["error"] for r in scaling}
     doc.heading("Published curves: slopes")
     rows = []
@@ -421,7 +419,7 @@ def _curves(doc: Document, slopes: list[dict[str, Any]], df: Any,
             elif len({q.setting.bandwidth_gbps for q in pts}) > 1:
                 x = f"{st.bandwidth_gbps:g} Gbps"
             xs.append(x)
-        sim = ["-" if sims.get(p.id) is None else f"{sims[p.id]:.3g}" for p in pts]
+        sim = ["-" if v is None else f"{v:.3g}" for v in c["simulated"]]
         rows.append({
             "curve": c["curve"], "split": c["split"], "metric": pts[0].metric,
             "at": ", ".join(xs),
