@@ -110,6 +110,7 @@ __all__ = [
     "nccl_channels",
     "nccl_hw",
     "nccl_net_latency_us",
+    "nccl_per_channel_cap",
     "nccl_protocols",
     "nccl_release",
     "nccl_ring",
@@ -1235,6 +1236,57 @@ def _extra_allreduce(name: str, nbytes: float, ranks: int, nodes: int, intra_lin
     return lat, bus * 0.5
 
 
+# tuning.cc's per-channel bandwidth caps (GB/s per channel of the algorithm's graph, on one,
+# two, more hosts), each row with the release it took effect from (NVIDIA/nccl history of
+# src/graph/tuning.cc: perChMaxTreeBws from 2.8.3-1, ll128MaxBwPerCh from 2.7.3-1 and per
+# compute capability from 2.17.1-1, perChMaxRingLL128Bws and perChMaxTreeLL128Bws from
+# 2.18.3-1, Blackwell's rows from 2.25.1-1). A compute capability without a row of its own
+# at a release takes the row below it, as tuning.cc's compCapIndex does.
+_CapRows = tuple[tuple[tuple[int, int, int], tuple[float, float, float]], ...]
+_PER_CH_TREE: dict[int, _CapRows] = {
+    7: (((2, 8, 3), (26.5, 18.5, 10.0)),),
+    8: (((2, 8, 3), (24.0, 22.5, 16.0)), ((2, 10, 3), (24.0, 23.6, 17.8))),
+    9: (((2, 17, 1), (38.7, 41.4, 33.0)), ((2, 18, 3), (38.7, 41.4, 36.0))),
+    10: (((2, 25, 1), (77.4, 82.8, 72.0)), ((2, 28, 3), (70.0, 42.8, 24.0))),
+}
+_LL128_ALLREDUCE = ((2, 7, 3), (16.7,) * 3), ((2, 8, 3), (16.9,) * 3), ((2, 10, 3), (20.0,) * 3)
+_PER_CH_RING_LL128: dict[int, _CapRows] = {
+    7: _LL128_ALLREDUCE, 8: _LL128_ALLREDUCE,
+    9: (((2, 17, 1), (36.7,) * 3),),
+    10: (((2, 25, 1), (73.4,) * 3), ((2, 28, 7), (73.4, 34.6, 73.4)),
+         ((2, 29, 2), (34.5, 34.6, 34.5)), ((2, 29, 7), (40.0,) * 3)),
+}
+_PER_CH_TREE_LL128: dict[int, _CapRows] = {
+    7: _LL128_ALLREDUCE, 8: _LL128_ALLREDUCE,
+    9: (((2, 17, 1), (36.7,) * 3), ((2, 18, 3), (36.7, 36.7, 29.0))),
+    10: (((2, 25, 1), (73.4, 73.4, 58.0)), ((2, 28, 3), (55.6, 31.67, 20.0))),
+}
+
+
+def nccl_per_channel_cap(kind: str, release: tuple[int, int, int], compute_capability: float,
+                         nodes: int) -> float | None:
+    """Return tuning.cc's cap on one channel's bus bandwidth (GB/s) for ``kind``
+    (``"tree"``: a tree allreduce, any protocol; ``"ring_ll128"``, ``"tree_ll128"``: LL128
+    on the ring or the tree), or None where ``release`` has none.
+
+    As ``ncclTopoTuneModel`` applies them (``NCCL_CURRENT_SOURCE``): ``busBw = min(busBw x
+    0.92, nChannels x perChMaxTreeBw)`` for a tree allreduce, then LL128's ``min(busBw x
+    120/128, nChannels x perChMaxTreeLL128Bw)`` (7/9 on one host) on the tree and
+    ``min(busBw x 0.92, nChannels x perChMaxRingLL128Bw)`` on the ring, the column by
+    hosts (one, two, more), the row by compute capability and release (the tables above;
+    before 2.18.3 one LL128 cap served ring and tree, and from 2.7.3 to 2.10.2 it was the
+    allreduce's entry of a per-collective table).
+    """
+    table = {"tree": _PER_CH_TREE, "ring_ll128": _PER_CH_RING_LL128,
+             "tree_ll128": _PER_CH_TREE_LL128}[kind]
+    column = 0 if nodes <= 1 else 1 if nodes == 2 else 2
+    for cc in range(max(7, _cc_major(compute_capability)), 6, -1):
+        rows = [caps for since, caps in table.get(cc, ()) if release >= since]
+        if rows:
+            return rows[-1][column]
+    return None
+
+
 def _ring_and_tree(nbytes: float, ranks: int, nodes: int, intra_link: str,
                    compute_capability: float, ring_transfer_s: float, states: dict[str, int],
                    release: tuple[int, int, int], algos: dict[str, int], channels: int,
@@ -1242,10 +1294,11 @@ def _ring_and_tree(nbytes: float, ranks: int, nodes: int, intra_link: str,
     """Return the better of NCCL's ring and tree for an allreduce and its time (see
     :func:`nccl_allreduce`), or (None, inf) where neither is on."""
     ring: NcclChoice | None = None
+    graph_channels = fab.nics if nodes > 1 else 0
     if algos["Ring"]:
         name, lat, share = nccl_ring("allreduce", nbytes, ranks, nodes, intra_link,
                                      compute_capability, ring_transfer_s, states, release,
-                                     fab.net_us)
+                                     fab.net_us, graph_channels)
         ring = NcclChoice("Ring", name, lat, share, lat + ring_transfer_s / share)
     if not algos["Tree"] or ranks < 2:
         return ring, math.inf if ring is None else ring.time_s
@@ -1255,9 +1308,20 @@ def _ring_and_tree(nbytes: float, ranks: int, nodes: int, intra_link: str,
             return ring, ring.time_s
         ring = None  # below the threshold NCCL 2.4 runs its trees
     model_bytes = ring_transfer_s * ranks / (2 * (ranks - 1)) / 0.46
+    ring_bus = (nbytes * 2 * (ranks - 1) / ranks / ring_transfer_s / 1e9
+                if ring_transfer_s > 0 else math.inf)
+    tree_bus = 0.92 * ring_bus  # the tuner's tree busBw, before the protocol's share
     if nodes == 2 and fab.intra_gbytes > 0 and ring_transfer_s > 0:
-        ring_bus = nbytes * 2 * (ranks - 1) / ranks / ring_transfer_s / 1e9
-        model_bytes /= max(1.0, min(2.0, fab.intra_gbytes / ring_bus))
+        faster = max(1.0, min(2.0, fab.intra_gbytes / ring_bus))
+        model_bytes /= faster
+        tree_bus *= faster
+    capped = 1.0  # the per-channel caps' share of the uncapped tree's busBw
+    cap = (nccl_per_channel_cap("tree", release, compute_capability, nodes)
+           if graph_channels else None)
+    if cap is not None and tree_bus < math.inf:
+        capped = min(1.0, graph_channels * cap / tree_bus)
+    ll128_cap = (nccl_per_channel_cap("tree_ll128", release, compute_capability, nodes)
+                 if graph_channels else None)
     best, best_time = ring, math.inf if ring is None else ring.time_s
     k = _log2i(int(nbytes) >> 6)
     tree: NcclChoice | None = None
@@ -1266,6 +1330,9 @@ def _ring_and_tree(nbytes: float, ranks: int, nodes: int, intra_link: str,
         if not _protocol_on(proto, states[proto.name], intra_link, compute_capability, release):
             continue
         share = 7 / 9 if proto.name == "LL128" and nodes == 1 else proto.tree_share
+        share *= capped
+        if proto.name == "LL128" and ll128_cap is not None and tree_bus < math.inf:
+            share = min(share, graph_channels * ll128_cap / tree_bus)
         corr = proto.tree_correction[k] if k < len(proto.tree_correction) else 1.0
         lat = nccl_tree_latency(proto, ranks, nodes, intra_link, fab.net_us, release) * 1e-6
         time = lat + model_bytes / (share * corr)
@@ -1300,9 +1367,13 @@ def nccl_allreduce(nbytes: float, ranks: int, nodes: int, intra_link: str,
     order (:data:`NCCL_ALGORITHMS`) among equals. NCCL 2.4 chose by size
     (:func:`_nccl24_tree_threshold`), its trees' protocol as above; before 2.4 only rings.
     ``algorithms`` is :func:`nccl_algorithms`' (``None``: NCCL's default for ``release``).
-    Not modelled: the per-channel caps on the ring's and tree's bandwidth and the 0.85 of
-    NCCL's plain (unbalanced) tree pattern. The returned share of a tree applies to its
-    physical bytes (the strategy's), 0.92 x share x correction.
+    Across hosts the tree's busBw and LL128's are held at tuning.cc's per-channel caps
+    (:func:`nccl_per_channel_cap`) times the graph's channels, one per NIC of a host (the
+    search's, before src/graph/connect.cc doubles them; ``fabric.nics``); on one host the
+    graph's channel count is not modelled and no cap applies. Not modelled: LL's
+    ``llMaxBw`` and the 0.85 of NCCL's plain (unbalanced) tree pattern. The returned share
+    of a tree applies to its physical bytes (the strategy's), 0.92 x share x correction x
+    the caps' fraction.
 
     Raises:
         ValueError: no algorithm that ``algorithms`` leaves on is possible here.
@@ -1345,7 +1416,7 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
               compute_capability: float, transfer_s: float,
               protocols: dict[str, int] | None = None,
               release: tuple[int, int, int] = NCCL_NEWEST,
-              net_us: float = 0.0) -> tuple[str, float, float]:
+              net_us: float = 0.0, graph_channels: int = 0) -> tuple[str, float, float]:
     """Return the protocol NCCL's tuner picks for a ring collective, its latency and its
     bandwidth factor: ``(name, latency seconds, fraction of Simple's bandwidth)``.
 
@@ -1362,9 +1433,11 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
     (:func:`nccl_protocols`; ``None``: NCCL's default), LL128 only from
     :data:`NCCL_LL128_SINCE` on (``release``). ``transfer_s`` is the bytes' time
     at Simple's rate (the simulator's ring of the same size). The tree, and the tuner's
-    choice between the two, are :func:`nccl_allreduce`'s. Not modelled: the per-channel
-    caps on LL's and LL128's rates, and the number of channels (the plateau's 64 bytes per
-    rank are counted for one channel). A step between hosts adds the network's own latency
+    choice between the two, are :func:`nccl_allreduce`'s. Across hosts LL128's busBw is
+    held at ``graph_channels`` (the graph's channels, one per NIC) times tuning.cc's
+    per-channel cap (:func:`nccl_per_channel_cap`; 0 channels: no cap). Not modelled: LL's
+    ``llMaxBw``, and the number of channels in the plateau's rule (its 64 bytes per rank
+    are counted for one channel). A step between hosts adds the network's own latency
     ``net_us`` (:func:`nccl_net_latency_us`; twice for Simple, as tuning.cc adds
     ``latencyInter`` and again for the flush).
     """
@@ -1396,6 +1469,11 @@ def nccl_ring(coll: str, nbytes: float, ranks: int, nodes: int, intra_link: str,
             share = 1 / 4 if nodes > 1 or coll == "allreduce" else 1 / 3
         elif proto.name == "LL128":
             share = 0.92 if ranks / nodes >= 2 else 0.7
+            cap = (nccl_per_channel_cap("ring_ll128", release, compute_capability, nodes)
+                   if graph_channels and transfer_s > 0 else None)
+            if cap is not None:
+                bus = nbytes * steps / ranks / transfer_s / 1e9
+                share = min(share, graph_channels * cap / bus)
         else:
             share = 1.0
         time = lat * 1e-6 + transfer_s / share
@@ -1440,7 +1518,8 @@ def nccl_collective(coll: str, nbytes: float, ranks: int, nodes: int, intra_link
     best: NcclChoice | None = None
     if algos["Ring"]:
         name, lat, share = nccl_ring(coll, nbytes, ranks, nodes, intra_link, compute_capability,
-                                     transfer_s, states, release, fab.net_us)
+                                     transfer_s, states, release, fab.net_us,
+                                     fab.nics if nodes > 1 else 0)
         best = NcclChoice("Ring", name, lat, share, lat + transfer_s / share)
     best_time = math.inf if best is None else best.time_s
     ring_bus = (nbytes * (ranks - 1) / ranks / transfer_s / 1e9

@@ -182,8 +182,10 @@ def test_tuner_takes_the_tree_where_its_latency_wins_and_the_ring_for_large_mess
     assert (small.algorithm, small.protocol) == ("Tree", "LL")
     assert (medium.algorithm, medium.protocol) == ("Tree", "Simple")
     simple = next(p for p in hardware.NCCL_PROTOCOLS if p.name == "Simple")
-    # 4 MiB = 64 B x 2**16: Simple's correction there is 0.7, times the tree's 0.92
-    assert medium.share == pytest.approx(0.92 * 0.7)
+    # 4 MiB = 64 B x 2**16: Simple's correction there is 0.7, times the tree's 0.92, and the
+    # tree's busBw (0.92 x 12 GB/s) capped at one channel's perChMaxTreeBw, Volta's row (a
+    # P100 takes it) for more than two hosts: 10 GB/s
+    assert medium.share == pytest.approx(0.92 * 0.7 * 10.0 / (0.92 * 12.0))
     assert medium.latency_s == pytest.approx(
         hardware.nccl_tree_latency(simple, ranks, nodes, "pcie") * 1e-6)
     assert large.algorithm == "Ring"
@@ -256,12 +258,19 @@ def test_simulated_tree_moves_its_bytes_at_the_busiest_nic_or_chain(hosts):
               transport="rdma", intra_link="nvlink")
     t = simulate_collective("allreduce", n, nccl_algo="Tree", **kw)
     ranks = hosts * 8
-    choice = hardware.nccl_allreduce(n, ranks, hosts, "nvlink", 7.0, 1.0,
-                                     algorithms=hardware.nccl_algorithms("Tree"))
     nic = 100e9 / 8 * hardware.transport("rdma").efficiency
+    # the ring's Simple bytes (2 (ranks-1) steps of its largest float32 chunk) at the NIC's
+    # rate: on more than two hosts the tree's busBw (0.92 of it) passes Volta's per-channel
+    # cap, 10 GB/s, and is held there
+    ring = 2 * (ranks - 1) * -(-(n // 4) // ranks) * 4 / nic
+    choice = hardware.nccl_allreduce(n, ranks, hosts, "nvlink", 7.0, ring,
+                                     algorithms=hardware.nccl_algorithms("Tree"))
+    capped = min(1.0, 10.0e9 / (0.92 * nic)) if hosts > 2 else 1.0
+    proto = next(p for p in hardware.NCCL_PROTOCOLS if p.name == choice.protocol)
+    assert choice.share == pytest.approx(0.92 * capped * proto.tree_share)
     nic_bytes = n if hosts == 2 else 2 * n
     want = choice.latency_s + max(nic_bytes / nic, n / 130e9) / choice.share
-    assert t == pytest.approx(want, rel=1e-12)
+    assert t == pytest.approx(want, rel=1e-6)  # the ring's bytes as the simulator rounds them
     # forcing the ring gives the ring of before; the default takes the faster of the two
     ring = simulate_collective("allreduce", n, nccl_algo="Ring", **kw)
     default = simulate_collective("allreduce", n, **kw)
@@ -280,3 +289,41 @@ def test_tree_counts_the_average_nic_bytes_of_its_two_trees():
     assert tree.bytes_sent["host0"] == pytest.approx(2 * 3 / 4 * grads, rel=1e-9)
     # a ring of 8 GPUs over 4 hosts: 2 (p-1)/p of it
     assert ring.bytes_sent["host0"] == pytest.approx(2 * 7 / 8 * grads, rel=1e-9)
+
+
+def test_per_channel_caps_follow_tuning_cc_by_release_compute_capability_and_hosts():
+    cap = hardware.nccl_per_channel_cap
+    # perChMaxTreeBws: none before 2.8.3; Ampere's two-host entry 22.5 until 2.10.3, then 23.6
+    assert cap("tree", (2, 7, 8), 8.0, 2) is None
+    assert cap("tree", (2, 8, 3), 8.0, 2) == 22.5
+    assert cap("tree", (2, 20, 3), 8.0, 2) == 23.6
+    # a P100 takes Volta's row, a Hopper Ampere's until its own (2.17.1), a B200 Hopper's
+    # until 2.25.1; one host, two hosts, more
+    assert cap("tree", (2, 20, 3), 6.0, 3) == 10.0
+    assert cap("tree", (2, 16, 5), 9.0, 2) == 23.6
+    assert [cap("tree", (2, 20, 3), 10.0, h) for h in (1, 2, 4)] == [38.7, 41.4, 36.0]
+    assert [cap("tree", (2, 30, 7), 10.0, h) for h in (1, 2, 4)] == [70.0, 42.8, 24.0]
+    # LL128: the allreduce's 16.7 from 2.7.3, 20 from 2.10.3; ring and tree apart from 2.18.3
+    assert cap("ring_ll128", (2, 7, 3), 8.0, 2) == 16.7
+    assert cap("tree_ll128", (2, 12, 12), 7.0, 4) == 20.0
+    assert cap("tree_ll128", (2, 20, 3), 9.0, 4) == 29.0
+    assert cap("ring_ll128", (2, 30, 7), 10.0, 2) == 40.0
+
+
+def test_a_two_host_tree_is_held_at_its_channels_per_channel_cap():
+    # 2 x 8 A100 over 4 NICs: the ring's bus bandwidth 90 GB/s; the tree's graph runs at up
+    # to twice that inside the hosts (230 GB/s there), 0.92 x 180 = 165.6 GB/s, but its
+    # 4 channels are held at 23.6 GB/s each: 94.4, a share of 94.4 / 165.6 of the tree's rate
+    ranks, nodes, n = 16, 2, 1 << 30
+    ring = 2 * (ranks - 1) / ranks * n / 90e9
+    fab = hardware.NcclFabric(nics=4, nic_gbytes=25.0, intra_gbytes=230.0)
+    tree = hardware.nccl_allreduce(n, ranks, nodes, "nvlink3-nvswitch", 8.0, ring,
+                                   algorithms=hardware.nccl_algorithms("Tree"), fabric=fab)
+    assert (tree.algorithm, tree.protocol) == ("Tree", "Simple")
+    assert tree.share == pytest.approx(0.92 * 94.4 / 165.6)
+    uncapped = hardware.nccl_allreduce(n, ranks, nodes, "nvlink3-nvswitch", 8.0, ring,
+                                       algorithms=hardware.nccl_algorithms("Tree"),
+                                       fabric=fab, release=(2, 7, 8))
+    assert uncapped.share == pytest.approx(0.92)
+    # the time at the cap: latency + the message at half the capped busBw
+    assert tree.time_s == pytest.approx(tree.latency_s + n / (0.5 * 94.4e9))
