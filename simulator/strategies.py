@@ -403,8 +403,10 @@ def nccl_tree_allreduce(sim: SimContext, nbytes: int, layer: int, choice: hardwa
 
     As NCCL builds them (src/graph/trees.cc; its tree allreduce, src/device/all_reduce.h):
     a chain through each host's GPUs, and two binary trees over the hosts, each carrying
-    half the data, reduced up and broadcast down in one pipeline. Each GPU link of a chain
-    carries the whole message once each way; between hosts, on two hosts each NIC sends
+    half the data, reduced up and broadcast down in one pipeline. A GPU of a chain sends
+    the whole message up (the reduction) and the whole message down (the broadcast) at
+    once, twice the message through its links at the rate a ring's step takes them (the
+    intra-host bus bandwidth); between hosts, on two hosts each NIC sends
     and receives the message once (each host is the other's child in one tree), on more
     the busiest host (inner in one tree: a parent and two children; a leaf in the other)
     sends and receives it twice. Each channel carries one of the trees: on two hosts a
@@ -422,7 +424,7 @@ def nccl_tree_allreduce(sim: SimContext, nbytes: int, layer: int, choice: hardwa
         nic_bytes, conns = (nbytes, 1) if h == 2 else (2 * nbytes, 2)
         t_nic = nic_bytes / _host_rate(sim, min(sim.ring_bandwidth,
                                                conns * sim.flow_bandwidth)) / choice.share
-    t_chain = nbytes / sim.intra_bandwidth / choice.share if g > 1 else 0.0
+    t_chain = 2 * nbytes / sim.intra_bandwidth / choice.share if g > 1 else 0.0
     sim.comm_begin()
     start = yield from _nic_then_rest(sim, uplink, t_nic, t_chain, choice.latency_s)
     if sim.trace_steps:
@@ -464,7 +466,9 @@ def nccl_switch_allreduce(sim: SimContext, nbytes: int, layer: int,
     (the host's NVLS bus bandwidth, :attr:`ddpbench.hardware.IntraLink.nvls_gbps`, over
     ``2 (g-1)/g`` of the message), CollNetDirect reduce-scatters to the heads and gathers
     back over the intra-host link (``2 (g-1)/g`` of it), CollNetChain chains through the
-    host's GPUs (all of it); across hosts each NIC carries its head's share
+    host's GPUs (each GPU sends the message up and the result down: twice all of it, as
+    a tree's chain does, :func:`nccl_tree_allreduce`); across hosts each NIC carries its
+    head's share
     (:func:`ddpbench.hardware.nccl_link_bytes`): NVLSTree a tree's (on two hosts each NIC
     sends and receives its share once, on more an inner host twice), NVLS and CollNet the
     share sent once to the switch and back reduced. The parts run pipelined: the slower
@@ -486,7 +490,7 @@ def nccl_switch_allreduce(sim: SimContext, nbytes: int, layer: int,
     elif name == "CollNetDirect":
         t_intra = 2 * (g - 1) / g * nbytes / sim.intra_bandwidth
     else:
-        t_intra = nbytes / sim.intra_bandwidth
+        t_intra = 2 * nbytes / sim.intra_bandwidth
     sim.comm_begin()
     start = yield from _nic_then_rest(sim, uplink, t_nic, t_intra, choice.latency_s)
     if sim.trace_steps:

@@ -251,8 +251,9 @@ def test_nccl_algo_reads_as_nccl_reads_its_variable():
 @pytest.mark.parametrize("hosts", [2, 3, 4])
 def test_simulated_tree_moves_its_bytes_at_the_busiest_nic_or_chain(hosts):
     # hosts x 8 V100s over NVLink and 100 Gbit/s RDMA, the tree forced (NCCL_ALGO=Tree):
-    # latency + max(NIC bytes / NIC rate, message / NVLink rate) / share, with the NIC
-    # carrying the message once on two hosts and twice on more.
+    # latency + max(NIC bytes / NIC rate, 2 x message / NVLink rate) / share, with the NIC
+    # carrying the message once on two hosts and twice on more, and each GPU of a host's
+    # chain sending the message up and the result down.
     n = 256 << 20
     kw = dict(hosts=hosts, gpus_per_host=8, bandwidth_gbps=100, device="V100",
               transport="rdma", intra_link="nvlink")
@@ -269,7 +270,7 @@ def test_simulated_tree_moves_its_bytes_at_the_busiest_nic_or_chain(hosts):
     proto = next(p for p in hardware.NCCL_PROTOCOLS if p.name == choice.protocol)
     assert choice.share == pytest.approx(0.92 * capped * proto.tree_share)
     nic_bytes = n if hosts == 2 else 2 * n
-    want = choice.latency_s + max(nic_bytes / nic, n / 130e9) / choice.share
+    want = choice.latency_s + max(nic_bytes / nic, 2 * n / 130e9) / choice.share
     assert t == pytest.approx(want, rel=1e-6)  # the ring's bytes as the simulator rounds them
     # forcing the ring gives the ring of before; the default takes the faster of the two
     ring = simulate_collective("allreduce", n, nccl_algo="Ring", **kw)
@@ -327,3 +328,22 @@ def test_a_two_host_tree_is_held_at_its_channels_per_channel_cap():
     assert uncapped.share == pytest.approx(0.92)
     # the time at the cap: latency + the message at half the capped busBw
     assert tree.time_s == pytest.approx(tree.latency_s + n / (0.5 * 94.4e9))
+
+
+def test_a_chain_through_a_hosts_gpus_carries_the_message_up_and_the_result_down():
+    # 8 x 8 H100 over 8 NDR NICs with SHARP, CollNetChain forced: each NIC sends its share
+    # once and gets the reduced share back (the host's NICs at 0.96 x 8 x 50 GB/s), while
+    # each GPU of the chain sends 2 GiB up and 2 GiB down through its NVLink (370 GB/s):
+    # the chain sets the pace, latency + 2 x 2 GiB / 370 GB/s
+    n = 2 << 30
+    kw = dict(hosts=8, gpus_per_host=8, bandwidth_gbps=400, device="H100", transport="ib",
+              intra_link="nvlink4-nvswitch", nics_per_host=8, collnet=True,
+              nccl_algo="CollNetChain")
+    t = simulate_collective("allreduce", n, **kw)
+    nic_total = 8 * 400e9 / 8 * hardware.transport("ib").efficiency
+    chain = 2 * n / 370e9
+    assert chain > n / nic_total
+    lat = t - chain
+    assert 50e-6 < lat < 100e-6  # the tuner's CollNetChain latency (about 71 us here)
+    tree = simulate_collective("allreduce", n, **{**kw, "nccl_algo": "Tree"})
+    assert tree > chain  # the tree's chains carry the same, behind its own NICs
