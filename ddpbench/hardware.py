@@ -78,6 +78,7 @@ __all__ = [
     "NCCL_NVLS_EFFICIENCY",
     "NCCL_LL128_SINCE",
     "NCCL_NEWEST",
+    "NCCL_PLUGIN_SIMPLE_SINCE",
     "NCCL_PROTOCOLS",
     "NCCL_SOURCE",
     "NCCL_TREE_SINCE",
@@ -421,6 +422,10 @@ class Transport:
             (:func:`nccl_net_latency_us`). ``None``: a transport from before NCCL's pricing
             took the network's own latency (tcp, rdma, shm, ideal): only a cluster's
             explicit ``per_message_us`` reaches it.
+        nccl_simple_below_cc: the network plugin sets ``NCCL_PROTO=simple`` (where the user
+            has not set it) on GPUs of a compute capability below this, whose network cannot
+            deliver the bytes of a write in order, which NCCL's LL and LL128 protocols need;
+            from :data:`NCCL_PLUGIN_SIMPLE_SINCE` on; ``None``: never.
         rto_min_ms: the transport drops packets when a switch port's buffer overflows and
             a flow that cannot fast-retransmit waits this long for its retransmission timer
             (a lossy fabric: TCP over Ethernet); ``None``: the fabric does not drop on
@@ -443,6 +448,7 @@ class Transport:
     flow_spread: float = 0.0
     server_cpu: bool = False
     nccl_net_us: float | None = None
+    nccl_simple_below_cc: float | None = None
     rto_min_ms: float | None = None
 
     def binding_socket_gbps(self, bandwidth_gbps: float,
@@ -582,8 +588,15 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
               "up to the host stack' (aws-ofi-nccl include/nccl_ofi_param.h), 3 us; "
               "efficiency: 78.33 GB/s of allreduce bus bandwidth at 2 GiB on 2 p4de.24xlarge "
               "(aws-samples/awsome-distributed-training nccl-tests README, a fit point), 0.84 "
-              "of the 93.75 GB/s a double binary tree over their 4 x 100 Gbit/s allows",
-              server_cpu=True, nccl_net_us=75.0),
+              "of the 93.75 GB/s a double binary tree over their 4 x 100 Gbit/s allows; "
+              "protocols: Simple only on the A100 and V100 instances (p4d, p4de, p3dn), "
+              "where the plugin finds no in-order delivery of 128-byte-aligned writes and "
+              "sets NCCL_PROTO=simple (aws-ofi-nccl src/platform-aws.cpp, 'force the simple "
+              "protocol as the LL/LL128 protocols can lead to data corruption without data "
+              "delivery ordering'; a p4d.24xlarge log in aws/aws-ofi-nccl issue #715: "
+              "'Setting NCCL_PROTO to \"simple\"'); p5 and later (compute capability 9.0+) "
+              "keep NCCL's default (aws/aws-ofi-nccl pull requests #280 and #516)",
+              server_cpu=True, nccl_net_us=75.0, nccl_simple_below_cc=9.0),
     Transport("shm", 1.0, 1.0, 1.0, True,
               "processes on one host through shared memory: bandwidth_gbps is the copy "
               "bandwidth; ~1 us per message to signal the peer", server_cpu=True),
@@ -840,6 +853,12 @@ NCCL_PROTOCOLS: tuple[NcclProtocol, ...] = (
 """NCCL's ring protocols in the order its tuner tries them (the first of equal times wins)."""
 
 NCCL_NEWEST = (2, 20, 3)
+NCCL_PLUGIN_SIMPLE_SINCE = (2, 18, 1)
+"""The first NCCL release after aws-ofi-nccl v1.6.0 (2023-04-21), the plugin release that
+began setting ``NCCL_PROTO=simple`` itself (src/platform-aws.c, ``force_proto_simple``);
+before it the plugin's documentation told users to set it (doc/efa-env-var.md: "Use for
+aws-ofi-nccl<=1.5.0"), which a point does with ``nccl_proto``. A point's NCCL release
+stands for its plugin's era (:attr:`Transport.nccl_simple_below_cc`)."""
 """The NCCL release whose rules apply when a point names none (:data:`NCCL_SOURCE`)."""
 
 NCCL_LL128_SINCE = (2, 5, 6)

@@ -245,8 +245,14 @@ class _Sim:
         dev = hardware.DEVICES.get(c.device) if c.device else None
         self.nccl: float | None = (dev.compute_capability if dev is not None
                                    and tr.name != "ideal" else None)
-        self.nccl_proto = hardware.nccl_protocols(c.nccl_proto)
         self.nccl_release = hardware.nccl_release(c.nccl_version)
+        # A network plugin that sets NCCL_PROTO=simple where its network cannot order a
+        # write's bytes (aws-ofi-nccl on p4d, p4de, p3dn), unless the user set it.
+        forced = (c.nccl_proto is None and dev is not None
+                  and tr.nccl_simple_below_cc is not None
+                  and dev.compute_capability < tr.nccl_simple_below_cc
+                  and self.nccl_release >= hardware.NCCL_PLUGIN_SIMPLE_SINCE)
+        self.nccl_proto = hardware.nccl_protocols("Simple" if forced else c.nccl_proto)
         self.nccl_algo = hardware.nccl_algorithms(c.nccl_algo, self.nccl_release)
         # What NCCL's tuner knows of the network: its own latency per step between hosts
         # (the plugin's, and the cost of posting a message), the host's NICs, SHARP.

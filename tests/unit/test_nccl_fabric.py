@@ -264,3 +264,29 @@ def test_the_dgx2_preset_is_nvlink2_through_nvswitch_without_nvls():
     assert dgx2.bandwidth_gbps == dgx1.bandwidth_gbps  # the same six NVLink 2 links per V100
     assert dgx2.nvlink_gbytes == 6 * 20.0  # links x SM70_NVLINK_BW
     assert not hardware.nccl_allowed("NVLS", 16, 1, "nvlink2-nvswitch", 7.0)
+
+
+def test_aws_ofi_nccl_runs_simple_only_where_efa_cannot_order_a_writes_bytes():
+    # The plugin sets NCCL_PROTO=simple on p4d/p4de/p3dn (A100, V100) from its v1.6.0 on
+    # (NCCL 2.18.1 here), unless the user set NCCL_PROTO; p5 (H100) keeps NCCL's default.
+    def states(**kw):
+        base = dict(hosts=2, gpus_per_host=8, nics_per_host=4, transport="efa",
+                    intra_link="nvlink3-nvswitch", bandwidth_gbps=100, device="A100")
+        return _Sim(None, contract.Cluster(**{**base, **kw})).nccl_proto
+
+    simple = hardware.nccl_protocols("Simple")
+    assert states() == simple
+    assert states(nccl_version="2.17.1") == hardware.nccl_protocols(None)
+    assert states(nccl_proto="LL128,Simple") == hardware.nccl_protocols("LL128,Simple")
+    assert states(device="H100", intra_link="nvlink4-nvswitch",
+                  nics_per_host=8) == hardware.nccl_protocols(None)
+    assert states(transport="ib") == hardware.nccl_protocols(None)
+    # an 8 MiB allreduce over two p4de hosts: the tree on Simple, as the tuner prices it
+    t = simulate_collective("allreduce", 8 << 20, hosts=2, gpus_per_host=8, nics_per_host=4,
+                            transport="efa", intra_link="nvlink3-nvswitch",
+                            bandwidth_gbps=100, device="A100")
+    forced = simulate_collective("allreduce", 8 << 20, hosts=2, gpus_per_host=8,
+                                 nics_per_host=4, transport="efa",
+                                 intra_link="nvlink3-nvswitch", bandwidth_gbps=100,
+                                 device="A100", nccl_proto="Simple")
+    assert t == forced
