@@ -248,9 +248,10 @@ class _Sim:
         self.nccl_release = hardware.nccl_release(c.nccl_version)
         # A network plugin that sets NCCL_PROTO=simple where its network cannot order a
         # write's bytes (aws-ofi-nccl on p4d, p4de, p3dn), unless the user set it.
-        forced = (c.nccl_proto is None and dev is not None
+        cc = dev.compute_capability if dev is not None else None
+        forced = (c.nccl_proto is None and cc is not None
                   and tr.nccl_simple_below_cc is not None
-                  and dev.compute_capability < tr.nccl_simple_below_cc
+                  and cc < tr.nccl_simple_below_cc
                   and self.nccl_release >= hardware.NCCL_PLUGIN_SIMPLE_SINCE)
         self.nccl_proto = hardware.nccl_protocols("Simple" if forced else c.nccl_proto)
         self.nccl_algo = hardware.nccl_algorithms(c.nccl_algo, self.nccl_release)
