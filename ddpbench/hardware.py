@@ -853,13 +853,14 @@ NCCL_PROTOCOLS: tuple[NcclProtocol, ...] = (
 """NCCL's ring protocols in the order its tuner tries them (the first of equal times wins)."""
 
 NCCL_NEWEST = (2, 20, 3)
+"""The NCCL release whose rules apply when a point names none (:data:`NCCL_SOURCE`)."""
+
 NCCL_PLUGIN_SIMPLE_SINCE = (2, 18, 1)
 """The first NCCL release after aws-ofi-nccl v1.6.0 (2023-04-21), the plugin release that
 began setting ``NCCL_PROTO=simple`` itself (src/platform-aws.c, ``force_proto_simple``);
 before it the plugin's documentation told users to set it (doc/efa-env-var.md: "Use for
 aws-ofi-nccl<=1.5.0"), which a point does with ``nccl_proto``. A point's NCCL release
 stands for its plugin's era (:attr:`Transport.nccl_simple_below_cc`)."""
-"""The NCCL release whose rules apply when a point names none (:data:`NCCL_SOURCE`)."""
 
 NCCL_LL128_SINCE = (2, 5, 6)
 """LL128 first shipped in NCCL v2.5.6-1 (NVIDIA/nccl commit 299c554d, 2019-11-19)."""
