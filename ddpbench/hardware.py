@@ -1388,8 +1388,10 @@ def nccl_allreduce(nbytes: float, ranks: int, nodes: int, intra_link: str,
     (:func:`_nccl24_tree_threshold`), its trees' protocol as above; before 2.4 only rings.
     ``algorithms`` is :func:`nccl_algorithms`' (``None``: NCCL's default for ``release``).
     Across hosts the tree's busBw and LL128's are held at tuning.cc's per-channel caps
-    (:func:`nccl_per_channel_cap`) times the graph's channels, one per NIC of a host (the
-    search's, before src/graph/connect.cc doubles them; ``fabric.nics``); on one host the
+    (:func:`nccl_per_channel_cap`) times the graph's channels, taken as one per NIC of a
+    host (``fabric.nics``: the search's channels through the NICs, without
+    ``ncclTopoDupChannels``, which src/graph/search.cc applies to a graph whose channels
+    carry 25 GB/s or more, as a two-host tree's raised ``bwIntra`` can); on one host the
     graph's channel count is not modelled and no cap applies. Not modelled: LL's
     ``llMaxBw`` and the 0.85 of NCCL's plain (unbalanced) tree pattern. The returned share
     of a tree applies to its physical bytes (the strategy's), 0.92 x share x correction x
