@@ -57,6 +57,7 @@ tests check it against published single-device throughputs within the stated tol
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
@@ -1283,6 +1284,11 @@ _PER_CH_TREE_LL128: dict[int, _CapRows] = {
 }
 
 
+_PER_CH_CAPS = {"tree": _PER_CH_TREE, "ring_ll128": _PER_CH_RING_LL128,
+                "tree_ll128": _PER_CH_TREE_LL128}
+
+
+@functools.lru_cache(maxsize=256)
 def nccl_per_channel_cap(kind: str, release: tuple[int, int, int], compute_capability: float,
                          nodes: int) -> float | None:
     """Return tuning.cc's cap on one channel's bus bandwidth (GB/s) for ``kind``
@@ -1297,8 +1303,7 @@ def nccl_per_channel_cap(kind: str, release: tuple[int, int, int], compute_capab
     before 2.18.3 one LL128 cap served ring and tree, and from 2.7.3 to 2.10.2 it was the
     allreduce's entry of a per-collective table).
     """
-    table = {"tree": _PER_CH_TREE, "ring_ll128": _PER_CH_RING_LL128,
-             "tree_ll128": _PER_CH_TREE_LL128}[kind]
+    table = _PER_CH_CAPS[kind]
     column = 0 if nodes <= 1 else 1 if nodes == 2 else 2
     for cc in range(max(7, _cc_major(compute_capability)), 6, -1):
         rows = [caps for since, caps in table.get(cc, ()) if release >= since]
